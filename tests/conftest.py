@@ -39,6 +39,17 @@ def valkey(valkey_process):
     return valkey_process
 
 
+@pytest.fixture(scope="session")
+def store(session_dir):
+    """One real pouchdb-server (in-memory) for the whole session; tests use their own databases."""
+    from lab.stack.store import PouchDBProcess
+
+    s = PouchDBProcess(session_dir, name="store-session", in_memory=True).start()
+    SESSION_PIDS.add(s.pid)
+    yield s
+    s.stop()
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     return tmp_path
