@@ -118,3 +118,90 @@ def demo(name: str, home: Path | None) -> None:
         run_demo(name=f"{name}-demo" if name == "default" else name, home=home)
     except (StackError, ProcessError, MissingTool) as e:
         fail(str(e))
+
+
+from checkers.cli import check as _check  # noqa: E402
+
+main.add_command(_check)
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+VERDICT_EXIT = {True: 0, False: 1, "unknown": 3}
+
+
+@main.command("test")
+@click.option("--workload", "-w", default="lease", show_default=True, help="Workload name (see docs/workloads.md).")
+@click.option("--time-limit", default=10.0, show_default=True, type=float, help="Seconds of the main phase.")
+@click.option("--concurrency", "-c", default=5, show_default=True, type=int, help="Client processes.")
+@click.option("--rate", default=50.0, show_default=True, type=float, help="Target ops/s over all clients.")
+@click.option("--keys", default=3, show_default=True, type=int, help="Independent keys (lock identities).")
+@click.option("--ttl-ms", default=2000, show_default=True, type=int, help="Lease TTL the workloads ask for.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed: same seed, same op choices.")
+@click.option("--test-count", default=1, show_default=True, type=int, help="Run the test this many times.")
+@click.option("--nemesis", default="", help="Comma-separated faults, e.g. partition,clock,kill.")
+@click.option("--nemesis-interval", default=5.0, show_default=True, type=float, help="Seconds between faults.")
+@click.option("--servers", default=2, show_default=True, type=int, help="Reference lease server instances.")
+@click.option("--name", default=None, help="Test name (the store sub-directory) [default: the workload].")
+@click.option("--store-dir", default="store", show_default=True, type=click.Path(path_type=Path),
+              help="Where runs are stored.")
+def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
+             servers, name, store_dir) -> None:
+    """Run a workload against a fresh local stack; record, check, and store the run.
+
+    Exit code: 0 valid, 1 invalid, 2 bad options, 3 unknown (any run).
+    """
+    from lab.runner import RunError, run_test, validate
+    from lab.testmap import Test
+
+    if test_count < 1:
+        fail(f"--test-count must be >= 1, not {test_count}")
+    nemeses = [n.strip() for n in nemesis.split(",") if n.strip()]
+    tests = [Test(name=name or workload, workload=workload, time_limit=time_limit, concurrency=concurrency,
+                  rate=rate, keys=keys, ttl_ms=ttl_ms, seed=seed + i, nemesis=nemeses,
+                  nemesis_interval=nemesis_interval, extra={"servers": servers}) for i in range(test_count)]
+    try:
+        validate(tests[0])
+        if not 1 <= servers <= 16:
+            raise RunError(f"--servers must be between 1 and 16, not {servers}")
+        if nemeses:
+            from nemesis.registry import validate_names
+
+            validate_names(nemeses)
+    except (RunError, ValueError) as e:
+        fail(str(e))
+    verdicts = []
+    for t in tests:
+        try:
+            results = run_test(t, store_dir)
+        except (RunError, StackError, ProcessError, MissingTool) as e:
+            fail(str(e))
+        verdicts.append(results["valid"])
+        click.echo(f"{t.run_dir}: valid={json.dumps(results['valid'])} ops={results['ops']}")
+        click.echo(f"  replay: {results['replay']}")
+    from checkers.core import merge_valid
+
+    sys.exit(VERDICT_EXIT.get(merge_valid(verdicts), 3))
+
+
+@main.command()
+@click.argument("run_dir", required=False, type=click.Path(path_type=Path))
+@click.option("--store-dir", default="store", show_default=True, type=click.Path(path_type=Path))
+def analyze(run_dir: Path | None, store_dir: Path) -> None:
+    """Re-run the checkers on a stored run (default: the store's latest run).
+
+    Exit code: 0 valid, 1 invalid, 2 bad input, 3 unknown.
+    """
+    from lab.runner import RunError, analyze as analyze_run
+
+    run_dir = run_dir or store_dir / "latest"
+    if not run_dir.exists():
+        fail(f"no run directory {run_dir}")
+    try:
+        results = analyze_run(run_dir.resolve())
+    except RunError as e:
+        fail(str(e))
+    for problem in results.get("history_problems", []):
+        click.echo(f"history: {problem}", err=True)
+    click.echo(f"{run_dir}: valid={json.dumps(results['valid'])} ops={results['ops']}")
+    sys.exit(VERDICT_EXIT.get(results["valid"], 3))

@@ -78,12 +78,13 @@ class LocalStack:
 
     name: str = "default"
     home: Path | None = None
+    root: Path | None = None  # an explicit state directory (a test run's own stack), instead of home/stacks/name
     processes: list[ManagedProcess] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dir(self) -> Path:
-        return stack_dir(self.name, self.home)
+        return Path(self.root) if self.root is not None else stack_dir(self.name, self.home)
 
     @property
     def state_file(self) -> Path:

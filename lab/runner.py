@@ -1,0 +1,165 @@
+"""`fencelab test`: one run, end to end, landing in `store/<test-name>/<timestamp>/`.
+
+Data flows one way: the workload's generator drives its clients through the
+interpreter; every op goes to `history.jsonl` as it happens; after the run the
+stack is stopped, the history exported as `history.edn`, and the checkers
+judge the history into `results.json`. `analyze(run_dir)` re-runs the checkers
+on a stored run (also one whose lab process was killed mid-run).
+
+A run directory holds:
+    test.json        every option, the seed, versions, the replay command
+    history.jsonl    the op record (docs/history-format.md); history.edn (Jepsen's format)
+    results.json     the checkers' verdicts
+    stack/           the run's own stack: logs/ (one per process), audit/, data
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from lab import __version__
+from lab.testmap import Test
+
+
+class RunError(RuntimeError):
+    """A test cannot be run as asked (bad options, missing store, ...)."""
+
+
+def validate(test: Test) -> None:
+    """Check every option before anything starts; raise RunError naming the bad one."""
+    from workloads import get_workload
+
+    try:
+        get_workload(test.workload)
+    except ValueError as e:
+        raise RunError(str(e)) from None
+    checks = [
+        (test.time_limit > 0, f"--time-limit must be > 0 seconds, not {test.time_limit}"),
+        (test.rate > 0, f"--rate must be > 0 ops/s, not {test.rate}"),
+        (1 <= test.concurrency <= 1000, f"--concurrency must be between 1 and 1000, not {test.concurrency}"),
+        (1 <= test.keys <= 10_000, f"--keys must be between 1 and 10000, not {test.keys}"),
+        (50 <= test.ttl_ms <= 3_600_000, f"--ttl-ms must be between 50 and 3600000, not {test.ttl_ms}"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise RunError(msg)
+
+
+def new_run_dir(store_dir: Path, name: str) -> Path:
+    """A fresh `store/<name>/<timestamp>/`, with `latest` links (per test and store-wide) pointing at it."""
+    store_dir = Path(store_dir)
+    if store_dir.exists() and not store_dir.is_dir():
+        raise RunError(f"--store-dir {store_dir} exists and is not a directory")
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    run_dir = store_dir / name / stamp
+    run_dir.mkdir(parents=True, exist_ok=False)
+    for link, target in ((store_dir / name / "latest", Path(stamp)), (store_dir / "latest", Path(name) / stamp)):
+        tmp = link.with_name(link.name + ".tmp")
+        if tmp.is_symlink():
+            tmp.unlink()
+        tmp.symlink_to(target)
+        os.replace(tmp, link)
+    return run_dir
+
+
+def replay_command(test: Test) -> str:
+    """The exact command line that replays this test (same seed, same options)."""
+    args = ["fencelab", "test", "--workload", test.workload, "--time-limit", str(test.time_limit),
+            "--concurrency", str(test.concurrency), "--rate", str(test.rate), "--keys", str(test.keys),
+            "--ttl-ms", str(test.ttl_ms), "--seed", str(test.seed), "--name", test.name]
+    if test.nemesis:
+        args += ["--nemesis", ",".join(test.nemesis), "--nemesis-interval", str(test.nemesis_interval)]
+    return shlex.join(args)
+
+
+def write_test_json(test: Test) -> None:
+    """test.json: every option, versions and the replay command (no secrets: credentials are a path)."""
+    d = test.to_json()
+    d["versions"] = {"fencelab": __version__, "python": platform.python_version(), "platform": platform.platform()}
+    d["replay"] = replay_command(test)
+    d["argv"] = sys.argv
+    (test.run_dir / "test.json").write_text(json.dumps(d, indent=2, default=str))
+
+
+async def _run(test: Test, wl, writer) -> None:
+    """The main phase, then the final phase, through the interpreter."""
+    import lab.generator as gen
+
+    main = gen.time_limit(test.time_limit, gen.clients(wl.generator))
+    phases = [main]
+    if wl.final_generator is not None:
+        phases.append(gen.clients(wl.final_generator))
+    await gen.run(test, gen.phases(*phases), wl.client, nemesis=None, history_writer=writer,
+                  concurrency=test.concurrency, seed=test.seed)
+
+
+def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
+    """Run one test: stack up, workload, stack down, checkers. Returns results (also in results.json)."""
+    from lab.history import HistoryWriter
+    from lab.stack.local import LocalStack, StackOptions
+    from workloads import get_workload
+
+    validate(test)
+    test.run_dir = new_run_dir(store_dir, test.name)
+    write_test_json(test)
+    wl = get_workload(test.workload)(test)
+    stack = LocalStack(name="stack", root=test.run_dir / "stack")
+    writer = HistoryWriter(test.run_dir / "history.jsonl")
+    try:
+        status = stack.up(StackOptions(servers=test.extra.get("servers", 2), store=wl.needs_store))
+        test.lease_servers, test.valkey = status["lease_servers"], status["valkey"]
+        test.store, test.credentials_file = status.get("store"), status["credentials"]
+        test.nodes = wl.nodes(test)
+        write_test_json(test)
+        asyncio.run(_run(test, wl, writer))
+    finally:
+        writer.close()
+        stack.down()
+    return analyze(test.run_dir, checker=wl.checker, test=test)
+
+
+def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[str, Any]:
+    """Re-run the workload's checkers on a stored run; writes history.edn and results.json."""
+    from checkers.core import safe_check
+    from lab.history import read_history_report, write_edn
+    from workloads import get_workload
+
+    run_dir = Path(run_dir)
+    hist_path = run_dir / "history.jsonl"
+    if not hist_path.exists():
+        raise RunError(f"{run_dir} has no history.jsonl: is it a fencelab run directory?")
+    if test is None:
+        test = load_test(run_dir)
+    history, problems = read_history_report(hist_path)
+    if checker is None:
+        checker = get_workload(test.workload)(test).checker
+    write_edn(history, run_dir / "history.edn", overwrite=True)
+    results = safe_check(checker, test.to_json(), history, {})
+    results["history_problems"] = problems
+    results["ops"] = len(history)
+    results["replay"] = replay_command(test)
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    return results
+
+
+def load_test(run_dir: Path) -> Test:
+    """The Test recorded in a run's test.json."""
+    from dataclasses import fields
+
+    path = Path(run_dir) / "test.json"
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise RunError(f"cannot read {path}: {e}") from None
+    known = {f.name for f in fields(Test)} - {"live"}
+    test = Test(**{k: v for k, v in d.items() if k in known})
+    test.run_dir = Path(run_dir)
+    return test
