@@ -111,7 +111,7 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     test.run_dir = new_run_dir(store_dir, test.name)
     write_test_json(test)
     wl = get_workload(test.workload)(test)
-    stack = LocalStack(name="stack", root=test.run_dir / "stack")
+    stack = LocalStack(name="stack", root=test.run_dir / "stack", die_with_parent=True)
     writer = HistoryWriter(test.run_dir / "history.jsonl")
     try:
         status = stack.up(StackOptions(servers=test.extra.get("servers", 2), store=wl.needs_store))

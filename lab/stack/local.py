@@ -79,6 +79,7 @@ class LocalStack:
     name: str = "default"
     home: Path | None = None
     root: Path | None = None  # an explicit state directory (a test run's own stack), instead of home/stacks/name
+    die_with_parent: bool = False  # a test run's stack dies with the run (even on SIGKILL); `fencelab up`'s does not
     processes: list[ManagedProcess] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -133,6 +134,7 @@ class LocalStack:
 
     def _start(self, proc: ManagedProcess) -> ManagedProcess:
         """Start one process and record it in state.json at once (so `down` can always find it)."""
+        proc.die_with_parent = self.die_with_parent
         self.processes.append(proc)
         try:
             proc.start()

@@ -41,6 +41,13 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGKILL us when the lab process dies (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
 @dataclass
 class ManagedProcess:
     """An external program owned by the lab: started, health-checked and stopped by pid."""
@@ -52,6 +59,7 @@ class ManagedProcess:
     env: dict[str, str] | None = None
     cwd: Path | None = None
     host: str = "127.0.0.1"
+    die_with_parent: bool = False  # SIGKILL it if the lab process dies (a run's own stack), not for `fencelab up`
     pid: int | None = None
     create_time: float | None = None
     _popen: subprocess.Popen | None = field(default=None, repr=False)
@@ -76,6 +84,7 @@ class ManagedProcess:
                 cwd=str(self.cwd) if self.cwd else None,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
         except OSError as e:
             self._close_log()

@@ -1,0 +1,106 @@
+"""`fencelab test` and `fencelab analyze` end to end on the real local stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from lab.cli import main
+from lab.history import read_edn, read_history
+from lab.stack.local import LocalStack
+
+
+def fencelab(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lab", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_lease_run_lands_in_the_store_and_round_trips(tmp_path):
+    r = fencelab("test", "--workload", "lease", "--time-limit", "3", "--rate", "100", "--store-dir", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = (tmp_path / "lease" / "latest").resolve()
+    assert (tmp_path / "latest").resolve() == run
+    for name in ("test.json", "history.jsonl", "history.edn", "results.json"):
+        assert (run / name).exists(), name
+    test = json.loads((run / "test.json").read_text())
+    assert test["seed"] == 0 and test["workload"] == "lease" and "replay" in test
+    assert "api_key" not in (run / "test.json").read_text()
+    jsonl, edn = read_history(run / "history.jsonl"), read_edn(run / "history.edn")
+    assert len(jsonl) > 50
+    assert jsonl == edn, "JSONL and EDN histories must agree op by op"
+    results = json.loads((run / "results.json").read_text())
+    assert results["valid"] is True
+    assert set(results["results"]) >= {"fencing", "mutual-exclusion", "lease-state", "idempotency"}
+    fs = {op["f"] for op in jsonl}
+    assert {"acquire", "renew", "release"} <= fs
+    assert any(op["type"] == "ok" and op["f"] == "acquire" for op in jsonl)
+    assert (run / "stack" / "logs" / "lease-1.log").exists()
+    assert not (run / "stack" / "state.json").exists(), "the run's stack was stopped"
+
+
+def test_register_workload_checks_valkey_linearizable(tmp_path):
+    r = fencelab("test", "--workload", "register", "--time-limit", "2", "--rate", "200", "--keys", "2",
+                 "--store-dir", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    results = json.loads((tmp_path / "register" / "latest" / "results.json").read_text())
+    assert results["results"]["linearizable"]["valid"] is True
+    hist = read_history(tmp_path / "register" / "latest" / "history.jsonl")
+    assert {op["f"] for op in hist} == {"read", "write", "cas"}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--workload", "nope"], "unknown workload 'nope'"),
+    (["--rate", "-5"], "--rate must be > 0"),
+    (["--concurrency", "0"], "--concurrency must be between"),
+    (["--time-limit", "0"], "--time-limit must be > 0"),
+    (["--test-count", "0"], "--test-count must be >= 1"),
+])
+def test_bad_options_are_one_line_and_exit_2(tmp_path, args, needle):
+    res = CliRunner().invoke(main, ["test", "--store-dir", str(tmp_path), *args])
+    assert res.exit_code == 2
+    assert needle in res.output
+    assert "Traceback" not in res.output
+    assert not any(tmp_path.iterdir()), "nothing may start (or be written) before the options are valid"
+
+
+def test_store_dir_that_is_a_file_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    res = CliRunner().invoke(main, ["test", "--store-dir", str(f), "--time-limit", "1"])
+    assert res.exit_code == 2 and "not a directory" in res.output
+
+
+def test_sigkill_mid_run_leaves_an_analyzable_history(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "test", "--workload", "lease", "--time-limit", "60",
+                             "--rate", "200", "--store-dir", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hist = None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = list(tmp_path.glob("lease/*/history.jsonl"))
+        if found and found[0].stat().st_size > 20_000:
+            hist = found[0]
+            break
+        time.sleep(0.2)
+    children = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert hist is not None, "the run never wrote a history"
+    # the run's own stack dies with it (PR_SET_PDEATHSIG); make sure, then clean up by the recorded pids
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in children if psutil.pid_exists(p)], timeout=10)
+    assert not alive, f"stack processes outlived the killed run: {alive}"
+    LocalStack(name="stack", root=hist.parent / "stack").down()
+    res = CliRunner().invoke(main, ["analyze", str(hist.parent)])
+    assert res.exit_code in (0, 1, 3), res.output
+    assert "valid=" in res.output
+    results = json.loads((hist.parent / "results.json").read_text())
+    assert results["ops"] > 100
+    assert "valid" in results
