@@ -114,6 +114,11 @@ class Topology:
             raise ToxiproxyError(f"Toxiproxy did not create proxies {', '.join(missing)}", proxy=missing[0])
         return cls(client, [Link(f, t, made[link_name(f, t)]["listen"], upstreams[t]) for f, t in pairs])
 
+    @classmethod
+    def from_description(cls, client: ToxiproxyClient, desc: Mapping[str, Mapping[str, str]]) -> "Topology":
+        """The topology `describe()` wrote (e.g. into a stack's state), bound to a client of this event loop."""
+        return cls(client, [Link(d["from"], d["to"], d["listen"], d["upstream"]) for d in desc.values()])
+
     # -- lookup ------------------------------------------------------------
     @property
     def links(self) -> dict[str, Link]:

@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from lab.stack.leaseserver import LeaseServerProcess
-from lab.stack.process import ManagedProcess, ProcessError
+from lab.stack.clock import faketime_env
+from lab.stack.process import ManagedProcess, ProcessError, free_port
 from lab.stack.store import PouchDBProcess
+from lab.stack.toxiproxy import ToxiproxyProcess
 from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -64,10 +66,15 @@ class StackOptions:
     servers: int = 2
     persistence: str = "none"
     store: bool = True
+    toxiproxy: bool = False  # route every link through its own Toxiproxy proxy (the network nemeses need it)
+    client_groups: int = 2  # client process groups c1..cN, each with its own link to every server
+    fake_clocks: bool = False  # start Valkey and the lease servers under libfaketime (the clock nemesis needs it)
 
     def validate(self) -> None:
         if not 1 <= self.servers <= 16:
             raise StackError(f"--servers must be between 1 and 16, not {self.servers}")
+        if not 1 <= self.client_groups <= 16:
+            raise StackError(f"client groups must be between 1 and 16, not {self.client_groups}")
         if self.persistence not in PERSISTENCE_MODES:
             raise StackError(f"--persistence must be one of {', '.join(PERSISTENCE_MODES)}, not {self.persistence!r}")
 
@@ -116,21 +123,62 @@ class LocalStack:
     def _start_all(self, opts: StackOptions) -> None:
         from lab.server.auth import provision_demo_principals, write_principals_file
 
-        valkey = self._start(ValkeyProcess(self.dir, persistence=opts.persistence))
+        valkey = self._start(ValkeyProcess(self.dir, persistence=opts.persistence, env=self._clock_env("valkey", opts)))
         self.info["valkey"] = valkey.url
         records, credentials = provision_demo_principals()
         principals_file = self.dir / "principals.json"
         write_principals_file(records, principals_file)
         write_private_json(self.credentials_file, credentials)
+        store = None
         if opts.store:
             store = self._start(PouchDBProcess(self.dir))
             self.info["store"] = store.url
+        names = [f"lease-{i}" for i in range(1, opts.servers + 1)]
+        ports = {n: free_port() for n in names}
+        valkey_urls = {n: valkey.url for n in names}
+        self.info["client_nodes"] = [f"http://127.0.0.1:{ports[n]}" for n in names]
+        if opts.toxiproxy:
+            topo = self._build_topology(opts, valkey, store, ports)
+            valkey_urls = {n: f"redis://{topo.address(n, 'valkey')}/0" for n in names}
+            # thread t of the interpreter talks to client_nodes[t % len]: group c(g) to server s via its own proxy
+            self.info["client_nodes"] = [f"http://{topo.address(f'c{g}', n)}"
+                                         for g in range(1, opts.client_groups + 1) for n in names]
         self.info["lease_servers"] = []
-        for i in range(1, opts.servers + 1):
-            srv = self._start(LeaseServerProcess(self.dir, valkey_url=valkey.url, principals_file=principals_file,
-                                                 name=f"lease-{i}"))
+        for n in names:
+            srv = self._start(LeaseServerProcess(self.dir, valkey_url=valkey_urls[n], principals_file=principals_file,
+                                                 name=n, port=ports[n], env=self._clock_env(n, opts)))
             self.info["lease_servers"].append(srv.url)
             self.save_state()
+
+    def _clock_env(self, name: str, opts: StackOptions) -> dict[str, str] | None:
+        """libfaketime environment for process `name` when fake clocks are on (its offset file under clocks/)."""
+        if not opts.fake_clocks:
+            return None
+        path = self.dir / "clocks" / f"{name}.rc"
+        self.info.setdefault("clocks", {})[name] = str(path)
+        return faketime_env(path)
+
+    def _build_topology(self, opts: StackOptions, valkey, store, ports: dict[str, int]):
+        """Start Toxiproxy and create one proxy per link; the description goes into state.json."""
+        import asyncio
+
+        from nemesis.topology import Topology, standard_links
+        from nemesis.toxiproxy import ToxiproxyClient
+
+        tp = self._start(ToxiproxyProcess(self.dir))
+        self.info["toxiproxy"] = tp.url
+        upstreams = {"valkey": f"127.0.0.1:{valkey.port}", **{n: f"127.0.0.1:{p}" for n, p in ports.items()}}
+        if store is not None:
+            upstreams["store"] = f"127.0.0.1:{store.ports['http']}"
+        links = standard_links(opts.client_groups, list(ports), store=store is not None)
+
+        async def build():
+            async with ToxiproxyClient(tp.url) as client:
+                return (await Topology.build(client, upstreams, links)).describe()
+
+        self.info["topology"] = asyncio.run(build())
+        self.save_state()
+        return Topology.from_description(None, self.info["topology"])
 
     def _start(self, proc: ManagedProcess) -> ManagedProcess:
         """Start one process and record it in state.json at once (so `down` can always find it)."""
@@ -169,10 +217,21 @@ class LocalStack:
             "lease_servers": self.info.get("lease_servers", []),
             "valkey": self.info.get("valkey"),
             "store": self.info.get("store"),
+            "toxiproxy": self.info.get("toxiproxy"),
+            "client_nodes": self.info.get("client_nodes", self.info.get("lease_servers", [])),
+            "topology": self.info.get("topology"),
+            "clocks": self.info.get("clocks", {}),
             "credentials": str(self.credentials_file),
             "dir": str(self.dir),
             "processes": procs,
         }
+
+    def process(self, name: str) -> ManagedProcess:
+        """The owned process called `name` (e.g. `valkey`, `lease-2`, `store`)."""
+        for p in self.processes:
+            if p.name == name:
+                return p
+        raise StackError(f"stack {self.name!r} has no process {name!r}; it has {[p.name for p in self.processes]}")
 
     # -- down -------------------------------------------------------------
     def down(self) -> list[str]:
@@ -193,3 +252,4 @@ class LocalStack:
         if self.state_file.exists():
             self.state_file.unlink()
         return stopped
+
