@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from workloads import lease, register
+from workloads import fenced_append, idempotency, lease, register
 
 
 WORKLOADS: dict[str, Any] = {
+    "fenced-append": fenced_append,
+    "idempotency": idempotency,
     "lease": lease,
     "register": register,
 }
