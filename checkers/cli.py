@@ -1,0 +1,211 @@
+"""`fencelab check`: run checkers on stored histories (JSONL or Jepsen EDN) and report.
+
+    fencelab check FILE... [--model NAME] [--checker NAME ...] [--time-limit S]
+                           [--json] [--out DIR] [--format jsonl|edn]
+
+Checkers default to `linearizable` when a model is given, else every domain
+checker. Exit codes: 0 all valid, 1 any invalid, 2 any unknown (and none
+invalid), 3 bad input (a missing or malformed file, a missing required field,
+an unknown model or checker, a bad option), reported as one line naming the
+file, line and problem; never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from checkers.core import CHECKERS, DOMAIN_CHECKERS, Checker, compose, get_checker, merge_valid
+
+__all__ = ["check", "exit_code", "summarize"]
+
+EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN, EXIT_BAD_INPUT = 0, 1, 2, 3
+
+
+class BadInput(Exception):
+    """Input the command cannot work with; the message is the one line the user sees."""
+
+
+class _Check(click.Command):
+    """A click command whose usage errors exit with 3 (bad input), since 2 means "unknown"."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as e:
+            e.exit_code = EXIT_BAD_INPUT
+            raise
+
+
+class _Unavailable:
+    """Stands in for a checker whose code could not be loaded: its verdict is unknown."""
+
+    def __init__(self, name: str, error: BaseException):
+        self.error = f"checker {name!r} is unavailable: {type(error).__name__}: {error}"
+
+    def check(self, test: Any, history: list[dict], opts: Any) -> dict:
+        """Always unknown, with the reason."""
+        return {"valid": "unknown", "error": self.error}
+
+
+def build_checkers(names: tuple[str, ...], model: str | None, time_limit: float | None) -> dict[str, Checker]:
+    """The checkers asked for, validated eagerly (unknown names and models are bad input)."""
+    if time_limit is not None and time_limit < 0:
+        raise BadInput(f"--time-limit must be >= 0 seconds, got {time_limit}")
+    if not names:
+        names = ("linearizable",) if model else DOMAIN_CHECKERS
+    built: dict[str, Checker] = {}
+    for name in names:
+        if name not in CHECKERS:
+            raise BadInput(f"unknown checker {name!r}; known checkers: {', '.join(CHECKERS)}")
+        if name == "linearizable" and not model:
+            raise BadInput("the linearizable checker needs --model NAME")
+        kw = {"model": model, "time_limit": time_limit} if name == "linearizable" else {}
+        try:
+            built[name] = get_checker(name, **kw)
+        except ImportError as e:
+            built[name] = _Unavailable(name, e)
+        except (ValueError, TypeError) as e:
+            raise BadInput(str(e)) from None
+    return built
+
+
+def load(path: Path, fmt: str | None) -> tuple[list[dict], list[str]]:
+    """Read one history through lab.history; every problem it cannot recover from is BadInput."""
+    from lab.history import HistoryError, read_history_report
+
+    if not path.is_file():
+        raise BadInput(f"{path}: no such history file")
+    try:
+        return read_history_report(path, fmt)
+    except HistoryError as e:
+        raise BadInput(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - whatever a reader trips on, the user gets one line, not a traceback
+        raise BadInput(f"{path}: cannot read history ({type(e).__name__}: {e})") from None
+
+
+def exit_code(valids: list[Any]) -> int:
+    """0 when all are valid, 1 when any is invalid, 2 when any is unknown (and none invalid)."""
+    merged = merge_valid(valids)
+    return EXIT_VALID if merged is True else EXIT_INVALID if merged is False else EXIT_UNKNOWN
+
+
+def summarize(file: str, model: str | None, history: list[dict], results: dict, elapsed: float) -> dict:
+    """The one JSON object per file: validity, size, time, and what failed (or could not be decided)."""
+    out: dict[str, Any] = {"file": file, "valid": results["valid"], "model": model, "ops": len(history),
+                           "elapsed_s": round(elapsed, 6),
+                           "checkers": {n: r.get("valid") for n, r in results["results"].items()}}
+    if results["valid"] is False:
+        out["counterexample"] = {n: r.get("counterexample", r.get("violations"))
+                                 for n, r in results["results"].items() if r.get("valid") is False}
+    unknown = {n: r.get("error") or r.get("reason") or "undecided"
+               for n, r in results["results"].items() if r.get("valid") not in (True, False)}
+    if unknown:
+        out["unknown"] = unknown
+    return out
+
+
+def _human(summary: dict, results: dict) -> str:
+    """A short human summary of one file's result."""
+    lines = [f"{summary['file']}: valid={_valid_text(summary['valid'])} ({summary['ops']:,} ops, "
+             f"checked in {summary['elapsed_s']:.3f} s)"]
+    for name, r in results["results"].items():
+        line = f"  {name}: {_valid_text(r.get('valid'))}"
+        if r.get("valid") is False:
+            if "counterexample" in r:
+                ce = r["counterexample"]
+                line += f" (key {ce.get('key')!r}, window ops {ce.get('window')})"
+            else:
+                line += f" ({r.get('violation_count', 0)} violations)"
+                for v in (r.get("violations") or [])[:3]:
+                    line += f"\n    - {v.get('type')}: {v.get('msg')} (ops {v.get('ops')})"
+        elif r.get("valid") is not True:
+            line += f" ({r.get('error') or r.get('reason') or 'undecided'})"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _valid_text(v: Any) -> str:
+    """true / false / unknown, as in the JSON output."""
+    return json.dumps(v)
+
+
+def _out_dir(out: Path, path: Path, used: set[str]) -> Path:
+    """A directory under --out for one history, unique even when files share a name."""
+    name, n = path.stem, 1
+    while name in used:
+        n += 1
+        name = f"{path.stem}-{n}"
+    used.add(name)
+    return out / name
+
+
+def _write_outputs(directory: Path, file: str, history: list[dict], results: dict) -> list[Path]:
+    """results.json and timeline.html for one history."""
+    from checkers.render import render_html
+
+    directory.mkdir(parents=True, exist_ok=True)
+    res_path = directory / "results.json"
+    res_path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    html = render_html(results, history, directory / "timeline.html", title="fencelab check", source=file)
+    return [res_path, html]
+
+
+@click.command("check", cls=_Check)
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--model", metavar="NAME", help="Model for the linearizable checker (see checkers.models).")
+@click.option("--checker", "checker_names", multiple=True, metavar="NAME",
+              help=f"Checker to run (repeatable): {', '.join(CHECKERS)}. "
+                   "Default: linearizable with --model, else every domain checker.")
+@click.option("--time-limit", type=float, metavar="S", help="Seconds the linearizability search may take.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line per file.")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), metavar="DIR",
+              help="Write results.json and timeline.html per file under DIR.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "edn"]),
+              help="History format (default: from the extension or the content).")
+def check(files: tuple[Path, ...], model: str | None, checker_names: tuple[str, ...], time_limit: float | None,
+          as_json: bool, out: Path | None, fmt: str | None) -> None:
+    """Check stored histories: exit 0 all valid, 1 any invalid, 2 any unknown, 3 bad input."""
+    try:
+        checkers = build_checkers(checker_names, model, time_limit)
+        missing = [f for f in files if not f.is_file()]
+        if missing:
+            raise BadInput(f"{missing[0]}: no such history file")
+    except BadInput as e:
+        _fail(str(e))
+    composed = compose(checkers)
+    valids, used = [], set()
+    for path in files:
+        try:
+            history, problems = load(path, fmt)
+        except BadInput as e:
+            _fail(str(e))
+        for problem in problems:
+            click.echo(f"fencelab check: warning: {problem}", err=True)
+        t0 = time.perf_counter()
+        results = composed.check({"name": path.stem, "history_file": str(path)}, history, {})
+        elapsed = time.perf_counter() - t0
+        summary = summarize(str(path), model, history, results, elapsed)
+        valids.append(results["valid"])
+        try:
+            written = _write_outputs(_out_dir(out, path, used), str(path), history, results) if out else []
+        except OSError as e:
+            _fail(f"--out {out}: cannot write results ({e.strerror or e})")
+        if as_json:
+            click.echo(json.dumps(summary, default=str, separators=(",", ":")))
+        else:
+            click.echo(_human(summary, results))
+            for p in written:
+                click.echo(f"  wrote {p}")
+    sys.exit(exit_code(valids))
+
+
+def _fail(msg: str) -> None:
+    """Report bad input in one line and exit 3."""
+    click.echo(f"fencelab check: error: {msg}", err=True)
+    sys.exit(EXIT_BAD_INPUT)

@@ -1,0 +1,502 @@
+"""The checker protocol, result merging, composition, and the history helpers every checker shares.
+
+A checker is anything with `check(test, history, opts) -> dict` whose result has
+`"valid": True | False | "unknown"` (Jepsen's protocol). Results merge
+false > unknown > true. `compose({name: checker})` runs several checkers on one
+history; an exception inside one becomes `{"valid": "unknown", "error": ...}`
+instead of a crashed analysis.
+
+Histories are lists of op dicts in the format of docs/history-format.md.
+`pair_ops` turns one into `Pair`s (an invocation and its completion, by
+process; nemesis ops skipped), which is what the domain checkers consume, and
+`nemesis_windows` finds the fault windows the nemesis marked.
+
+`CHECKERS` maps checker names to factories; the modules behind them are
+imported lazily, so a broken or unfinished checker does not break the others.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import gc
+import importlib
+import time as _time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "CHECKERS",
+    "DOMAIN_CHECKERS",
+    "NEMESIS",
+    "Checker",
+    "Compose",
+    "Lease",
+    "Pair",
+    "PrefixMax",
+    "Violations",
+    "analysis",
+    "analyzed",
+    "compose",
+    "error_code",
+    "gc_paused",
+    "get_checker",
+    "history_end_time",
+    "index_leases",
+    "lease_index",
+    "merge_valid",
+    "nemesis_phase",
+    "nemesis_windows",
+    "op_lease_id",
+    "pair_ops",
+    "safe_check",
+]
+
+Valid = bool | str  # True, False or "unknown"
+NEMESIS = "nemesis"
+COMPLETIONS = frozenset(("ok", "fail", "info"))
+
+
+@runtime_checkable
+class Checker(Protocol):
+    """Anything that judges a history: returns a dict with "valid" True, False or "unknown"."""
+
+    def check(self, test: Mapping[str, Any], history: list[dict], opts: Mapping[str, Any]) -> dict: ...
+
+
+def merge_valid(values: Iterable[Any]) -> Valid:
+    """Merge validities: any False wins, then "unknown" (or anything that is not a bool), else True."""
+    merged: Valid = True
+    for v in values:
+        if v is False:
+            return False
+        if v is not True:
+            merged = "unknown"
+    return merged
+
+
+def safe_check(checker: Checker, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+    """Run one checker; an exception or a malformed result becomes valid "unknown" with the error."""
+    try:
+        res = checker.check(test, history, opts)
+    except Exception as e:  # noqa: BLE001 - exception safety is the point (Jepsen's check-safe)
+        return {"valid": "unknown", "error": f"{type(e).__name__}: {e}"}
+    if not isinstance(res, dict) or "valid" not in res:
+        return {"valid": "unknown", "error": f"checker returned {type(res).__name__} without 'valid'"}
+    return res
+
+
+class Compose:
+    """Runs several named checkers on one history: {"valid": merged, "results": {name: result}}."""
+
+    def __init__(self, checkers: Mapping[str, Checker]):
+        if not checkers:
+            raise ValueError("compose needs at least one checker")
+        for name, c in checkers.items():
+            if not isinstance(c, Checker):
+                raise TypeError(f"checker {name!r} has no check(test, history, opts) method")
+        self.checkers = dict(checkers)
+
+    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+        """Run every checker safely (sharing one analysis of the history), time each, merge their validity."""
+        results, timings = {}, {}
+        with analysis(history):
+            for name, c in self.checkers.items():
+                t0 = _time.perf_counter()
+                results[name] = safe_check(c, test, history, opts)
+                timings[name] = round(_time.perf_counter() - t0, 6)
+        valid = merge_valid(r.get("valid") for r in results.values())
+        return {"valid": valid, "results": results, "elapsed_s": timings}
+
+
+def compose(checkers: Mapping[str, Checker]) -> Compose:
+    """Compose named checkers into one (see `Compose`)."""
+    return Compose(checkers)
+
+
+# --------------------------------------------------------------------------- shared analysis
+
+_SHARED: ContextVar[dict | None] = ContextVar("fencelab_checker_analysis", default=None)
+
+
+@contextmanager
+def analysis(history: list[dict]) -> Iterator[None]:
+    """Within this block, checkers of `history` share what they derive from it (pairs, lease index).
+
+    Re-entering for the same history reuses the outer block.
+    """
+    current = _SHARED.get()
+    if current is not None and current["history"] is history:
+        yield
+        return
+    token = _SHARED.set({"history": history, "n": len(history)})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic GC, restoring its previous state on exit.
+
+    The domain checkers allocate millions of small acyclic objects, and the
+    collector would rescan the whole history again and again (2x slower at
+    1M ops, measured).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def analyzed(check: Callable) -> Callable:
+    """Decorate a domain checker's `check(self, test, history, opts)`: shared analysis, GC paused."""
+
+    @functools.wraps(check)
+    def wrapper(self: Any, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+        with analysis(history), gc_paused():
+            return check(self, test, history, opts)
+
+    return wrapper
+
+
+def _shared(name: str, history: list[dict], build: Callable[[], Any]) -> Any:
+    """`build()`, computed once per `analysis` block of this history (every time outside one)."""
+    shared = _SHARED.get()
+    if shared is None or shared["history"] is not history or shared["n"] != len(history):
+        return build()
+    if name not in shared:
+        shared[name] = build()
+    return shared[name]
+
+
+# --------------------------------------------------------------------------- history helpers
+
+
+class Pair:
+    """One client operation: its invocation, and its completion (None when it never completed)."""
+
+    __slots__ = ("inv", "comp", "type", "f", "key", "process", "t0", "t1", "i0", "i1")
+
+    def __init__(self, inv: dict, i0: int):
+        self.inv = inv
+        self.comp: dict | None = None
+        self.type = "info"  # an invocation with no completion counts as info
+        self.f = inv.get("f")
+        self.key = inv.get("key")
+        self.process = inv.get("process")
+        self.t0: int = inv.get("time", 0)
+        self.t1: int | None = None
+        self.i0 = i0
+        self.i1: int | None = None
+
+    @property
+    def value(self) -> Any:
+        """The invocation's argument."""
+        return self.inv.get("value")
+
+    @property
+    def result(self) -> Any:
+        """The completion's value (None when it never completed)."""
+        return None if self.comp is None else self.comp.get("value")
+
+    @property
+    def indices(self) -> list[int]:
+        """The history indices of this op (invocation, and completion when there is one)."""
+        return [self.i0] if self.i1 is None else [self.i0, self.i1]
+
+    def __repr__(self) -> str:
+        return f"Pair({self.f} p={self.process} {self.type} [{self.i0}..{self.i1}])"
+
+
+def pair_ops(history: list[dict]) -> list[Pair]:
+    """Pair each client invocation with the next completion of its process, in invocation order.
+
+    Nemesis ops are skipped. An invocation that never completes stays `info` with
+    `t1 = None`; a completion with no open invocation is ignored (it has nothing to pair with).
+    Inside `analysis(history)` the list is computed once and shared: do not mutate it.
+    """
+    return _shared("pairs", history, lambda: _pair_ops(history))
+
+
+def _pair_ops(history: list[dict]) -> list[Pair]:
+    """The pairing itself (see `pair_ops`)."""
+    pairs: list[Pair] = []
+    open_: dict[Any, Pair] = {}
+    for pos, op in enumerate(history):
+        process = op.get("process")
+        if process == NEMESIS:
+            continue
+        typ = op.get("type")
+        idx = op.get("index", pos)
+        if typ == "invoke":
+            p = Pair(op, idx)
+            open_[process] = p  # a second open invoke leaves the first one never-completed (info)
+            pairs.append(p)
+        elif typ in COMPLETIONS:
+            p = open_.pop(process, None)
+            if p is not None:
+                p.comp, p.type, p.t1, p.i1 = op, typ, op.get("time", p.t0), idx
+    return pairs
+
+
+def error_code(op: Mapping | None) -> str | None:
+    """The contract code of an op's error: the string itself, or the object's "code"."""
+    if op is None:
+        return None
+    err = op.get("error")
+    if isinstance(err, dict):
+        code = err.get("code")
+        return None if code is None else str(code)
+    return None if err is None else str(err)
+
+
+def history_end_time(history: list[dict]) -> int:
+    """The latest `time` in the history (0 when empty)."""
+    return max((op.get("time", 0) for op in history), default=0)
+
+
+_PHASES = {"start": "start", "begin": "start", "stop": "end", "end": "end", "heal": "end"}
+
+
+def nemesis_phase(op: Mapping) -> tuple[str, str] | None:
+    """Classify a nemesis op as (fault, "start"|"end"), or None when it marks neither.
+
+    Two conventions are understood: fencelab's `value: {"phase": "start"|"end"}`
+    with the fault in `f`, and Jepsen's f names `start-<fault>` / `stop-<fault>`
+    (also `<fault>-start` / `<fault>-stop`, and bare `start` / `stop` for the fault "nemesis").
+    """
+    f = str(op.get("f"))
+    value = op.get("value")
+    if isinstance(value, dict) and value.get("phase") in _PHASES:
+        return f, _PHASES[value["phase"]]
+    if f in _PHASES:
+        return NEMESIS, _PHASES[f]
+    head, sep, tail = f.partition("-")
+    if sep and head in _PHASES and tail:
+        return tail, _PHASES[head]
+    head, sep, tail = f.rpartition("-")
+    if sep and tail in _PHASES and head:
+        return head, _PHASES[tail]
+    return None
+
+
+def nemesis_windows(history: list[dict]) -> list[dict]:
+    """Fault windows marked by the nemesis: [{fault, start, end, start_index, end_index, open}].
+
+    A window opens at the first start op of a fault (its invoke, when the nemesis
+    logs invoke + info) and closes at the last op of the matching end (its
+    completion). A window never closed ends at the history's last time, `open: True`.
+    """
+    windows: list[dict] = []
+    opened: dict[str, dict] = {}
+    closing: dict[str, dict] = {}  # fault -> window whose end op may still get a completion
+    for pos, op in enumerate(history):
+        if op.get("process") != NEMESIS:
+            continue
+        cls = nemesis_phase(op)
+        if cls is None:
+            continue
+        fault, phase = cls
+        t, idx = op.get("time", 0), op.get("index", pos)
+        if phase == "start":
+            closing.pop(fault, None)
+            if fault not in opened:
+                w = {"fault": fault, "start": t, "end": None, "start_index": idx, "end_index": None, "open": False}
+                opened[fault] = w
+                windows.append(w)
+        elif fault in opened:
+            w = opened.pop(fault)
+            w["end"], w["end_index"] = t, idx
+            closing[fault] = w
+        elif fault in closing:  # the completion of the end op we already saw
+            closing[fault]["end"], closing[fault]["end_index"] = t, idx
+    end = history_end_time(history)
+    for w in opened.values():
+        w["end"], w["open"] = end, True
+    return windows
+
+
+# --------------------------------------------------------------------------- lease histories
+
+LEASE_FS = frozenset(("acquire", "renew", "release", "force-release", "revoke"))
+END_FS = frozenset(("release", "force-release", "revoke"))
+# Backend end time of a lease in a release/revoke ok value. Not (yet) in docs/history-format.md;
+# used when a server reports it, otherwise the checkers fall back on real-time order.
+END_TIME_FIELDS = ("released_at_ms", "revoked_at_ms", "ended_at_ms")
+
+
+class Lease:
+    """What the history says about one lease (by lease_id): its key, token, backend times, ops."""
+
+    __slots__ = ("lease_id", "key", "token", "acquired_at_ms", "expires_at_ms", "ended_at_ms",
+                 "acquires", "grants", "ends")
+
+    def __init__(self, lease_id: Any, key: Any, token: Any, acquired_at_ms: Any):
+        self.lease_id = lease_id
+        self.key = key
+        self.token = token
+        self.acquired_at_ms = acquired_at_ms
+        self.expires_at_ms: int | None = None  # the latest expiry any acquire/renew ok reported
+        self.ended_at_ms: int | None = None  # backend release/revoke time, when a server reports one
+        self.acquires: list[Pair] = []  # ok acquires that returned this lease (replays included)
+        self.grants: list[Pair] = []  # ok acquires and renews of this lease
+        self.ends: list[Pair] = []  # release / force-release / revoke that ok'd or may have (info)
+
+    @property
+    def first(self) -> Pair:
+        """The ok acquire that first reported this lease (in invocation order)."""
+        return self.acquires[0]
+
+
+def op_lease_id(p: Pair) -> Any:
+    """The lease an op is about: the invocation's lease_id, or for acquire the one it returned."""
+    v = p.inv.get("value")
+    if isinstance(v, dict) and v.get("lease_id") is not None:
+        return v["lease_id"]
+    r = p.result
+    return r.get("lease_id") if isinstance(r, dict) else None
+
+
+def index_leases(pairs: list[Pair]) -> dict[Any, Lease]:
+    """Every lease an ok acquire reported, with its grants (acquire/renew oks) and end ops."""
+    leases: dict[Any, Lease] = {}
+    for p in pairs:
+        if p.f == "acquire" and p.type == "ok":
+            r = p.comp.get("value")
+            if not isinstance(r, dict) or r.get("lease_id") is None:
+                continue
+            lid = r["lease_id"]
+            lease = leases.get(lid)
+            if lease is None:
+                lease = leases[lid] = Lease(lid, p.key, r.get("fencing_token"), r.get("acquired_at_ms"))
+            lease.acquires.append(p)
+    for p in pairs:
+        f = p.f
+        if f not in LEASE_FS or p.type == "fail" or (p.type == "info" and f not in END_FS):
+            continue  # grants count when ok; ends when ok or maybe (info)
+        lease = leases.get(op_lease_id(p))
+        if lease is None:
+            continue
+        r = p.result if p.type == "ok" else None
+        if f in ("acquire", "renew"):
+            lease.grants.append(p)
+            exp = r.get("expires_at_ms") if isinstance(r, dict) else None
+            if exp is not None and (lease.expires_at_ms is None or exp > lease.expires_at_ms):
+                lease.expires_at_ms = exp
+        else:
+            lease.ends.append(p)
+            if isinstance(r, dict):
+                for field in END_TIME_FIELDS:
+                    t = r.get(field)
+                    if t is not None and (lease.ended_at_ms is None or t < lease.ended_at_ms):
+                        lease.ended_at_ms = t
+    return leases
+
+
+def lease_index(history: list[dict]) -> dict[Any, Lease]:
+    """`index_leases(pair_ops(history))`, shared inside `analysis(history)`: do not mutate it."""
+    return _shared("leases", history, lambda: index_leases(pair_ops(history)))
+
+
+class PrefixMax:
+    """Answers "the largest token among points before x" in O(log n): sorted xs, running max."""
+
+    def __init__(self, points: Iterable[tuple[Any, Any, Any]]):
+        pts = sorted((p for p in points if p[0] is not None and p[1] is not None), key=lambda p: p[0])
+        self.xs = [p[0] for p in pts]
+        self.best: list[tuple[Any, Any]] = []  # (max token so far, the ref that carries it)
+        cur: tuple[Any, Any] | None = None
+        for _, token, ref in pts:
+            if cur is None or token > cur[0]:
+                cur = (token, ref)
+            self.best.append(cur)
+
+    def before(self, x: Any) -> tuple[Any, Any] | None:
+        """(max token, its ref) over points with x' < x, or None."""
+        i = bisect.bisect_left(self.xs, x)
+        return self.best[i - 1] if i else None
+
+
+# --------------------------------------------------------------------------- results
+
+
+class Violations:
+    """Collects violations (kind, the op indices involved, a message), keeping at most `limit` of them."""
+
+    def __init__(self, limit: int = 1000):
+        self.limit = limit
+        self.items: list[dict] = []
+        self.counts: dict[str, int] = {}
+
+    def add(self, kind: str, ops: Iterable[int], msg: str, **details: Any) -> None:
+        """Record one violation of `kind` naming the ops (history indices) that show it."""
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if len(self.items) < self.limit:
+            self.items.append({"type": kind, "ops": sorted(set(ops)), "msg": msg, **details})
+
+    def __len__(self) -> int:
+        return sum(self.counts.values())
+
+    def result(self, **extra: Any) -> dict:
+        """The checker result: valid iff no violation, the (capped) list, and counts by kind."""
+        n = len(self)
+        return {
+            "valid": n == 0,
+            "violation_count": n,
+            "violation_counts": dict(self.counts),
+            "violations": self.items,
+            "truncated": n > len(self.items),
+            **extra,
+        }
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def _lazy(module: str, attr: str) -> Callable[..., Checker]:
+    """A factory that imports `module.attr` only when a checker is asked for."""
+
+    def factory(**kw: Any) -> Checker:
+        return getattr(importlib.import_module(module), attr)(**kw)
+
+    factory.__doc__ = f"{module}.{attr}"
+    return factory
+
+
+def _linearizable(model: Any = None, time_limit: float | None = None, **kw: Any) -> Checker:
+    """The linearizability checker for a model (a name from checkers.models, or a model object)."""
+    if model is None:
+        raise ValueError("the linearizable checker needs a model (e.g. --model cas-register)")
+    if isinstance(model, str):
+        model = importlib.import_module("checkers.models").get_model(model)
+    return importlib.import_module("checkers.linear").Linearizable(model, time_limit, **kw)
+
+
+CHECKERS: dict[str, Callable[..., Checker]] = {
+    "linearizable": _linearizable,
+    "fencing": _lazy("checkers.fencing", "FencingChecker"),
+    "stale-commit": _lazy("checkers.stale_commit", "StaleCommitChecker"),
+    "mutual-exclusion": _lazy("checkers.mutex", "MutualExclusionChecker"),
+    "idempotency": _lazy("checkers.idempotency", "IdempotencyChecker"),
+    "lease-state": _lazy("checkers.lease_state", "LeaseStateChecker"),
+    "deadlines": _lazy("checkers.deadlines", "DeadlinesChecker"),
+    "availability": _lazy("checkers.deadlines", "AvailabilityChecker"),
+}
+
+DOMAIN_CHECKERS = tuple(n for n in CHECKERS if n != "linearizable")
+
+
+def get_checker(name: str, **kw: Any) -> Checker:
+    """Build the checker registered as `name` with keyword options; unknown names list the known ones."""
+    try:
+        factory = CHECKERS[name]
+    except KeyError:
+        raise ValueError(f"unknown checker {name!r}; known checkers: {', '.join(CHECKERS)}") from None
+    return factory(**kw)

@@ -1,0 +1,179 @@
+"""Deadlines (every call finishes within its deadline) and availability (success rate, latency).
+
+`deadlines` (contract C22, C23): an invocation's `value` carries its deadline,
+either `deadline_ms` (relative to the invocation) or `deadline_at_ms` (absolute
+Unix ms; needs the wall-clock start of the test, `start_unix_ms` given to the
+checker or in the test map, to be placed on the history's monotonic clock).
+Every completion (ok, fail or info) must come at most `slack_ms` after the
+deadline (`deadline-exceeded`); an invocation that never completed although the
+history runs past its deadline plus slack is a `no-completion` violation.
+Ops without a deadline are counted (`no_deadline`); with `require_deadline=True`
+each one is a `missing-deadline` violation.
+
+`availability` is informational: per f and per nemesis window, the success rate
+(ok / all invocations, info and never-completed included) and latency quantiles
+(p50/p95/p99/max in ms over completed ops). Windows come from
+`checkers.core.nemesis_windows` (value `{"phase": "start"|"end"}` or
+`start-<fault>` / `stop-<fault>` f names); an op belongs to every window its
+invocation falls in, and to `outside` when it falls in none. It is valid unless a
+configured `min_success_rate` (a float for all ops, or {f: float}) is not met.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from checkers.core import Pair, Violations, analyzed, history_end_time, nemesis_windows, pair_ops
+
+__all__ = ["AvailabilityChecker", "DeadlinesChecker"]
+
+TYPES = ("ok", "fail", "info")
+
+
+class DeadlinesChecker:
+    """Checks every completion against its invocation's deadline plus a slack."""
+
+    def __init__(self, slack_ms: float = 100.0, require_deadline: bool = False,
+                 start_unix_ms: int | None = None, max_violations: int = 1000):
+        if slack_ms < 0:
+            raise ValueError(f"slack_ms must be >= 0, got {slack_ms}")
+        self.slack_ms = slack_ms
+        self.require_deadline = require_deadline
+        self.start_unix_ms = start_unix_ms
+        self.max_violations = max_violations
+
+    @analyzed
+    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+        """Judge every client op that carries a deadline."""
+        anchor = self.start_unix_ms if self.start_unix_ms is not None else (test or {}).get("start_unix_ms")
+        slack = int(self.slack_ms * 1_000_000)
+        end = history_end_time(history)
+        v = Violations(self.max_violations)
+        checked = no_deadline = unanchored = 0
+        worst = 0
+        for p in pair_ops(history):
+            limit = _deadline_ns(p, anchor)
+            if limit is None:
+                missing = _has_absolute(p)
+                unanchored += missing
+                no_deadline += not missing
+                if self.require_deadline and not missing:
+                    v.add("missing-deadline", [p.i0], f"{p.f} by process {p.process} has no deadline", f=p.f)
+                continue
+            checked += 1
+            done = p.t1 if p.t1 is not None else end
+            over = done - limit
+            worst = max(worst, over)
+            if over <= slack:
+                continue
+            if p.t1 is None:
+                v.add("no-completion", [p.i0], f"{p.f} by process {p.process} never completed, "
+                      f"{over / 1e6:.1f} ms past its deadline", f=p.f, overrun_ms=over / 1e6)
+            else:
+                v.add("deadline-exceeded", p.indices, f"{p.f} by process {p.process} completed ({p.type}) "
+                      f"{over / 1e6:.1f} ms after its deadline", f=p.f, overrun_ms=over / 1e6)
+        return v.result(slack_ms=self.slack_ms, checked=checked, no_deadline=no_deadline,
+                        unanchored=unanchored, max_overrun_ms=worst / 1e6)
+
+
+def _has_absolute(p: Pair) -> bool:
+    """The op carries an absolute deadline (that could not be placed on the monotonic clock)."""
+    val = p.inv.get("value")
+    return isinstance(val, dict) and val.get("deadline_at_ms") is not None
+
+
+def _deadline_ns(p: Pair, anchor: int | None) -> int | None:
+    """The op's deadline on the history's monotonic clock (ns), or None when it has none we can place."""
+    val = p.inv.get("value")
+    if not isinstance(val, dict):
+        return None
+    rel = val.get("deadline_ms")
+    if rel is not None:
+        return p.t0 + int(rel * 1_000_000)
+    at = val.get("deadline_at_ms")
+    if at is not None and anchor is not None:
+        return int((at - anchor) * 1_000_000)
+    return None
+
+
+# --------------------------------------------------------------------------- availability
+
+
+class AvailabilityChecker:
+    """Success rates and latency quantiles per f and per nemesis window; valid unless under a minimum."""
+
+    def __init__(self, min_success_rate: float | Mapping[str, float] | None = None):
+        rates = min_success_rate.values() if isinstance(min_success_rate, Mapping) else [min_success_rate]
+        for r in rates:
+            if r is not None and not 0 <= r <= 1:
+                raise ValueError(f"min_success_rate must be within [0, 1], got {r}")
+        self.min_success_rate = min_success_rate
+
+    @analyzed
+    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+        """Measure availability overall, per f, and inside / outside each nemesis window."""
+        pairs = pair_ops(history)
+        cols = _columns(pairs)
+        windows = nemesis_windows(history)
+        everything = np.ones(len(pairs), dtype=bool)
+        outside = everything.copy()
+        per_window = []
+        for w in windows:
+            inside = (cols["t0"] >= w["start"]) & (cols["t0"] <= w["end"])
+            outside &= ~inside
+            per_window.append({**w, **_stats(cols, inside)})
+        overall = _stats(cols, everything)
+        v = Violations()
+        self._check_minimum(overall, pairs, v)
+        return v.result(overall=overall, windows=per_window, outside=_stats(cols, outside))
+
+    def _check_minimum(self, overall: dict, pairs: list[Pair], v: Violations) -> None:
+        """Report each success rate below its configured minimum."""
+        wanted = self.min_success_rate
+        if wanted is None:
+            return
+        targets = wanted.items() if isinstance(wanted, Mapping) else [(None, wanted)]
+        for f, minimum in targets:
+            got = overall["success_rate"] if f is None else overall["by_f"].get(f, {}).get("success_rate")
+            if got is None or got >= minimum:
+                continue
+            bad = [p.i0 for p in pairs if p.type != "ok" and (f is None or p.f == f)][:20]
+            v.add("availability", bad, f"success rate of {f or 'all ops'} {got:.3f} is below {minimum}",
+                  f=f, success_rate=got, minimum=minimum)
+
+
+def _columns(pairs: list[Pair]) -> dict:
+    """The pairs as numpy columns: invoke time, latency (ms, NaN if never completed), type, f index."""
+    names = sorted({str(p.f) for p in pairs})
+    fid = {f: i for i, f in enumerate(names)}
+    tid = {t: i for i, t in enumerate(TYPES)}
+    t0 = np.fromiter((p.t0 for p in pairs), dtype=np.int64, count=len(pairs))
+    lat = np.fromiter(((p.t1 - p.t0) / 1e6 if p.t1 is not None else np.nan for p in pairs),
+                      dtype=np.float64, count=len(pairs))
+    typ = np.fromiter((tid[p.type] for p in pairs), dtype=np.int8, count=len(pairs))
+    f = np.fromiter((fid[str(p.f)] for p in pairs), dtype=np.int32, count=len(pairs))
+    return {"names": names, "t0": t0, "lat": lat, "typ": typ, "f": f}
+
+
+def _summary(lat: np.ndarray, typ: np.ndarray) -> dict:
+    """Counts by type, success rate and latency quantiles of one selection of ops."""
+    n = int(typ.size)
+    counts = np.bincount(typ, minlength=len(TYPES))
+    done = lat[~np.isnan(lat)]
+    q = np.percentile(done, [50, 95, 99]).tolist() if done.size else [None] * 3
+    return {"count": n, **{t: int(c) for t, c in zip(TYPES, counts)},
+            "success_rate": float(counts[0]) / n if n else None,
+            "latency_ms": {"p50": q[0], "p95": q[1], "p99": q[2], "max": float(done.max()) if done.size else None}}
+
+
+def _stats(cols: dict, mask: np.ndarray) -> dict:
+    """Summary of the masked ops, overall and per f."""
+    lat, typ, f = cols["lat"][mask], cols["typ"][mask], cols["f"][mask]
+    by_f = {}
+    for i, name in enumerate(cols["names"]):
+        sel = f == i
+        if sel.any():
+            by_f[name] = _summary(lat[sel], typ[sel])
+    return {**_summary(lat, typ), "by_f": by_f}

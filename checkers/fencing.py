@@ -1,0 +1,128 @@
+"""Fencing tokens: unique per identity, and increasing in real-time and in backend-time order.
+
+For each key (lock identity) of a lease history, over the leases that ok acquires
+reported (contract C5, C11, verification row 4):
+
+- `duplicate-token`: two different leases carry the same token. An idempotent
+  replay returning the same lease_id is the same lease, not a duplicate.
+- `token-order-realtime`: lease A's acquisition completed before lease B's was
+  invoked, yet token(A) >= token(B). A lease's acquisition spans from the first
+  invocation of any request_id that returned it (a replay's original attempt
+  included) to the first ok that reported it. Sort by start, sweep with a running
+  max over completed acquisitions: O(n log n).
+- `token-order-backend`: acquired_at_ms(A) < acquired_at_ms(B) yet token(A) >= token(B).
+  Leases acquired in the same millisecond are not ordered against each other.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Mapping
+
+from checkers.core import Lease, Pair, Violations, analyzed, lease_index, pair_ops
+
+__all__ = ["FencingChecker"]
+
+
+class FencingChecker:
+    """Checks fencing-token uniqueness and monotonicity per identity (see module docstring)."""
+
+    def __init__(self, max_violations: int = 1000):
+        self.max_violations = max_violations
+
+    @analyzed
+    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+        """Judge the ok acquires of a lease history."""
+        pairs = pair_ops(history)
+        leases = lease_index(history)
+        first_invoke = _first_invokes(pairs)
+        by_key: dict[Any, list[Lease]] = defaultdict(list)
+        for lease in leases.values():
+            if lease.token is not None:
+                by_key[lease.key].append(lease)
+        v = Violations(self.max_violations)
+        for key, ls in by_key.items():
+            _check_unique(key, ls, v)
+            _check_realtime(key, ls, first_invoke, v)
+            _check_backend(key, ls, v)
+        return v.result(keys=len(by_key), leases=len(leases))
+
+
+def _request_id(p: Pair) -> Any:
+    """The request_id of an op's invocation, if any."""
+    val = p.inv.get("value")
+    return val.get("request_id") if isinstance(val, dict) else None
+
+
+def _first_invokes(pairs: list[Pair]) -> dict[tuple, int]:
+    """(key, request_id) -> the earliest invocation time of any acquire carrying it."""
+    first: dict[tuple, int] = {}
+    for p in pairs:
+        if p.f == "acquire":
+            rid = _request_id(p)
+            if rid is not None:
+                k = (p.key, rid)
+                if k not in first or p.t0 < first[k]:
+                    first[k] = p.t0
+    return first
+
+
+def _check_unique(key: Any, leases: list[Lease], v: Violations) -> None:
+    """Different leases on one key must carry different tokens."""
+    seen: dict[Any, Lease] = {}
+    for lease in leases:
+        other = seen.setdefault(lease.token, lease)
+        if other is not lease:
+            v.add("duplicate-token", [other.first.i1, lease.first.i1],
+                  f"key {key!r}: leases {other.lease_id!r} and {lease.lease_id!r} both got token {lease.token}",
+                  key=key, token=lease.token, leases=[other.lease_id, lease.lease_id])
+
+
+def _acquisition_span(lease: Lease, first_invoke: dict[tuple, int]) -> tuple[int, int]:
+    """Real-time window in which the lease was created: earliest attempt to earliest ok."""
+    start = min(first_invoke.get((p.key, _request_id(p)), p.t0) for p in lease.acquires)
+    end = min(p.t1 for p in lease.acquires)
+    return min(start, end), end
+
+
+def _check_realtime(key: Any, leases: list[Lease], first_invoke: dict[tuple, int], v: Violations) -> None:
+    """A acquired (completed) before B was invoked implies token(A) < token(B)."""
+    spans = [(*_acquisition_span(lease, first_invoke), lease) for lease in leases]
+    by_end = sorted(spans, key=lambda s: s[1])
+    j, best = 0, None  # best: the completed lease with the largest token so far
+    for start, _end, lease in sorted(spans, key=lambda s: s[0]):
+        while j < len(by_end) and by_end[j][1] < start:
+            done = by_end[j][2]
+            if best is None or done.token > best.token:
+                best = done
+            j += 1
+        if best is not None and best.token >= lease.token:
+            v.add("token-order-realtime", [best.first.i1, lease.first.i0, lease.first.i1],
+                  f"key {key!r}: lease {lease.lease_id!r} (token {lease.token}) was acquired after "
+                  f"lease {best.lease_id!r} (token {best.token}) completed",
+                  key=key, token=lease.token, earlier_token=best.token, leases=[best.lease_id, lease.lease_id])
+
+
+def _check_backend(key: Any, leases: list[Lease], v: Violations) -> None:
+    """acquired_at_ms(A) < acquired_at_ms(B) implies token(A) < token(B)."""
+    timed = sorted((lease for lease in leases if lease.acquired_at_ms is not None), key=lambda x: x.acquired_at_ms)
+    best: Lease | None = None  # max token among strictly earlier milliseconds
+    i = 0
+    while i < len(timed):
+        j = i
+        while j < len(timed) and timed[j].acquired_at_ms == timed[i].acquired_at_ms:
+            j += 1
+        group = timed[i:j]
+        if best is not None:
+            for lease in group:
+                if lease.token <= best.token:
+                    v.add("token-order-backend", [best.first.i1, lease.first.i1],
+                          f"key {key!r}: lease {lease.lease_id!r} acquired at {lease.acquired_at_ms} ms got "
+                          f"token {lease.token}, not above {best.token} of {best.lease_id!r} acquired at "
+                          f"{best.acquired_at_ms} ms",
+                          key=key, token=lease.token, earlier_token=best.token,
+                          leases=[best.lease_id, lease.lease_id])
+        for lease in group:
+            if best is None or lease.token > best.token:
+                best = lease
+        i = j

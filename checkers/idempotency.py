@@ -1,0 +1,125 @@
+"""Idempotent retries: same request_id and body, same result; changed body, idempotency_conflict.
+
+Ops are grouped by idempotency key, approximated from the history as
+(f, key, request_id) (contract C16; the owner principal is not in the op record).
+The "body" of a request is `value.body` when the workload recorded it, else the
+whole invocation value (canonical JSON). The result that must repeat is
+(lease_id, fencing_token) for lease operations and (doc, rev, accepted_token) for
+commits (C17, C18). Violations, each naming the ops:
+
+- `replay-different-result`: two ok ops with the same body returned different results.
+- `changed-body-accepted`: two ok ops with different bodies (only one body can be recorded).
+- `replay-not-idempotent`: a same-body retry invoked after an ok completed failed
+  with a definite code (e.g. `lease_conflict`, `idempotency_conflict`) instead of
+  returning the original result.
+- `changed-body-not-conflict`: a changed-body request invoked after an ok completed
+  failed with a definite code other than `idempotency_conflict`.
+- `false-conflict`: `idempotency_conflict` although no op with that idempotency key
+  carried a different body.
+
+Codes that say nothing about the idempotency record (timeouts, unavailability,
+rate limits, auth, validation: `NOT_RESULTS`) and info ops never violate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Mapping
+
+from checkers.core import Pair, Violations, analyzed, error_code, pair_ops
+
+__all__ = ["IdempotencyChecker"]
+
+IDEMPOTENT_FS = frozenset(("acquire", "renew", "release", "force-release", "revoke", "commit"))
+CONFLICT = "idempotency_conflict"
+NOT_RESULTS = frozenset((
+    "timeout", "outcome_unknown", "lease_outcome_unknown", "backend_unavailable", "lease_backend_unavailable",
+    "deadline_exceeded", "lease_rate_limited", "invalid_credential", "access_denied", "invalid_lease_request",
+))
+
+
+class IdempotencyChecker:
+    """Checks retries by request_id against their original results (see module docstring)."""
+
+    def __init__(self, max_violations: int = 1000):
+        self.max_violations = max_violations
+
+    @analyzed
+    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+        """Judge every idempotency key that was used more than once, and every conflict."""
+        groups: dict[tuple, list[Pair]] = defaultdict(list)
+        for p in pair_ops(history):
+            if p.f in IDEMPOTENT_FS:
+                val = p.inv.get("value")
+                rid = val.get("request_id") if isinstance(val, dict) else None
+                if rid is not None:
+                    groups[(p.f, p.key, rid)].append(p)
+        v = Violations(self.max_violations)
+        retried = 0
+        for gkey, ops in groups.items():
+            if len(ops) > 1:
+                retried += 1
+                _check_group(gkey, ops, v)
+            elif ops[0].type == "fail" and error_code(ops[0].comp) == CONFLICT:
+                _false_conflict(gkey, ops[0], v)
+        return v.result(request_ids=len(groups), retried=retried)
+
+
+def _body(p: Pair) -> str:
+    """Canonical text of what the request asked (its recorded body, else its whole value)."""
+    val = p.inv.get("value")
+    body = val["body"] if isinstance(val, dict) and "body" in val else val
+    return json.dumps(body, sort_keys=True, default=str)
+
+
+def _outcome(p: Pair) -> tuple:
+    """The part of an ok result a replay must repeat."""
+    r = p.result if isinstance(p.result, dict) else {}
+    if p.f == "commit":
+        return (r.get("doc"), r.get("rev"), r.get("accepted_token"))
+    return (r.get("lease_id"), r.get("fencing_token"))
+
+
+def _false_conflict(gkey: tuple, p: Pair, v: Violations) -> None:
+    """An idempotency_conflict with nothing it could conflict with."""
+    f, key, rid = gkey
+    v.add("false-conflict", p.indices, f"{f} {rid!r} on key {key!r}: idempotency_conflict, yet no request "
+          f"with this request_id carried another body", key=key, request_id=rid)
+
+
+def _check_group(gkey: tuple, ops: list[Pair], v: Violations) -> None:
+    """All rules for the ops sharing one idempotency key (in invocation order)."""
+    f, key, rid = gkey
+    bodies = [_body(p) for p in ops]
+    oks = [(p, b) for p, b in zip(ops, bodies) if p.type == "ok"]
+    for (a, ba), (b, bb) in zip(oks, oks[1:]):
+        if ba != bb:
+            v.add("changed-body-accepted", [a.i0, a.i1, b.i0, b.i1], f"{f} {rid!r} on key {key!r}: "
+                  f"two different bodies were both accepted", key=key, request_id=rid)
+    first_ok: dict[str, Pair] = {}
+    for p, b in oks:
+        orig = first_ok.setdefault(b, p)
+        if orig is not p and _outcome(orig) != _outcome(p):
+            v.add("replay-different-result", [orig.i1, p.i0, p.i1], f"{f} {rid!r} on key {key!r}: replay returned "
+                  f"{_outcome(p)}, the original returned {_outcome(orig)}", key=key, request_id=rid,
+                  original=list(_outcome(orig)), replay=list(_outcome(p)))
+    distinct = set(bodies)
+    for p, b in zip(ops, bodies):
+        if p.type != "fail":
+            continue
+        code = error_code(p.comp)
+        if code == CONFLICT and len(distinct) == 1:
+            _false_conflict(gkey, p, v)
+            continue
+        if code in NOT_RESULTS:
+            continue
+        before = next((o for o, _ in oks if o.t1 < p.t0), None)
+        if before is None:
+            continue
+        if _body(before) == b:
+            v.add("replay-not-idempotent", [before.i1, p.i0, p.i1], f"{f} {rid!r} on key {key!r}: retry failed "
+                  f"with {code} after the original succeeded", key=key, request_id=rid, code=code)
+        elif code != CONFLICT:
+            v.add("changed-body-not-conflict", [before.i1, p.i0, p.i1], f"{f} {rid!r} on key {key!r}: changed "
+                  f"body got {code}, not {CONFLICT}", key=key, request_id=rid, code=code)

@@ -1,0 +1,197 @@
+"""Lease states: terminal states stay terminal, tokens never change, stale ops never succeed.
+
+For each lease (by lease_id) reported by an ok acquire (contract C7, C9, C10,
+C12, C13, C15, verification rows 6-7). Violations, each naming the ops:
+
+- `revived`: an ok renew reporting the lease active (state "active" or absent),
+  or an ok inspect returning it active, invoked after a release / force-release /
+  revoke of that lease completed ok.
+- `renew-after-expiry`: an ok renew whose backend time (`renewed_at_ms`) is at or
+  after the expiry the lease had before it: the largest `expires_at_ms` among
+  its grants (acquire / renew oks) with an earlier `renewed_at_ms`.
+- `renew-after-end`: an ok renew at or after the lease's backend release/revoke
+  time, when a release/revoke ok reports one (`released_at_ms`, ...).
+- `token-changed`: an ok renew / release / force-release / revoke (or an acquire
+  replay) reports a token other than the lease's acquire token; `lease-mismatch`:
+  an ok op on lease L returns another lease_id.
+- `stale-op-succeeded`: a renew / release / force-release / revoke of lease L
+  succeeded although a lease with a higher token on the same key had already
+  been acquired: its acquire ok completed before the op was invoked, or (renew)
+  its `acquired_at_ms` is strictly before the renew's `renewed_at_ms`.
+
+An op whose request_id was first invoked before the event that makes it stale
+is an idempotent replay of an earlier attempt and is exempt from the time rules.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Mapping
+
+from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, op_lease_id, pair_ops
+
+__all__ = ["LeaseStateChecker"]
+
+LEASE_OPS = frozenset(("renew", "release", "force-release", "revoke"))
+TERMINAL = frozenset(("released", "revoked", "expired"))
+
+
+class LeaseStateChecker:
+    """Checks lease state transitions in a lease history (see module docstring)."""
+
+    def __init__(self, max_violations: int = 1000):
+        self.max_violations = max_violations
+
+    @analyzed
+    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+        """Judge every op on a known lease."""
+        pairs = pair_ops(history)
+        leases = lease_index(history)
+        first = _first_invokes(pairs)
+        realtime, backend = _successors(leases)
+        v = Violations(self.max_violations)
+        checked = 0
+        for p in pairs:
+            if p.type != "ok" or p.f not in LEASE_OPS and p.f not in ("acquire", "inspect"):
+                continue
+            lease = leases.get(op_lease_id(p))
+            if lease is None:
+                continue
+            checked += 1
+            started = first.get(_rid_key(p), p.t0)
+            if p.f == "inspect":
+                _check_inspect(p, lease, v)
+                continue
+            _check_identity(p, lease, v)
+            if p.f == "acquire":
+                continue
+            if p.f == "renew":
+                _check_revived(p, lease, started, v)
+            _check_stale(p, lease, started, realtime.get(lease.key), backend.get(lease.key), v)
+        for lease in leases.values():
+            _check_renew_times(lease, v)
+        return v.result(leases=len(leases), ops_checked=checked)
+
+
+def _res(p: Pair, field: str) -> Any:
+    """A field of the completion's value (None when absent)."""
+    r = p.result
+    return r.get(field) if isinstance(r, dict) else None
+
+
+def _rid_key(p: Pair) -> tuple | None:
+    """(f, key, request_id) of an op, the idempotency key as far as the history shows it."""
+    val = p.inv.get("value")
+    rid = val.get("request_id") if isinstance(val, dict) else None
+    return None if rid is None else (p.f, p.key, rid)
+
+
+def _first_invokes(pairs: list[Pair]) -> dict[tuple, int]:
+    """Idempotency key -> the earliest invocation time carrying it."""
+    first: dict[tuple, int] = {}
+    for p in pairs:
+        if p.f in LEASE_OPS:
+            k = _rid_key(p)
+            if k is not None and (k not in first or p.t0 < first[k]):
+                first[k] = p.t0
+    return first
+
+
+def _successors(leases: dict[Any, Lease]) -> tuple[dict, dict]:
+    """Per key: PrefixMax of tokens by first acquire-ok completion time, and by acquired_at_ms."""
+    realtime: dict[Any, list] = defaultdict(list)
+    backend: dict[Any, list] = defaultdict(list)
+    for lease in leases.values():
+        realtime[lease.key].append((min(p.t1 for p in lease.acquires), lease.token, lease))
+        backend[lease.key].append((lease.acquired_at_ms, lease.token, lease))
+    return ({k: PrefixMax(v) for k, v in realtime.items()}, {k: PrefixMax(v) for k, v in backend.items()})
+
+
+def _check_identity(p: Pair, lease: Lease, v: Violations) -> None:
+    """The result names the same lease, with the token it was acquired with."""
+    lid, tok = _res(p, "lease_id"), _res(p, "fencing_token")
+    if lid is not None and lid != lease.lease_id:
+        v.add("lease-mismatch", [lease.first.i1, p.i0, p.i1],
+              f"{p.f} of lease {lease.lease_id!r} returned lease {lid!r}", key=p.key, lease=lease.lease_id)
+    if tok is not None and tok != lease.token:
+        v.add("token-changed", [lease.first.i1, p.i0, p.i1],
+              f"{p.f} of lease {lease.lease_id!r} returned token {tok}, acquired with {lease.token}",
+              key=p.key, lease=lease.lease_id, token=tok, acquired_token=lease.token)
+
+
+def _ended_before(lease: Lease, t: int) -> Pair | None:
+    """An ok release/revoke of the lease that completed before monotonic time t."""
+    return next((e for e in lease.ends if e.type == "ok" and e.t1 < t), None)
+
+
+def _check_revived(p: Pair, lease: Lease, started: int, v: Violations) -> None:
+    """A renew that reports the lease active after it ended."""
+    if _res(p, "state") in TERMINAL:
+        return  # a replay reporting the lease's current terminal state (C18)
+    end = _ended_before(lease, started)
+    if end is not None:
+        v.add("revived", [end.i1, p.i0, p.i1], f"renew of lease {lease.lease_id!r} succeeded after its {end.f} "
+              f"completed", key=p.key, lease=lease.lease_id)
+
+
+def _check_inspect(p: Pair, lease: Lease, v: Violations) -> None:
+    """An inspect that shows the lease active after it ended."""
+    if _res(p, "state") not in (None, "active"):
+        return
+    end = _ended_before(lease, p.t0)
+    if end is not None:
+        v.add("revived", [end.i1, p.i0, p.i1], f"inspect shows lease {lease.lease_id!r} active after its {end.f} "
+              f"completed", key=p.key, lease=lease.lease_id)
+
+
+def _check_renew_times(lease: Lease, v: Violations) -> None:
+    """Each renew's backend time is before the expiry in force and before the lease's end.
+
+    Grants are swept in `renewed_at_ms` order with the running max expiry of strictly earlier grants.
+    """
+    grants = sorted((g for g in lease.grants if _res(g, "renewed_at_ms") is not None),
+                    key=lambda g: _res(g, "renewed_at_ms"))
+    best: Pair | None = None  # the earlier grant with the latest expiry
+    i = 0
+    while i < len(grants):
+        at = _res(grants[i], "renewed_at_ms")
+        j = i
+        while j < len(grants) and _res(grants[j], "renewed_at_ms") == at:
+            j += 1
+        for p in grants[i:j]:
+            if p.f == "renew":
+                _check_renew_at(p, at, best, lease, v)
+        for g in grants[i:j]:
+            exp = _res(g, "expires_at_ms")
+            if exp is not None and (best is None or exp > _res(best, "expires_at_ms")):
+                best = g
+        i = j
+
+
+def _check_renew_at(p: Pair, at: int, best: Pair | None, lease: Lease, v: Violations) -> None:
+    """One renew at backend time `at` against the expiry in force and the lease's end."""
+    if best is not None and at >= _res(best, "expires_at_ms"):
+        exp = _res(best, "expires_at_ms")
+        v.add("renew-after-expiry", [best.i1, p.i0, p.i1], f"lease {lease.lease_id!r} renewed at {at} ms, "
+              f"it had expired at {exp} ms", key=p.key, lease=lease.lease_id, renewed_at_ms=at, expires_at_ms=exp)
+    if lease.ended_at_ms is not None and at >= lease.ended_at_ms:
+        ends = [e.i1 for e in lease.ends if e.i1 is not None]
+        v.add("renew-after-end", [*ends, p.i0, p.i1], f"lease {lease.lease_id!r} renewed at {at} ms, it ended at "
+              f"{lease.ended_at_ms} ms", key=p.key, lease=lease.lease_id, renewed_at_ms=at)
+
+
+def _check_stale(p: Pair, lease: Lease, started: int, realtime: PrefixMax | None,
+                 backend: PrefixMax | None, v: Violations) -> None:
+    """An op on a lease succeeding after a higher-token successor was acquired."""
+    if lease.token is None:
+        return
+    succ = realtime.before(started) if realtime is not None else None
+    at = _res(p, "renewed_at_ms") if p.f == "renew" else None
+    if (succ is None or succ[0] <= lease.token) and at is not None and backend is not None:
+        succ = backend.before(at)
+    if succ is not None and succ[0] > lease.token:
+        s: Lease = succ[1]
+        v.add("stale-op-succeeded", [s.first.i1, p.i0, p.i1], f"{p.f} of lease {lease.lease_id!r} (token "
+              f"{lease.token}) succeeded after lease {s.lease_id!r} (token {s.token}) was acquired",
+              key=p.key, lease=lease.lease_id, successor=s.lease_id, successor_token=s.token)
+

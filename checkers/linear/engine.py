@@ -1,0 +1,509 @@
+"""The search: Wing-Gong-Lowe with just-in-time linearization, a state cache, and safe pruning.
+
+This is the algorithm of Lowe's "Testing for linearizability" (2017) as used by
+Porcupine's checker.go, written for CPython. Operations of one partition are
+kept in doubly linked lists in event order; a configuration is (set of
+linearized ops, model state). From a configuration the candidates are the
+unlinearized ops invoked before the earliest pending return (the
+"just-in-time" rule: an op must be linearized before anything invoked after
+it returned). Linearizing a candidate "lifts" it out of the lists; backtracking
+"unlifts" it (dancing links, undone in LIFO order). A cache of visited
+configurations -- the linearized set as a Python int bitset plus the state --
+stops the search from exploring one configuration twice.
+
+Indeterminate ops (`info`, or never completed) have no return: they never
+block, may be linearized at any point after their call, and need not be
+linearized at all. The search succeeds once every determinate op is
+linearized.
+
+Rules beyond plain WGL. Each is sound: it never changes the verdict. The
+argument is one induction for all of them. Call a configuration *good* if
+some sequence of steps (a *completion*) takes it to success, and let m(C) be
+the length of C's shortest completion. Claim: if the search ends without
+success, no visited configuration is good. Suppose C is visited and good
+with the smallest m(C). The search tried C's children (it only stops early
+on success), and each rule below shows that some child C' with m(C') =
+m(C) - 1 was tried -- so C' (or a configuration D that dominates it, see R3,
+with m(D) <= m(C')) was visited, contradicting minimality (m = 0 is success
+itself). The rules:
+
+R0 (WGL cache) Configurations are compared by (linearized set, state);
+   equal configurations have the same completions.
+
+R1 (read-only ops are forced) If a determinate op R never changes the
+   state when legal (the model's `read_only`) and R is a legal candidate,
+   C's only child is C+R. Proof: take a shortest completion c of C; R is in
+   it (every determinate op is). Moving R to the front keeps c valid: R is
+   legal now and leaves the state unchanged, so every other op sees the
+   same states; R is a candidate, so everything that must precede it is
+   already linearized; moving it earlier only satisfies more "after R"
+   constraints. So C+R has a completion of length m(C) - 1.
+
+R2 (info ops that change nothing are skipped) An indeterminate op whose
+   step leaves the state unchanged here is never tried. Proof: a shortest
+   completion never contains such a step -- deleting it gives a shorter
+   valid completion (the state is unchanged, and an indeterminate op
+   constrains nobody: its return is at infinity). Indeterminate ops that
+   are read-only everywhere are dropped before the search for the same
+   reason.
+
+R3 (dominance over info sets) The cache is keyed by (determinate set,
+   state) and keeps, per key, the sets of indeterminate ops linearized. A
+   configuration (L, I, S) is dominated by a visited (L, I', S) with I' a
+   subset of I: every completion of the former is one of the latter (it
+   uses ops outside L and I, all still available; indeterminate ops impose
+   no real-time order on others, so L alone fixes which ops are
+   candidates). R0 is the special case I' = I.
+
+R4 (symmetry of identical info ops) Two indeterminate ops with equal
+   input and output are interchangeable once both are invoked. An
+   indeterminate op is not tried while an identical one invoked earlier is
+   still unlinearized (that one is a candidate too). Proof: in a shortest
+   completion using the later one X but not the earlier one Y, put Y in
+   X's place; if both appear, swap them. Same steps, same states, same
+   length, and Y may stand wherever X may (it was invoked first, and
+   neither has a return).
+
+R5 (earliest deadline among identical ops) Of two determinate candidates
+   X, Y with equal input and output, only the one that returns first (say
+   X) is tried. Proof: in a shortest completion with Y before X, swap them.
+   Same steps, same states, same length. X may move earlier (it is a
+   candidate). Y may move later to X's place: any op Z between the two
+   places that was invoked after Y returned was also invoked after X
+   returned (X returns first), so Z followed X already, and still follows Y.
+
+Candidate order (never affects the verdict): read-only ops first (R1), then
+other determinate ops in call order, then indeterminate ops -- so a valid
+history is usually linearized without touching its crashed ops.
+
+Budgets: `deadline` (a time.monotonic() value) and `max_cache_entries` end
+the search with "unknown" instead of running forever or exhausting memory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable
+from typing import Any
+
+from checkers.models import ILLEGAL, Model, ModelError
+
+__all__ = ["PartitionResult", "SearchInput", "prepare_partition", "search"]
+
+_INF = 1 << 62  # a position later than any event
+_CHECK_EVERY = 4096  # pushes between budget checks
+
+# Per-entry cache cost estimate (dict slot, key tuple, window bitset, info set) for the memory budget.
+_ENTRY_BYTES = 200
+
+
+class _Keyed:
+    """A state wrapped so that the model's own `equal` / `hash` govern the cache."""
+
+    __slots__ = ("s", "h", "eq")
+
+    def __init__(self, s: Any, model: Model):
+        self.s, self.h, self.eq = s, model.hash(s), model.equal
+
+    def __hash__(self) -> int:
+        return self.h
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Keyed) and self.eq(self.s, other.s)
+
+
+class SearchInput:
+    """One partition compiled for the search: determinate ops (by call) and indeterminate ops."""
+
+    __slots__ = ("ops", "iops", "fns", "ro", "twins", "ifns", "isym", "init", "model", "dropped")
+
+    def __init__(self) -> None:
+        self.ops: list = []  # determinate ops, in call order
+        self.iops: list = []  # indeterminate ops, in call order
+        self.fns: list[Callable] = []
+        self.ro: list[bool] = []
+        self.twins: list[tuple[int, ...]] = []  # identical determinate ops that return earlier (R5)
+        self.ifns: list[Callable] = []
+        self.isym: list[int] = []  # previous identical indeterminate op, or -1 (R4)
+        self.init: Any = None
+        self.model: Model | None = None
+        self.dropped = 0  # ops the model's prepare / prune, or R2, removed
+
+
+class PartitionResult:
+    """What the search found for one partition."""
+
+    __slots__ = ("valid", "reason", "cache_entries", "prefix", "window", "elapsed_s")
+
+    def __init__(self, valid: Any, reason: str | None, cache_entries: int, prefix: list, window: list,
+                 elapsed_s: float):
+        self.valid = valid  # True, False or "unknown"
+        self.reason = reason  # why "unknown"
+        self.cache_entries = cache_entries
+        self.prefix = prefix  # longest linearizable prefix: ops in linearization order (False only)
+        self.window = window  # the ops that could not be linearized next after it (False only)
+        self.elapsed_s = elapsed_s
+
+
+def _wrap_fn(fn: Callable, model: Model) -> Callable:
+    """A compiled step over `_Keyed` states (for models with a custom equal/hash)."""
+
+    def stepper(k: _Keyed) -> Any:
+        ns = fn(k.s)
+        return ILLEGAL if ns is ILLEGAL else _Keyed(ns, model)
+
+    return stepper
+
+
+def prepare_partition(ops: list, model: Model) -> SearchInput:
+    """Run the model's prepare and prune, compile every op, and drop ops that can never matter (R2)."""
+    si = SearchInput()
+    si.model = model
+    n_in = len(ops)
+    ops = model.prune(model.prepare(list(ops)))
+    native = model.native_states
+    classes: dict[Any, int] = {}
+    for op in sorted(ops, key=lambda o: o.call):
+        try:
+            fn = model.compile(op.input, op.output)
+            ro = bool(model.read_only(op.input, op.output))
+        except ModelError as e:
+            raise ModelError(f"{e} at index {op.index}") from None
+        if fn is None or (op.ret is None and ro):
+            continue  # no effect and no constraint (or an info op that cannot change the state)
+        if not native:
+            fn = _wrap_fn(fn, model)
+        if op.ret is not None:
+            si.ops.append(op)
+            si.fns.append(fn)
+            si.ro.append(ro)
+        else:
+            try:
+                cls = (op.input, op.output)
+                prev = classes.get(cls, -1)
+                classes[cls] = len(si.iops)
+            except TypeError:  # unhashable input: no symmetry for this op
+                prev = -1
+            si.isym.append(prev)
+            si.iops.append(op)
+            si.ifns.append(fn)
+    si.twins = _twins(si)
+    si.init = model.init() if native else _Keyed(model.init(), model)
+    si.dropped = n_in - len(si.ops) - len(si.iops)
+    return si
+
+
+def _twins(si: SearchInput) -> list[tuple[int, ...]]:
+    """For each mutating determinate op, the identical ops that return before it and overlap it (R5)."""
+    twins: list[tuple[int, ...]] = [()] * len(si.ops)
+    groups: dict[Any, list[int]] = {}
+    for i, op in enumerate(si.ops):
+        if si.ro[i]:
+            continue  # read-only ops are forced as soon as legal (R1)
+        try:
+            groups.setdefault((op.input, op.output), []).append(i)
+        except TypeError:  # unhashable: no twins
+            continue
+    ops = si.ops
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        by_ret = sorted((ops[y].ret, y) for y in members)
+        for x in members:
+            ox = ops[x]
+            # y is a candidate together with x only if it returns after x is invoked (and, returning
+            # before x, it was invoked before x returns): returns in (x.call, (x.ret, x)).
+            a = bisect.bisect_right(by_ret, (ox.call, _INF))
+            b = bisect.bisect_left(by_ret, (ox.ret, x))
+            if b > a:
+                twins[x] = tuple(y for _r, y in by_ret[a:b])
+    return twins
+
+
+def _linked(order: list[int], pos: list[int], n: int) -> tuple[list[int], list[int], list[int], int, int]:
+    """A doubly linked list over ids `order` with head n and tail n+1: (next, prev, pos, head, tail)."""
+    nxt = [0] * (n + 2)
+    prv = [0] * (n + 2)
+    p = list(pos) + [-1, _INF]
+    head, tail = n, n + 1
+    last = head
+    for x in order:
+        nxt[last] = x
+        prv[x] = last
+        last = x
+    nxt[last] = tail
+    prv[tail] = last
+    nxt[tail] = tail
+    prv[head] = head
+    return nxt, prv, p, head, tail
+
+
+def search(si: SearchInput, *, deadline: float | None = None,
+           max_cache_entries: int | None = None) -> PartitionResult:
+    """Decide whether one partition is linearizable (see the module doc for the algorithm and rules)."""
+    t0 = time.monotonic()
+    ops, iops = si.ops, si.iops
+    n, m = len(ops), len(iops)
+    fns, ro, ifns, isym, twins = si.fns, si.ro, si.ifns, si.isym, si.twins
+    if n == 0:
+        return PartitionResult(True, None, 0, [], [], time.monotonic() - t0)
+
+    # Call list: determinate ops 0..n-1, two sub-lists sharing arrays: mutating (MH..MT), read-only (QH..QT).
+    cpos = [op.call for op in ops] + [-1, _INF, -1, _INF]
+    cnext = [0] * (n + 4)
+    cprev = [0] * (n + 4)
+    MH, MT, QH, QT = n, n + 1, n + 2, n + 3
+    for head, tail, members in ((MH, MT, [i for i in range(n) if not ro[i]]),
+                                (QH, QT, [i for i in range(n) if ro[i]])):
+        last = head
+        for x in members:
+            cnext[last] = x
+            cprev[x] = last
+            last = x
+        cnext[last] = tail
+        cprev[tail] = last
+        cnext[tail] = tail
+    # Return list: determinate ops by return position.
+    rnext, rprev, rpos, RH, _RT = _linked(sorted(range(n), key=lambda i: ops[i].ret),
+                                         [op.ret for op in ops], n)
+    # Info list: indeterminate ops by call position.
+    inext, iprev, ipos, IH, IT = _linked(list(range(m)), [op.call for op in iops], m)
+    ibits = [1 << j for j in range(m)]
+
+    if max_cache_entries is None:
+        max_cache_entries = default_max_cache_entries(n)
+    cache: dict = {}
+    cache_get = cache.get
+    entries = 0
+    state = si.init
+    # The linearized determinate set, compactly: every op below `lo` is linearized, and bit i of `w`
+    # says whether op lo + i is (bit 0 is always clear). Ops are numbered in call order, and only ops
+    # invoked before the earliest pending return are ever linearized, so `w` spans about the
+    # concurrency of the history, not its length: the cache key stays small.
+    lo = 0
+    w = 0
+    ilin = 0
+    frame: tuple | None = None  # persistent stack: (op, kind, state, lo, w, ilin, depth, parent)
+    depth = 0
+    best: tuple | None = None
+    best_depth = 0
+    remaining = n
+    budget = _CHECK_EVERY
+    monotonic = time.monotonic
+    x = y = 0
+    p = 0
+
+    while True:
+        # ---- a new configuration
+        if remaining == 0:
+            return PartitionResult(True, None, entries, [], [], monotonic() - t0)
+        p = rpos[rnext[RH]]
+        budget -= 1
+        if budget <= 0:
+            budget = _CHECK_EVERY
+            if deadline is not None and monotonic() > deadline:
+                return PartitionResult("unknown", "time limit", entries, [], [], monotonic() - t0)
+            if entries > max_cache_entries:
+                return PartitionResult("unknown", f"cache limit ({max_cache_entries} entries)", entries, [], [],
+                                       monotonic() - t0)
+        # R1: a legal read-only candidate is the only child.
+        x = cnext[QH]
+        forced = 0  # 0: none, 1: pushed, 2: dominated (this configuration fails)
+        while cpos[x] < p:
+            if fns[x](state) is not ILLEGAL:
+                if x == lo:
+                    nw = w | 1
+                    t = (nw ^ (nw + 1)).bit_length() - 1  # trailing ones
+                    nlo = lo + t
+                    nw >>= t
+                else:
+                    nlo = lo
+                    nw = w | (1 << (x - lo))
+                key = (nlo, nw, state)
+                prev = cache_get(key)
+                if prev is None:
+                    cache[key] = ilin
+                    entries += 1
+                elif prev.__class__ is int:
+                    if prev | ilin == ilin:
+                        forced = 2
+                        break
+                    cache[key] = [prev, ilin]
+                else:
+                    if any(q | ilin == ilin for q in prev):
+                        forced = 2
+                        break
+                    prev.append(ilin)
+                depth += 1
+                frame = (x, 0, state, lo, w, ilin, depth, frame)
+                if depth > best_depth:
+                    best_depth, best = depth, frame
+                a = cprev[x]
+                b = cnext[x]
+                cnext[a] = b
+                cprev[b] = a
+                a = rprev[x]
+                b = rnext[x]
+                rnext[a] = b
+                rprev[b] = a
+                lo = nlo
+                w = nw
+                remaining -= 1
+                forced = 1
+                break
+            x = cnext[x]
+        if forced == 1:
+            continue
+        if forced == 0:
+            x = cnext[MH]
+            y = inext[IH]
+        else:
+            x = MT
+            y = IT
+        # ---- scan candidates; backtrack when exhausted
+        while True:
+            pushed = False
+            while cpos[x] < p:
+                ns = fns[x](state)
+                if ns is not ILLEGAL:
+                    tw = twins[x]
+                    if tw:  # R5: skip x while an identical op that returns earlier is a candidate
+                        skip = False
+                        for z in tw:
+                            if z >= lo and cpos[z] < p and not (w >> (z - lo)) & 1:
+                                skip = True
+                                break
+                        if skip:
+                            x = cnext[x]
+                            continue
+                    if x == lo:
+                        nw = w | 1
+                        t = (nw ^ (nw + 1)).bit_length() - 1
+                        nlo = lo + t
+                        nw >>= t
+                    else:
+                        nlo = lo
+                        nw = w | (1 << (x - lo))
+                    key = (nlo, nw, ns)
+                    prev = cache_get(key)
+                    ok = True
+                    if prev is None:
+                        cache[key] = ilin
+                        entries += 1
+                    elif prev.__class__ is int:
+                        if prev | ilin == ilin:
+                            ok = False
+                        else:
+                            cache[key] = [prev, ilin]
+                    elif any(q | ilin == ilin for q in prev):
+                        ok = False
+                    else:
+                        prev.append(ilin)
+                    if ok:
+                        depth += 1
+                        frame = (x, 1, state, lo, w, ilin, depth, frame)
+                        if depth > best_depth:
+                            best_depth, best = depth, frame
+                        a = cprev[x]
+                        b = cnext[x]
+                        cnext[a] = b
+                        cprev[b] = a
+                        a = rprev[x]
+                        b = rnext[x]
+                        rnext[a] = b
+                        rprev[b] = a
+                        state = ns
+                        lo = nlo
+                        w = nw
+                        remaining -= 1
+                        pushed = True
+                        break
+                x = cnext[x]
+            if pushed:
+                break
+            while ipos[y] < p:
+                s = isym[y]
+                if s < 0 or ilin & ibits[s]:  # R4
+                    ns = ifns[y](state)
+                    if ns is not ILLEGAL and ns != state:  # R2
+                        nil = ilin | ibits[y]
+                        key = (lo, w, ns)
+                        prev = cache_get(key)
+                        ok = True
+                        if prev is None:
+                            cache[key] = nil
+                            entries += 1
+                        elif prev.__class__ is int:
+                            if prev | nil == nil:
+                                ok = False
+                            else:
+                                cache[key] = [prev, nil]
+                        elif any(q | nil == nil for q in prev):
+                            ok = False
+                        else:
+                            prev.append(nil)
+                        if ok:
+                            depth += 1
+                            frame = (y, 2, state, lo, w, ilin, depth, frame)
+                            if depth > best_depth:
+                                best_depth, best = depth, frame
+                            a = iprev[y]
+                            b = inext[y]
+                            inext[a] = b
+                            iprev[b] = a
+                            state = ns
+                            ilin = nil
+                            pushed = True
+                            break
+                y = inext[y]
+            if pushed:
+                break
+            # ---- backtrack (an R1-forced child that failed fails its parent too)
+            while True:
+                if frame is None:
+                    return _illegal(si, best, entries, monotonic() - t0)
+                z, kind, state, lo, w, ilin, depth, frame = frame
+                if kind == 2:
+                    inext[iprev[z]] = z
+                    iprev[inext[z]] = z
+                    p = rpos[rnext[RH]]
+                    x = MT
+                    y = inext[z]
+                    break
+                cnext[cprev[z]] = z
+                cprev[cnext[z]] = z
+                rnext[rprev[z]] = z
+                rprev[rnext[z]] = z
+                remaining += 1
+                if kind == 1:
+                    p = rpos[rnext[RH]]
+                    x = cnext[z]
+                    y = inext[IH]
+                    break
+
+
+def default_max_cache_entries(n: int, budget_bytes: int = 2 << 30) -> int:
+    """Cache entries allowed for a partition within a memory budget (2 GiB); n is kept for callers."""
+    del n  # the compact key makes an entry's size independent of the partition's length
+    return max(10_000, budget_bytes // _ENTRY_BYTES)
+
+
+def _illegal(si: SearchInput, best: tuple | None, entries: int, elapsed: float) -> PartitionResult:
+    """The result for an illegal partition: longest linearized prefix and the window that blocks it."""
+    chain = []
+    f = best
+    while f is not None:
+        z, kind = f[0], f[1]
+        chain.append(si.iops[z] if kind == 2 else si.ops[z])
+        f = f[7]
+    chain.reverse()
+    done = {id(o) for o in chain}
+    pending = [o for o in si.ops if id(o) not in done]
+    window: list = []
+    if pending:
+        blocker = min(pending, key=lambda o: o.ret)
+        window = [o for o in pending if o.call < blocker.ret]
+        window += [o for o in si.iops if id(o) not in done and o.call < blocker.ret]
+        window.sort(key=lambda o: o.call)
+    return PartitionResult(False, None, entries, chain, window, elapsed)

@@ -1,0 +1,170 @@
+"""From a history of op records to the operations the linearizability search works on.
+
+An invocation and its completion are paired by process (docs/history-format.md):
+the next `ok`/`fail`/`info` of the process that invoked completes it. `fail`
+ops are dropped (they did not happen), nemesis ops are ignored, and an `info`
+completion or an invocation that never completed becomes an indeterminate op:
+it may take effect at any point after its invocation, or never (its return is
+at +infinity). Event order is the order of the history's lines; an op's `call`
+and `ret` are positions in it, so a return precedes a call iff its line does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from checkers.models import Input, Model, Output, freeze
+
+__all__ = ["HistoryError", "Op", "merge_retries", "pair_history", "partition_ops"]
+
+_COMPLETIONS = ("ok", "fail", "info")
+
+
+class HistoryError(ValueError):
+    """A history that does not follow docs/history-format.md (names the offending op)."""
+
+
+class Op:
+    """One operation: invocation paired with its completion (ret None: indeterminate)."""
+
+    __slots__ = ("index", "process", "f", "key", "input", "output", "call", "ret", "merged")
+
+    def __init__(self, index: int, process: Any, f: str, key: Any, inp: Input, out: Output,
+                 call: int, ret: int | None):
+        self.index = index  # the invocation's `index`
+        self.process = process
+        self.f = f
+        self.key = key
+        self.input = inp
+        self.output = out
+        self.call = call
+        self.ret = ret
+        self.merged: tuple[int, ...] = ()  # indices of retries merged into this op
+
+    @property
+    def info(self) -> bool:
+        """Whether the op is indeterminate (may or may not have taken effect)."""
+        return self.ret is None
+
+    def __repr__(self) -> str:
+        return f"Op(#{self.index} p{self.process} {self.input!r} -> {self.output!r} [{self.call}, {self.ret}])"
+
+
+def _where(i: int, op: Any) -> str:
+    """How to name an op in an error message."""
+    if isinstance(op, dict) and "index" in op:
+        return f"op at line {i + 1} (index {op['index']!r})"
+    return f"op at line {i + 1}"
+
+
+_INFO = Output("info", None)
+_new_tuple = tuple.__new__  # builds Input/Output without NamedTuple's Python-level __new__ (hot path)
+
+
+def pair_history(history: Iterable[dict]) -> list[Op]:
+    """Pair invocations with completions by process; drop fails and nemesis ops (see module doc)."""
+    open_: dict[Any, tuple[int, dict, int]] = {}  # process -> (line, invocation, slot)
+    slots: list[Op | dict | None] = []  # in invocation order: the Op, or the invocation while open
+    new_tuple, frz, info = _new_tuple, freeze, _INFO
+    for pos, op in enumerate(history):
+        try:
+            typ = op["type"]
+            proc = op["process"]
+            f = op["f"]
+        except KeyError as e:
+            raise HistoryError(f"{_where(pos, op)} has no {e.args[0]!r} field") from None
+        except TypeError:
+            raise HistoryError(f"{_where(pos, op)} is a {type(op).__name__}, not an object") from None
+        if proc == "nemesis":
+            continue
+        if typ == "invoke":
+            if proc in open_:
+                raise HistoryError(f"{_where(pos, op)}: process {proc!r} invoked {f!r} while its op at line "
+                                   f"{open_[proc][0] + 1} is still open")
+            open_[proc] = (pos, op, len(slots))
+            slots.append(op)
+            continue
+        try:
+            ipos, inv, i = open_.pop(proc)
+        except (KeyError, TypeError):
+            if typ not in _COMPLETIONS:
+                raise HistoryError(f"{_where(pos, op)} has type {typ!r}; expected invoke, ok, fail or info") from None
+            raise HistoryError(f"{_where(pos, op)}: {typ!r} completion for process {proc!r}, "
+                               "which has no open invocation") from None
+        if inv["f"] != f:
+            raise HistoryError(f"{_where(pos, op)}: completion f {f!r} does not match its invocation's "
+                               f"f {inv['f']!r} at line {ipos + 1}")
+        if typ == "ok":
+            out = new_tuple(Output, ("ok", frz(op.get("value"))))
+            ret = pos
+        elif typ == "info":
+            out, ret = info, None
+        elif typ == "fail":
+            slots[i] = None
+            continue
+        else:
+            raise HistoryError(f"{_where(pos, op)} has type {typ!r}; expected invoke, ok, fail or info")
+        key = inv.get("key")
+        if key is None:
+            key = op.get("key")
+        slots[i] = Op(inv.get("index", ipos), proc, f, key, new_tuple(Input, (f, frz(inv.get("value")))),
+                      out, ipos, ret)
+    for ipos, inv, i in open_.values():  # never completed: indeterminate
+        slots[i] = _make(inv, None, ipos, None)
+    return [o for o in slots if o is not None]
+
+
+def partition_ops(ops: list[Op], model: Model) -> list[tuple[Any, list[Op]]]:
+    """Split ops into independent partitions: `model.partition`, or by `key` by default."""
+    if model.partition is not None:
+        parts = model.partition(ops)
+        return [(_common_key(p, i), list(p)) for i, p in enumerate(parts)]
+    by_key: dict[Any, list[Op]] = {}
+    for op in ops:
+        k = op.key
+        try:
+            by_key.setdefault(k, []).append(op)
+        except TypeError:  # an unhashable key (a JSON list/object): freeze it
+            by_key.setdefault(freeze(k), []).append(op)
+    return list(by_key.items())
+
+
+def _common_key(part: list[Op], i: int) -> Any:
+    """The key shared by every op of a partition, or the partition's number."""
+    keys = {repr(op.key) for op in part}
+    return part[0].key if len(keys) == 1 and part else i
+
+
+def merge_retries(ops: list[Op], request_id: Callable[[Op], Any]) -> list[Op]:
+    """Merge attempts of one logical op (same `f` and non-None request id) into one op.
+
+    The merged op is invoked with the first attempt and returns with the first
+    `ok` attempt (with its output), or is indeterminate if none was answered.
+    See `checkers.models.prepare_lease` (rule L1) for why this is sound.
+    """
+    groups: dict[tuple[str, Any], list[Op]] = {}
+    for op in ops:
+        rid = request_id(op)
+        if rid is not None:
+            try:
+                groups.setdefault((op.input.f, rid), []).append(op)
+            except TypeError:
+                continue
+    drop: set[int] = set()
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        first = min(group, key=lambda o: o.call)
+        answered = [o for o in group if o.ret is not None]
+        ok = min(answered, key=lambda o: o.ret) if answered else None
+        merged = Op(first.index, first.process, first.f, first.key, first.input,
+                    ok.output if ok else Output("info", None), first.call, ok.ret if ok else None)
+        merged.merged = tuple(sorted(o.index for o in group))
+        for o in group:
+            drop.add(id(o))
+        groups[(first.input.f, request_id(first))] = [merged]
+        ops = ops + [merged]
+    if not drop:
+        return ops
+    return sorted((o for o in ops if id(o) not in drop), key=lambda o: o.call)

@@ -1,0 +1,791 @@
+"""Sequential specifications (models) for the linearizability engine, Porcupine style.
+
+A `Model` is a record of callbacks, as in Porcupine's `Model` struct: `init()`
+gives the initial state and `step(state, input, output) -> (ok, new_state)` says
+whether the operation could take effect in that state with that result, and what
+state follows. `equal`, `hash`, `partition`, `describe_operation` and
+`describe_state` are optional and filled with defaults when absent. States must be
+immutable (tuples, strings, numbers, None): the engine caches them.
+
+Inputs and outputs are derived from the op record (docs/history-format.md):
+the input is `Input(f, value)` with the invoke's `value`, the output is
+`Output(type, value)` with the completion's type (`"ok"` or `"info"`) and
+value (`None` for `info`). JSON lists and objects are frozen into tuples and
+`FrozenDict`s so that they can live in states. `fail` operations never reach a
+model (they did not happen); an `info` operation may or may not have happened,
+so a model's step for it answers "could it take effect here, and how", and the
+engine is free never to linearize it.
+
+Beyond Porcupine's callbacks a model may give the engine three things that make
+it fast; all are optional and have safe defaults:
+
+- `compile(input, output)` returns a one-argument function `state -> new state`
+  (or `ILLEGAL`) specialised for one operation, so the search never dispatches
+  on `f` in its inner loop; returning `None` for an `info` op says it can never
+  have a visible effect and may be dropped.
+- `read_only(input, output)` says the op never changes the state when legal,
+  which lets the engine linearize it as soon as it is legal (see
+  `checkers.linear.engine`, rule R1).
+- `prepare(ops)` rewrites the operation list of one partition before the
+  search where the model's reading of the history needs it (the lease model
+  merges idempotent retries); `prune(ops)` then drops ops that provably cannot
+  change the verdict (each rule proven in its docstring). The brute-force
+  reference checker runs `prepare` but not `prune`, so tests verify pruning.
+
+Models (`MODELS`, `get_model(name)`):
+
+- `register`: `read` (ok value = current value, `None` when unset) and `write v`.
+- `cas-register`: Jepsen's: `read`, `write v`, `cas [old, new]`; a `cas` that
+  completed `ok` matched; a failed one is a `fail` op and is dropped.
+- `mutex`: `acquire` / `release` with value `null`; the state is "held".
+- `fenced-register`: a register guarded by fencing tokens.
+  `write` invoke value `{"value": v, "token": t}` (t an integer); its ok value
+  is `true`, `null` or `{"accepted": true}` when the write was accepted and
+  `false` or `{"accepted": false}` when it was rejected as stale. A write is
+  accepted iff `t >=` the token of the last accepted write (any token is
+  accepted while none is stored); acceptance stores `(v, t)`, rejection changes
+  nothing. `read`: invoke `null`, ok value `{"value": v, "token": t}` (the last
+  accepted write; `token` may be omitted to compare the value only) or a bare
+  value. An `info` write may have been accepted (if its token was high enough).
+- `lease`: the contract's lease for one lock identity (see `_lease_*` below).
+- `kv`: Porcupine's key-value model: per-key string state, `get` (ok value the
+  string, `null` read as `""`), `put v`, `append v`; partitioned by `key`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+__all__ = [
+    "ILLEGAL",
+    "FrozenDict",
+    "Input",
+    "MODELS",
+    "Model",
+    "ModelError",
+    "Output",
+    "freeze",
+    "get_model",
+]
+
+
+class _Illegal:
+    """The sentinel a compiled step returns when the operation cannot take effect."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "ILLEGAL"
+
+
+ILLEGAL: Any = _Illegal()
+
+
+class ModelError(ValueError):
+    """An operation the model cannot interpret (wrong `f` or value shape)."""
+
+
+class Input(NamedTuple):
+    """A model input: the function and the (frozen) invoke value."""
+
+    f: str
+    value: Any
+
+
+class Output(NamedTuple):
+    """A model output: `"ok"` or `"info"`, and the (frozen) completion value (`None` for info)."""
+
+    type: str
+    value: Any
+
+
+class FrozenDict(dict):
+    """A hashable dict for JSON objects inside inputs, outputs and states (never mutated)."""
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+
+_SCALARS = frozenset((type(None), int, str, float, bool))
+
+
+def freeze(value: Any) -> Any:
+    """Turn a JSON value into a hashable one: lists become tuples, objects FrozenDicts."""
+    if value.__class__ in _SCALARS:
+        return value
+    if isinstance(value, list | tuple):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, dict):
+        return FrozenDict((k, freeze(v)) for k, v in value.items())
+    return value
+
+
+def _identity(ops: list) -> list:
+    """The default prepare / prune: the ops unchanged."""
+    return ops
+
+
+def _default_equal(a: Any, b: Any) -> bool:
+    """Default state equality (Porcupine's ShallowEqual)."""
+    return a == b
+
+
+def _default_describe_operation(inp: Any, out: Any) -> str:
+    """Default operation description: `f(value) -> result`."""
+    if isinstance(inp, Input) and isinstance(out, Output):
+        arg = "" if inp.value is None else repr(inp.value)
+        res = "?" if out.type == "info" else repr(out.value)
+        return f"{inp.f}({arg}) -> {res}"
+    return f"{inp!r} -> {out!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A sequential specification; optional callbacks are filled with defaults (see the module doc)."""
+
+    name: str
+    init: Callable[[], Any]
+    step: Callable[[Any, Any, Any], tuple[bool, Any]]
+    equal: Callable[[Any, Any], bool] | None = None
+    hash: Callable[[Any], int] | None = None
+    partition: Callable[[list], list[list]] | None = None
+    describe_operation: Callable[[Any, Any], str] | None = None
+    describe_state: Callable[[Any], str] | None = None
+    compile: Callable[[Any, Any], Callable[[Any], Any] | None] | None = None
+    read_only: Callable[[Any, Any], bool] | None = None
+    prepare: Callable[[list], list] | None = None
+    prune: Callable[[list], list] | None = None
+    native_states: bool = dataclasses.field(default=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Check the required callbacks and fill the optional ones (Porcupine's fillDefault)."""
+        if not callable(self.init) or not callable(self.step):
+            raise ModelError(f"model {self.name!r} needs callable init and step")
+        custom_eq = self.equal is not None or self.hash is not None
+        fill = object.__setattr__
+        # States can be used directly as cache keys unless equality or hashing is custom.
+        fill(self, "native_states", not custom_eq)
+        if self.equal is None:
+            fill(self, "equal", _default_equal)
+        if self.hash is None:
+            # With a custom equal but no hash, all states share one bucket (always consistent).
+            fill(self, "hash", (lambda _s: 0) if custom_eq else hash)
+        if self.describe_operation is None:
+            fill(self, "describe_operation", _default_describe_operation)
+        if self.describe_state is None:
+            fill(self, "describe_state", repr)
+        if self.compile is None:
+            fill(self, "compile", self._compile_from_step)
+        if self.read_only is None:
+            fill(self, "read_only", lambda _i, _o: False)
+        if self.prepare is None:
+            fill(self, "prepare", _identity)
+        if self.prune is None:
+            fill(self, "prune", _identity)
+
+    def _compile_from_step(self, inp: Any, out: Any) -> Callable[[Any], Any]:
+        """The default `compile`: wrap `step` for one operation."""
+        step = self.step
+
+        def stepper(state: Any) -> Any:
+            ok, new = step(state, inp, out)
+            return new if ok else ILLEGAL
+
+        return stepper
+
+
+def _step_from_compile(compile_: Callable[[Any, Any], Callable[[Any], Any] | None]):
+    """Build Porcupine's `step(state, input, output)` from a model's `compile`."""
+
+    def step(state: Any, inp: Any, out: Any) -> tuple[bool, Any]:
+        fn = compile_(inp, out)
+        if fn is None:  # an info op that never has a visible effect: "did not happen"
+            return True, state
+        new = fn(state)
+        return (False, state) if new is ILLEGAL else (True, new)
+
+    return step
+
+
+def _bad(model: str, inp: Input, what: str) -> ModelError:
+    """A ModelError naming the model, the op and what is wrong with it."""
+    return ModelError(f"{model}: {what} (op {inp.f!r} with value {inp.value!r})")
+
+
+# --------------------------------------------------------------------------- register, cas-register
+
+_REG_OPS = ("read", "write")
+_CAS_OPS = ("read", "write", "cas")
+
+
+def _register_compile(name: str, allowed: tuple[str, ...]):
+    """Compile steps for `register` / `cas-register` (state: the current value)."""
+
+    def compile_(inp: Input, out: Output) -> Callable[[Any], Any] | None:
+        f = inp.f
+        if f not in allowed:
+            raise _bad(name, inp, f"unknown f; expected one of {', '.join(allowed)}")
+        if f == "read":
+            if out.type != "ok":
+                return None  # an unanswered read changes nothing
+            v = out.value
+            return lambda s: s if s == v else ILLEGAL
+        if f == "write":
+            v = inp.value
+            return lambda s: v
+        old, new = _cas_args(name, inp)
+        # ok: it matched. info: if it happened, it matched (an unmatched cas is a no-op).
+        return lambda s: new if s == old else ILLEGAL
+
+    return compile_
+
+
+def _cas_args(name: str, inp: Input) -> tuple[Any, Any]:
+    """The `[old, new]` of a cas invoke, or a ModelError."""
+    v = inp.value
+    if not isinstance(v, tuple) or len(v) != 2:
+        raise _bad(name, inp, "cas value must be [old, new]")
+    return v[0], v[1]
+
+
+def _register_read_only(inp: Input, out: Output) -> bool:
+    """Reads, and a cas whose old and new are equal, never change a register."""
+    if inp.f == "read":
+        return True
+    return inp.f == "cas" and isinstance(inp.value, tuple) and len(inp.value) == 2 and inp.value[0] == inp.value[1]
+
+
+def prune_register(ops: list) -> list:
+    """Drop `info` writes and cases whose written value nobody can observe (rule M1).
+
+    Rule M1. Let W be an `info` op of a register that, if it takes effect, sets
+    the value to v (`write v`, or `cas [old, v]`). Call an op an *observer* of
+    v if it is an `ok` read returning v or a `cas` (ok or info) whose `old` is
+    v. If no observer of v can be linearized after W -- every observer
+    returned before W was invoked -- then W can be dropped.
+
+    Proof. Dropping W only removes linearizations, so a history valid without
+    W is valid with it (an info op need not be linearized). Conversely take a
+    valid linearization that contains W, and let X be the ops between W and the
+    next op N that changes the value (or the end). Each op in X ran in state v
+    and is linearized after W, so it is not an observer of v: it is an
+    `info`/`ok` cas with `old != v` or an `info` read, i.e. an op that did not
+    change the state, or it is an `ok` read, which would return v and so be an
+    observer -- impossible. N is not a successful cas (that needs `old == v`),
+    so N is a write, whose effect does not depend on the state before it. Drop
+    W and the `info` ops in X (info ops need not be linearized): every
+    remaining op sees the same state as before, and the order is a
+    subsequence of a real-time-respecting order, so it is a valid
+    linearization without W. []
+    """
+    observed_until: dict[Any, int] = {}  # value -> latest return position of an observer (inf = never returns)
+    inf = float("inf")
+    for op in ops:
+        inp, out = op.input, op.output
+        if inp.f == "read" and out.type == "ok":
+            v = out.value
+        elif inp.f == "cas" and isinstance(inp.value, tuple) and len(inp.value) == 2:
+            v = inp.value[0]
+        else:
+            continue
+        r = inf if op.ret is None else op.ret
+        if r > observed_until.get(v, -1):
+            observed_until[v] = r
+    kept = []
+    for op in ops:
+        if op.ret is None and op.input.f in ("write", "cas"):
+            inp = op.input
+            if inp.f == "write":
+                v = inp.value
+            elif isinstance(inp.value, tuple) and len(inp.value) == 2:
+                v = inp.value[1]
+            else:
+                kept.append(op)  # malformed: let compile report it
+                continue
+            if observed_until.get(v, -1) < op.call:
+                continue
+        kept.append(op)
+    return kept
+
+
+def _describe_register_op(inp: Input, out: Output) -> str:
+    """`read() -> v`, `write(v)`, `cas(old, new)`, with `?` for an unknown result."""
+    if inp.f == "read":
+        return f"read() -> {'?' if out.type == 'info' else _show(out.value)}"
+    if inp.f == "write":
+        return f"write({_show(inp.value)}){' ?' if out.type == 'info' else ''}"
+    if isinstance(inp.value, tuple) and len(inp.value) == 2:
+        return f"cas({_show(inp.value[0])}, {_show(inp.value[1])}) -> {'?' if out.type == 'info' else 'ok'}"
+    return _default_describe_operation(inp, out)
+
+
+def _show(v: Any) -> str:
+    """A JSON-ish rendering of a value (`null` for None)."""
+    return "null" if v is None else repr(v)
+
+
+def _register_model(name: str, allowed: tuple[str, ...]) -> Model:
+    """A register model (`register` or `cas-register`)."""
+    compile_ = _register_compile(name, allowed)
+    return Model(
+        name=name,
+        init=lambda: None,
+        step=_step_from_compile(compile_),
+        describe_operation=_describe_register_op,
+        describe_state=_show,
+        compile=compile_,
+        read_only=_register_read_only,
+        prune=prune_register,
+    )
+
+
+# --------------------------------------------------------------------------- mutex
+
+
+def _mutex_compile(inp: Input, out: Output) -> Callable[[Any], Any]:
+    """Compile `acquire` / `release` (state: whether the mutex is held)."""
+    if inp.f == "acquire":
+        return lambda s: ILLEGAL if s else True
+    if inp.f == "release":
+        return lambda s: False if s else ILLEGAL
+    raise _bad("mutex", inp, "unknown f; expected acquire or release")
+
+
+MUTEX = Model(
+    name="mutex",
+    init=lambda: False,
+    step=_step_from_compile(_mutex_compile),
+    describe_operation=lambda i, o: f"{i.f}(){' ?' if o.type == 'info' else ''}",
+    describe_state=lambda s: "held" if s else "free",
+    compile=_mutex_compile,
+)
+
+
+# --------------------------------------------------------------------------- fenced-register
+
+
+def _write_accepted(inp: Input, out: Output) -> bool:
+    """Whether an ok fenced write reports acceptance (true/null/{"accepted": true})."""
+    v = out.value
+    if v is None or v is True:
+        return True
+    if v is False:
+        return False
+    if isinstance(v, dict) and isinstance(v.get("accepted"), bool):
+        return v["accepted"]
+    raise _bad("fenced-register", inp, f"write result must be true, false, null or {{accepted: bool}}, got {v!r}")
+
+
+def _fenced_compile(inp: Input, out: Output) -> Callable[[Any], Any] | None:
+    """Compile fenced `read` / `write` (state: (value, token) of the last accepted write)."""
+    if inp.f == "write":
+        arg = inp.value
+        if not isinstance(arg, dict) or "token" not in arg or not _is_int(arg["token"]):
+            raise _bad("fenced-register", inp, 'write value must be {"value": v, "token": <int>}')
+        v, t = arg.get("value"), arg["token"]
+        new = (v, t)
+        if out.type == "info" or _write_accepted(inp, out):
+            return lambda s: new if s[1] is None or t >= s[1] else ILLEGAL
+        return lambda s: s if s[1] is not None and t < s[1] else ILLEGAL
+    if inp.f == "read":
+        if out.type != "ok":
+            return None
+        r = out.value
+        if isinstance(r, dict) and "value" in r:
+            if "token" in r:
+                want = (r["value"], r["token"])
+                return lambda s: s if s == want else ILLEGAL
+            rv = r["value"]
+        else:
+            rv = r
+        return lambda s: s if s[0] == rv else ILLEGAL
+    raise _bad("fenced-register", inp, "unknown f; expected read or write")
+
+
+def _fenced_read_only(inp: Input, out: Output) -> bool:
+    """Reads and rejected writes never change a fenced register."""
+    if inp.f == "read":
+        return True
+    return inp.f == "write" and out.type == "ok" and out.value in (False,) or (
+        inp.f == "write" and out.type == "ok" and isinstance(out.value, dict) and out.value.get("accepted") is False
+    )
+
+
+def _is_int(x: Any) -> bool:
+    """An integer that is not a bool."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+FENCED_REGISTER = Model(
+    name="fenced-register",
+    init=lambda: (None, None),
+    step=_step_from_compile(_fenced_compile),
+    describe_state=lambda s: f"{_show(s[0])} @token {_show(s[1])}",
+    compile=_fenced_compile,
+    read_only=_fenced_read_only,
+)
+
+
+# --------------------------------------------------------------------------- kv
+
+
+def _kv_compile(inp: Input, out: Output) -> Callable[[Any], Any] | None:
+    """Compile `get` / `put` / `append` on one key's string."""
+    f = inp.f
+    if f == "get":
+        if out.type != "ok":
+            return None
+        v = "" if out.value is None else out.value
+        return lambda s: s if s == v else ILLEGAL
+    if f in ("put", "append"):
+        v = inp.value
+        if not isinstance(v, str):
+            raise _bad("kv", inp, f"{f} value must be a string")
+        return (lambda s: v) if f == "put" else (lambda s: s + v)
+    raise _bad("kv", inp, "unknown f; expected get, put or append")
+
+
+KV = Model(
+    name="kv",
+    init=lambda: "",
+    step=_step_from_compile(_kv_compile),
+    describe_state=repr,
+    compile=_kv_compile,
+    read_only=lambda i, o: i.f == "get",
+)
+
+
+# --------------------------------------------------------------------------- lease
+#
+# State: (lease_id, token, expires_at_ms, status, max_token, commit_high_water)
+#   lease_id   None (never granted), the current lease's id, or PENDING: granted by
+#              an acquire whose response was lost, id and token not yet known
+#   status     None, "active", "released" or "revoked"
+#   expires_at None when unknown (an unanswered renew may have moved it). For a
+#              PENDING lease it is a lower bound: the expiry of the lease that
+#              was live when the unseen grant happened (that grant needed it over).
+#   max_token  the highest token allocated so far (tokens only increase, C5)
+#   high_water the highest token a commit was accepted with (C26)
+#
+# Backend times (`_ms`) come from the ops' own values, never from the history's
+# clock: the model assumes backend time does not go backwards along the
+# linearization (C20: one authoritative backend clock).
+
+PENDING = "<pending>"
+_ACTIVE, _RELEASED, _REVOKED = "active", "released", "revoked"
+_LEASE_REF_OPS = ("renew", "release", "force-release", "revoke", "commit")
+_ORPHAN = "__orphan__"  # set by prepare_lease on ops that refer to a lease no answered acquire returned
+
+
+class _LeaseRef(NamedTuple):
+    """The lease an op refers to: its id and fencing token."""
+
+    lease_id: Any
+    token: int
+
+
+def _field(inp: Input, d: Any, name: str, *, required: bool = True) -> Any:
+    """A field of a lease value dict, or a ModelError saying it is missing."""
+    if isinstance(d, dict) and name in d:
+        return d[name]
+    if required:
+        raise _bad("lease", inp, f"value needs {name!r}")
+    return None
+
+
+def _lease_ref(inp: Input, out: Output) -> _LeaseRef:
+    """The lease an op acts on: from its ok value when it names one, else from its invoke value."""
+    v = out.value
+    src = v if out.type == "ok" and isinstance(v, dict) and "lease_id" in v else inp.value
+    tok = _field(inp, src, "fencing_token")
+    if not _is_int(tok):
+        raise _bad("lease", inp, "fencing_token must be an integer")
+    return _LeaseRef(_field(inp, src, "lease_id"), tok)
+
+
+def _is_orphan(inp: Input) -> bool:
+    """Whether `prepare_lease` marked this op as referring to a lease no answered acquire returned."""
+    return isinstance(inp.value, dict) and bool(inp.value.get(_ORPHAN))
+
+
+def _bind(s: tuple, ref: _LeaseRef, orphan: bool) -> tuple | None:
+    """The state with `ref` as the current lease, or None when `ref` cannot be the current lease.
+
+    A PENDING lease binds to an orphan lease id (one no answered acquire
+    returned) whose token is above every token allocated before it; its expiry
+    becomes unknown.
+    """
+    lid, tok, exp, st, mx, hw = s
+    if lid == ref.lease_id:
+        return s if tok == ref.token else None
+    if lid is PENDING and orphan and (mx is None or ref.token > mx):
+        return (ref.lease_id, ref.token, None, st, ref.token, hw)
+    return None
+
+
+def _lease_compile(inp: Input, out: Output) -> Callable[[Any], Any] | None:
+    """Compile one lease op (the `_lease_*` builders below say what each one checks)."""
+    f, ok = inp.f, out.type == "ok"
+    if f == "acquire":
+        return _lease_acquire(inp, out) if ok else _lease_acquire_info
+    if f == "renew":
+        return _lease_renew(inp, out, ok)
+    if f in ("release", "force-release", "revoke"):
+        return _lease_end(inp, out, _REVOKED if f == "revoke" else _RELEASED)
+    if f == "inspect":
+        return _lease_inspect(inp, out) if ok else None
+    if f == "commit":
+        return _lease_commit(inp, out, ok)
+    if f == "read":
+        return _lease_read(inp, out) if ok else None
+    raise _bad("lease", inp, "unknown f; expected acquire, renew, release, force-release, revoke, inspect, commit or read")
+
+
+def _lease_acquire(inp: Input, out: Output) -> Callable[[Any], Any]:
+    """An answered acquire: legal iff no lease is live at its backend `acquired_at_ms` and its token is new.
+
+    Live means status active with `expires_at_ms > acquired_at_ms` (an unknown
+    expiry gets the benefit of the doubt). The token must exceed every token
+    allocated before (C5, matrix row 4). An acquire returning the current lease
+    (same id and token) is an idempotent replay and changes nothing.
+    """
+    r = out.value
+    lid, tok = _field(inp, r, "lease_id"), _field(inp, r, "fencing_token")
+    at, exp = _field(inp, r, "acquired_at_ms"), _field(inp, r, "expires_at_ms")
+    if not (_is_int(tok) and _is_int(at) and _is_int(exp)):
+        raise _bad("lease", inp, "fencing_token, acquired_at_ms and expires_at_ms must be integers")
+
+    def step(s: tuple) -> Any:
+        clid, ctok, cexp, st, mx, hw = s
+        if clid == lid:
+            return s if ctok == tok else ILLEGAL
+        if st == _ACTIVE and cexp is not None and cexp > at:
+            return ILLEGAL
+        if mx is not None and tok <= mx:
+            return ILLEGAL
+        return (lid, tok, exp, _ACTIVE, tok, hw)
+
+    return step
+
+
+def _lease_acquire_info(s: tuple) -> Any:
+    """An unanswered acquire may have granted a lease we never saw: the state becomes PENDING.
+
+    The grant needed the live lease over, so that lease's expiry stays as a
+    lower bound on when the unseen one is over. A second unseen grant on top of
+    a PENDING one would leave the same state, so it is refused (a no-op).
+    """
+    clid, ctok, cexp, st, mx, hw = s
+    if clid is PENDING and st == _ACTIVE:
+        return ILLEGAL
+    return (PENDING, None, cexp if st == _ACTIVE else None, _ACTIVE, mx, hw)
+
+
+def _lease_renew(inp: Input, out: Output, ok: bool) -> Callable[[Any], Any]:
+    """renew: legal iff the lease is current, active and unexpired at the renew's backend `renewed_at_ms`.
+
+    An answered renew sets `expires_at_ms` to its reported value (which may be
+    earlier than before: the contract caps it at acquired_at + maximum
+    lifetime). An unanswered renew may have moved the expiry to an unknown time.
+    """
+    ref, orphan = _lease_ref(inp, out), _is_orphan(inp)
+    at = _field(inp, out.value, "renewed_at_ms") if ok else None
+    exp = _field(inp, out.value, "expires_at_ms") if ok else None
+
+    def step(s: tuple) -> Any:
+        b = _bind(s, ref, orphan)
+        if b is None or b[3] != _ACTIVE:
+            return ILLEGAL
+        lid, tok, cexp, st, mx, hw = b
+        if at is not None and cexp is not None and at >= cexp:
+            return ILLEGAL  # renewed after expiry: an expired lease is never revived
+        return (lid, tok, exp, st, mx, hw)  # exp is None for an unanswered renew: unknown
+
+    return step
+
+
+def _lease_end(inp: Input, out: Output, to: str) -> Callable[[Any], Any]:
+    """release / force-release / revoke: legal iff the lease is current and active (or already ended so).
+
+    The ok value carries no time of the release itself, so expiry is not judged
+    here. A repeat on a lease already ended the same way is an idempotent replay.
+    """
+    ref, orphan = _lease_ref(inp, out), _is_orphan(inp)
+
+    def step(s: tuple) -> Any:
+        b = _bind(s, ref, orphan)
+        if b is None:
+            return ILLEGAL
+        lid, tok, exp, st, mx, hw = b
+        if st == _ACTIVE:
+            return (lid, tok, exp, to, mx, hw)
+        return b if st == to else ILLEGAL
+
+    return step
+
+
+def _lease_inspect(inp: Input, out: Output) -> Callable[[Any], Any] | None:
+    """inspect: a reported lease must be the current active one; `null` is always possible.
+
+    `null` carries no backend time, so the model cannot tell an expired lease
+    from a live one and accepts it (the op is dropped).
+    """
+    r = out.value
+    if r is None:
+        return None
+    ref = _LeaseRef(_field(inp, r, "lease_id"), _field(inp, r, "fencing_token"))
+    orphan = _is_orphan(inp)
+
+    def step(s: tuple) -> Any:
+        b = _bind(s, ref, orphan)
+        return b if b is not None and b[3] == _ACTIVE else ILLEGAL
+
+    return step
+
+
+def _lease_commit(inp: Input, out: Output, ok: bool) -> Callable[[Any], Any]:
+    """commit, the fenced write (C24-C29).
+
+    Legal iff the lease is current and active, unexpired at the commit's backend
+    `validated_at_ms` (C25), and its token is not below the high-water mark of
+    accepted tokens (C26); the mark becomes the token. An unanswered commit may
+    have been accepted under the same conditions (time unknown).
+    """
+    ref, orphan = _lease_ref(inp, out), _is_orphan(inp)
+    at = _field(inp, out.value, "validated_at_ms", required=False) if ok else None
+    t = ref.token
+
+    def step(s: tuple) -> Any:
+        b = _bind(s, ref, orphan)
+        if b is None or b[3] != _ACTIVE:
+            return ILLEGAL
+        lid, tok, exp, st, mx, hw = b
+        if at is not None and exp is not None and at >= exp:
+            return ILLEGAL
+        if hw is not None and t < hw:
+            return ILLEGAL
+        return (lid, tok, exp, st, mx, t)
+
+    return step
+
+
+def _lease_read(inp: Input, out: Output) -> Callable[[Any], Any] | None:
+    """The final read of the fenced document: its `token` must be the commit high-water mark."""
+    r = out.value
+    if not isinstance(r, dict) or "token" not in r:
+        return None
+    want = r["token"]
+    return lambda s: s if s[5] == want else ILLEGAL
+
+
+def _lease_read_only(inp: Input, out: Output) -> bool:
+    """read and (non-binding) inspect never change the state when legal."""
+    return inp.f == "read" or (inp.f == "inspect" and not _is_orphan(inp))
+
+
+def prepare_lease(ops: list) -> list:
+    """Merge idempotent retries and mark references to unseen leases (rules L1, L2a).
+
+    Rule L1 (retries). Ops with the same `f` and `request_id` are one logical
+    operation (C17): the backend performs it at most once and every answered
+    attempt reports that one result. The merged op is invoked with the first
+    attempt and returns with the first `ok` attempt, with that attempt's result
+    (`info` if no attempt was answered). The real effect lies inside that
+    interval (the first attempt was sent before it, the first ok answer came
+    after it), so nothing linearizable is lost. Later answers are not compared
+    here (that is the idempotency checker's job).
+
+    Rule L2a (unseen grants). Lease ids that no answered acquire returned are
+    "orphans": they can only come from an acquire whose answer was lost. Ops
+    referring to one are marked, and only they may bind a PENDING lease.
+    """
+    from checkers.linear.history import merge_retries  # the history helpers live with the engine
+
+    ops = merge_retries(ops, _request_id)
+    granted = {op.output.value.get("lease_id") for op in ops
+               if op.input.f == "acquire" and op.output.type == "ok" and isinstance(op.output.value, dict)}
+    for op in ops:
+        f, out = op.input.f, op.output
+        if f in _LEASE_REF_OPS or (f == "inspect" and isinstance(out.value, dict)):
+            src = out.value if isinstance(out.value, dict) and "lease_id" in out.value else op.input.value
+            if isinstance(src, dict) and "lease_id" in src and src["lease_id"] not in granted:
+                op.input = Input(f, FrozenDict({**(op.input.value or {}), _ORPHAN: True}))
+    return ops
+
+
+def prune_lease(ops: list) -> list:
+    """Drop unanswered acquires that no orphan reference can follow (rule L2b).
+
+    An unanswered acquire A that no orphan-referring op can follow (all of them
+    returned before A was invoked) is dropped. Proof: in a valid linearization
+    where A took effect from state S0 to S_A = (PENDING, -, bound, active, max,
+    hw), the ops run in S_A up to the next change are (i) reads, which look at
+    `hw` only, equal in S0 and S_A, and (ii) an answered acquire G. Nothing else
+    is legal on an unbound PENDING lease (renew, release, commit and inspect
+    need the id, and no orphan reference follows A; a second unseen grant is
+    refused). G is legal in S_A iff `bound <= G.acquired_at` and its token
+    exceeds `max`; `bound` is S0's expiry when S0 was active, so that is G's
+    condition in S0 too, and G leaves the same state either way. (A replay of
+    S0's lease has a token <= max, illegal in both; the one difference is a G
+    that reports S0's lease id with a new token, a C7 violation that only the
+    pruned history reports.) So removing A leaves a valid linearization; and a
+    history valid without A is valid with it (info ops need not be linearized).
+    """
+    orphan_until = -1.0  # latest return position of an orphan-referring op (inf: never returns)
+    for op in ops:
+        if _is_orphan(op.input):
+            orphan_until = max(orphan_until, float("inf") if op.ret is None else op.ret)
+    return [op for op in ops if not (op.input.f == "acquire" and op.output.type == "info" and orphan_until < op.call)]
+
+
+def _request_id(op: Any) -> Any:
+    """The request_id of a lease op's invoke value, or None."""
+    v = op.input.value
+    return v.get("request_id") if isinstance(v, dict) else None
+
+
+def _describe_lease_state(s: tuple) -> str:
+    """`lease L token T active until E (max token M, commit high-water H)`."""
+    lid, tok, exp, st, mx, hw = s
+    head = "no lease" if lid is None else f"lease {lid} token {_show(tok)} {st} until {_show(exp)}"
+    return f"{head} (max token {_show(mx)}, commit high-water {_show(hw)})"
+
+
+LEASE = Model(
+    name="lease",
+    init=lambda: (None, None, None, None, None, None),
+    step=_step_from_compile(_lease_compile),
+    describe_state=_describe_lease_state,
+    compile=_lease_compile,
+    read_only=_lease_read_only,
+    prepare=prepare_lease,
+    prune=prune_lease,
+)
+
+# --------------------------------------------------------------------------- registry
+
+MODELS: dict[str, Model] = {
+    "register": _register_model("register", _REG_OPS),
+    "cas-register": _register_model("cas-register", _CAS_OPS),
+    "mutex": MUTEX,
+    "fenced-register": FENCED_REGISTER,
+    "lease": LEASE,
+    "kv": KV,
+}
+
+
+def get_model(name: str) -> Model:
+    """The model registered as `name`; a ValueError lists the known names otherwise."""
+    try:
+        return MODELS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
+
+
+def model_names() -> Iterable[str]:
+    """The registered model names."""
+    return MODELS.keys()

@@ -1,0 +1,209 @@
+"""Mutual exclusion: at most one valid lease per identity at any backend time.
+
+Violations (`overlap`): a lease M acquired (backend `acquired_at_ms`) while
+another lease L on the same key was still valid. L is valid on the half-open
+backend interval [acquired_at_ms, end), where end is the smaller of:
+
+- its latest known `expires_at_ms` (the largest any acquire/renew ok reported), and
+- its backend release/revoke time when a release/revoke ok reports one
+  (`released_at_ms`, `revoked_at_ms` or `ended_at_ms`; not in the history format yet).
+
+When L was released/revoked (ok, or info: it may have happened) but no backend
+time was reported, the release is only known to have taken effect after the
+release was invoked, so the overlap is definite only if M's acquisition
+completed before L's first release/revoke was invoked; otherwise the server may
+have ordered the release first and no violation is reported.
+
+Informational (`unsafe_windows`, never a violation): client-side overlaps of
+"believed held" intervals, in monotonic `time`. A client believes it holds L from
+the first acquire ok that reported L until the earlier of its first `release`
+invocation of L and the completion of an op on L that failed with `lease_lost`
+or `stale_token`. When neither happened (an abandoned lease, or the last one),
+until the later of the last completion of an op on L and the holder's local
+expiry (its latest ok acquire/renew invocation time plus the `ttl_ms` returned).
+The local expiry does not cut a belief short otherwise: a paused client that
+resumes and acts on its lease is exactly what fencing must cover. Each belief that begins while
+another lease's belief is open counts once, against the open belief lasting
+longest; these are the windows that fencing had to cover, with the commits the
+older holder issued inside them.
+
+Per key the check sorts leases and sweeps with heaps: O(n log n).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+from collections import defaultdict
+from typing import Any, Mapping
+
+from checkers.core import Lease, Pair, Violations, analyzed, error_code, lease_index, op_lease_id, pair_ops
+
+__all__ = ["MutualExclusionChecker"]
+
+LOSS_CODES = frozenset(("lease_lost", "stale_token"))
+MAX_NAMED = 10  # overlapping leases named per violation
+
+
+class MutualExclusionChecker:
+    """Checks backend-time exclusivity of leases, and measures client-side unsafe windows."""
+
+    def __init__(self, max_violations: int = 1000, max_windows: int = 1000):
+        self.max_violations = max_violations
+        self.max_windows = max_windows
+
+    @analyzed
+    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+        """Judge the leases of a lease history."""
+        pairs = pair_ops(history)
+        leases = lease_index(history)
+        by_key: dict[Any, list[Lease]] = defaultdict(list)
+        for lease in leases.values():
+            by_key[lease.key].append(lease)
+        v = Violations(self.max_violations)
+        for key, ls in by_key.items():
+            _check_backend_overlaps(key, ls, v)
+        windows = _unsafe_windows(pairs, leases, by_key, self.max_windows)
+        return v.result(keys=len(by_key), leases=len(leases), unsafe_windows=windows)
+
+
+def _backend_end(lease: Lease) -> Any:
+    """The backend time at which the lease stopped being valid, as far as backend times tell."""
+    ends = [t for t in (lease.expires_at_ms, lease.ended_at_ms) if t is not None]
+    return min(ends) if ends else None
+
+
+def _release_invoked(lease: Lease) -> int | None:
+    """Monotonic time of the first release/revoke of the lease that ok'd or may have (None: never)."""
+    return min((p.t0 for p in lease.ends), default=None)
+
+
+def _check_backend_overlaps(key: Any, leases: list[Lease], v: Violations) -> None:
+    """Sweep leases by acquired_at_ms, keeping those still valid at each acquisition."""
+    timed = [lease for lease in leases if lease.acquired_at_ms is not None and _backend_end(lease) is not None]
+    timed.sort(key=lambda x: (x.acquired_at_ms, x.token if x.token is not None else 0))
+    seq = itertools.count()
+    valid: list[tuple] = []  # heap (backend end, seq, lease)
+    held: dict[Any, Lease] = {}  # valid leases with no release: every one overlaps a newcomer
+    alive: set = set()  # lease_ids still valid by backend time
+    released: list[tuple] = []  # max-heap (-release invoke time, seq, lease), lazily pruned
+    for m in timed:
+        while valid and valid[0][0] <= m.acquired_at_ms:
+            gone = heapq.heappop(valid)[2]
+            held.pop(gone.lease_id, None)
+            alive.discard(gone.lease_id)
+        granted = min(p.t1 for p in m.acquires)
+        overlapping = list(itertools.islice(held.values(), MAX_NAMED))
+        total = len(held)
+        popped = []
+        while released and len(overlapping) < MAX_NAMED:
+            neg_rel, s, lease = released[0]
+            if lease.lease_id not in alive:
+                heapq.heappop(released)  # no longer valid by backend time
+                continue
+            if -neg_rel < granted:
+                break  # every remaining release may have taken effect before m was granted
+            popped.append(heapq.heappop(released))
+            overlapping.append(lease)
+            total += 1
+        for e in popped:
+            heapq.heappush(released, e)
+        if overlapping:
+            _report(key, m, overlapping, total, v)
+        s = next(seq)
+        heapq.heappush(valid, (_backend_end(m), s, m))
+        alive.add(m.lease_id)
+        rel = _release_invoked(m)
+        if rel is None:
+            held[m.lease_id] = m
+        else:
+            heapq.heappush(released, (-rel, s, m))
+
+
+def _report(key: Any, m: Lease, overlapping: list[Lease], total: int, v: Violations) -> None:
+    """One violation: lease m was granted while the overlapping leases were valid."""
+    ops = [m.first.i0, m.first.i1, *(lease.first.i1 for lease in overlapping)]
+    names = ", ".join(f"{lease.lease_id!r} (token {lease.token}, valid until {_backend_end(lease)} ms)"
+                      for lease in overlapping)
+    more = f" and {total - len(overlapping)} more" if total > len(overlapping) else ""
+    v.add("overlap", ops,
+          f"key {key!r}: lease {m.lease_id!r} (token {m.token}) acquired at {m.acquired_at_ms} ms while "
+          f"{names}{more} still valid",
+          key=key, lease=m.lease_id, acquired_at_ms=m.acquired_at_ms,
+          overlapping=[lease.lease_id for lease in overlapping], overlapping_count=total)
+
+
+# --------------------------------------------------------------------------- client-side windows
+
+
+def _belief_ends(pairs: list[Pair], leases: dict[Any, Lease]) -> dict[Any, int]:
+    """lease_id -> monotonic time its holder stopped believing it held it (see the module docstring)."""
+    stopped: dict[Any, int] = {}  # release invoked, or loss seen
+    last_use: dict[Any, int] = {}
+    for p in pairs:
+        lid = op_lease_id(p)
+        if lid not in leases:
+            continue
+        t = p.t1 if p.t1 is not None else p.t0
+        if t > last_use.get(lid, -1):
+            last_use[lid] = t
+        end = None
+        if p.f == "release":
+            end = p.t0
+        elif p.type == "fail" and error_code(p.comp) in LOSS_CODES:
+            end = p.t1
+        if end is not None and (lid not in stopped or end < stopped[lid]):
+            stopped[lid] = end
+    return {lid: stopped[lid] if lid in stopped else max(last_use[lid], _local_expiry(lease) or 0)
+            for lid, lease in leases.items()}
+
+
+def _local_expiry(lease: Lease) -> int | None:
+    """The holder's own idea of the expiry: the latest grant's invocation time + its ttl_ms (monotonic ns)."""
+    best = None
+    for g in lease.grants:
+        ttl = g.result.get("ttl_ms") if isinstance(g.result, dict) else None
+        if ttl is not None:
+            t = g.t0 + int(ttl * 1_000_000)
+            best = t if best is None or t > best else best
+    return best
+
+
+def _unsafe_windows(pairs: list[Pair], leases: dict[Any, Lease], by_key: dict[Any, list[Lease]],
+                    limit: int) -> dict:
+    """Overlapping client beliefs per key, with the commits the older holder made inside them."""
+    ends = _belief_ends(pairs, leases)
+    commits: dict[Any, list[Pair]] = defaultdict(list)
+    for p in pairs:
+        if p.f == "commit":
+            commits[op_lease_id(p)].append(p)  # pairs come in invocation order: sorted by t0
+    commit_times: dict[Any, list[int]] = {}
+    found: list[dict] = []
+    count, total, longest = 0, 0, 0
+    in_windows = {"ok": 0, "fail": 0, "info": 0}
+    for key, ls in by_key.items():
+        beliefs = sorted(((min(p.t1 for p in lease.acquires), ends[lease.lease_id], lease)
+                          for lease in ls), key=lambda b: b[0])
+        open_end, holder = None, None
+        for start, end, lease in beliefs:
+            if holder is not None and start < open_end and end > start:
+                w_end = min(end, open_end)
+                count += 1
+                total += w_end - start
+                longest = max(longest, w_end - start)
+                cs = commits.get(holder.lease_id, [])
+                times = commit_times.setdefault(holder.lease_id, [c.t0 for c in cs])
+                inside = cs[bisect.bisect_left(times, start):bisect.bisect_left(times, w_end)]
+                for c in inside:
+                    in_windows[c.type] += 1
+                if len(found) < limit:
+                    found.append({"key": key, "leases": [holder.lease_id, lease.lease_id], "start": start,
+                                  "end": w_end, "duration_ms": (w_end - start) / 1e6,
+                                  "ops": [holder.first.i1, lease.first.i1, *(c.i0 for c in inside)],
+                                  "commits_by_older_holder": {t: sum(c.type == t for c in inside)
+                                                              for t in ("ok", "fail", "info")}})
+            if open_end is None or end > open_end:
+                open_end, holder = end, lease
+    return {"count": count, "total_ms": total / 1e6, "max_ms": longest / 1e6,
+            "commits_by_older_holder": in_windows, "windows": found}

@@ -1,0 +1,308 @@
+"""Stale commits: what the fenced-write boundary accepted, and what the store kept.
+
+Reads the `commit` ops and the final-phase `read` ops of a lease history
+(contract C24-C29). Violation kinds, each naming the ops that show it:
+
+- `token-regression`: an accepted commit carries a lower token than one already
+  accepted: (a) in real time per key (identity): commit A completed ok before
+  commit B was invoked and B was accepted with a lower token (the high-water mark
+  is per identity, C26); (b) in the document's revision order (`rev`, an int or
+  CouchDB's "N-..." form); (c) in the entry order of the final read.
+- `validated-after-expiry`: `validated_at_ms` >= the lease's latest known
+  `expires_at_ms` (the largest any acquire/renew ok of that lease_id reported).
+- `validated-after-end`: `validated_at_ms` >= the backend release/revoke time,
+  when a release/revoke ok reports one (`released_at_ms`, `revoked_at_ms`, `ended_at_ms`).
+- `commit-after-release`: accepted although invoked after a release/revoke of its
+  lease had completed ok (real time).
+- `commit-after-successor`: accepted although a lease with a higher token on the
+  same key was acquired before it: strictly earlier `acquired_at_ms` than the
+  commit's `validated_at_ms`, or an acquire ok completed before the commit was invoked.
+- `token-mismatch`: `accepted_token` differs from the token the commit carried.
+- `lost-commit`: an ok commit that completed before the final read of its doc
+  was invoked is missing from that read.
+- `duplicate-entry`: one entry appears twice in a final read (applied twice).
+- `failed-commit-visible`: the entry of a commit that failed (definitely did not
+  happen) appears in a final read.
+
+Replays (a commit whose request_id was first invoked before the event that
+would make it stale) are exempt from the real-time rules. Commits whose lease
+no ok acquire reported are counted as `unknown_lease` and not timed.
+The commit's `entry` is expected to be the `[process, token, n]` triple the
+final read lists; any other `entry` is matched as (process, token, entry).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any, Mapping
+
+from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops
+
+__all__ = ["StaleCommitChecker"]
+
+
+class StaleCommitChecker:
+    """Checks accepted commits against leases, tokens and the final state (see module docstring)."""
+
+    def __init__(self, max_violations: int = 1000):
+        self.max_violations = max_violations
+
+    @analyzed
+    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+        """Judge the commits and final reads of a lease history."""
+        pairs = pair_ops(history)
+        leases = lease_index(history)
+        commits = [Commit(p) for p in pairs if p.f == "commit"]
+        reads = _final_reads(pairs)
+        v = Violations(self.max_violations)
+        accepted = [c for c in commits if c.p.type == "ok"]
+        first_invoke = _first_invokes(commits)
+        _check_realtime_order(accepted, v)
+        _check_rev_order(accepted, v)
+        unknown = _check_against_leases(accepted, leases, first_invoke, v)
+        for read in reads.values():
+            _check_read(read, v)
+        _check_lost_and_phantom(commits, reads, v)
+        counts = {t: sum(1 for c in commits if c.p.type == t) for t in ("ok", "fail", "info")}
+        return v.result(commits=counts, docs_read=len(reads), unknown_lease=unknown)
+
+
+class Commit:
+    """A commit op with the fields the rules use, extracted once."""
+
+    __slots__ = ("p", "key", "token", "carried", "validated", "rev", "lease_id", "request_id", "doc", "entry")
+
+    def __init__(self, p: Pair):
+        val = p.inv.get("value")
+        val = val if isinstance(val, dict) else {}
+        res = p.result if p.type == "ok" and isinstance(p.result, dict) else {}
+        self.p = p
+        self.key = p.key
+        self.carried = val.get("fencing_token")
+        accepted = res.get("accepted_token")
+        self.token = self.carried if accepted is None else accepted  # what the boundary accepted
+        self.validated = res.get("validated_at_ms")
+        self.rev = _rev_number(res.get("rev"))
+        self.lease_id = val.get("lease_id")
+        self.request_id = val.get("request_id")
+        self.doc = val.get("doc", res.get("doc"))
+        e = val.get("entry")
+        # the entry as the final read lists it: the [process, token, n] triple itself, when it is one
+        self.entry = _hashable(e) if isinstance(e, list | tuple) and len(e) == 3 else (
+            p.process, self.carried, _hashable(e))
+
+
+def _hashable(x: Any) -> Any:
+    """A hashable, comparable stand-in for a JSON value (lists become tuples, objects canonical JSON)."""
+    if isinstance(x, list | tuple):
+        t = tuple(x)
+        try:
+            hash(t)  # the common case: a list of scalars
+            return t
+        except TypeError:
+            return tuple(_hashable(e) for e in x)
+    if isinstance(x, dict):
+        return json.dumps(x, sort_keys=True)
+    return x
+
+
+def _rev_number(rev: Any) -> int | None:
+    """A revision as an int: ints as they are, CouchDB's "N-hash" as N, else None."""
+    if isinstance(rev, int) and not isinstance(rev, bool):
+        return rev
+    if isinstance(rev, str):
+        head = rev.split("-", 1)[0]
+        return int(head) if head.isdigit() else None
+    return None
+
+
+def _first_invokes(commits: list[Commit]) -> dict[Any, int]:
+    """request_id -> earliest invocation time of a commit carrying it."""
+    first: dict[Any, int] = {}
+    for c in commits:
+        rid = c.request_id
+        if rid is not None and (rid not in first or c.p.t0 < first[rid]):
+            first[rid] = c.p.t0
+    return first
+
+
+class FinalRead:
+    """The last ok read of one document, with its entries as hashable tuples."""
+
+    __slots__ = ("p", "key", "doc", "entries")
+
+    def __init__(self, p: Pair):
+        val = p.inv.get("value")
+        self.p = p
+        self.key = p.key
+        self.doc = (val.get("doc") if isinstance(val, dict) else None) or p.result.get("doc")
+        entries = p.result.get("entries") or []
+        if not isinstance(entries, list):
+            raise ValueError(f"op {p.i1}: read entries must be a list, got {type(entries).__name__}")
+        self.entries = [_hashable(e) for e in entries]
+
+
+def _final_reads(pairs: list[Pair]) -> dict[tuple, FinalRead]:
+    """(key, doc) -> the last ok read of that document (by completion)."""
+    last: dict[tuple, Pair] = {}
+    for p in pairs:
+        if p.f == "read" and p.type == "ok" and isinstance(p.result, dict):
+            val = p.inv.get("value")
+            k = (p.key, (val.get("doc") if isinstance(val, dict) else None) or p.result.get("doc"))
+            if k not in last or p.t1 >= last[k].t1:
+                last[k] = p
+    return {k: FinalRead(p) for k, p in last.items()}
+
+
+def _check_realtime_order(accepted: list[Commit], v: Violations) -> None:
+    """Per key: a commit accepted after another completed must not carry a lower token."""
+    by_key: dict[Any, list[Commit]] = defaultdict(list)
+    for c in accepted:
+        if c.token is not None:
+            by_key[c.key].append(c)
+    for key, cs in by_key.items():
+        by_end = sorted(cs, key=lambda c: c.p.t1)
+        j, best = 0, None
+        for c in cs:  # pairs are in invocation order
+            while j < len(by_end) and by_end[j].p.t1 < c.p.t0:
+                if best is None or by_end[j].token > best.token:
+                    best = by_end[j]
+                j += 1
+            if best is not None and c.token < best.token:
+                v.add("token-regression", [best.p.i1, c.p.i0, c.p.i1],
+                      f"key {key!r}: commit accepted with token {c.token} after token {best.token} was accepted",
+                      key=key, order="realtime", token=c.token, earlier_token=best.token)
+
+
+def _check_rev_order(accepted: list[Commit], v: Violations) -> None:
+    """Per document: tokens never decrease along the revision order."""
+    by_doc: dict[tuple, list[Commit]] = defaultdict(list)
+    for c in accepted:
+        if c.rev is not None and c.token is not None:
+            by_doc[(c.key, c.doc)].append(c)
+    for (key, doc), cs in by_doc.items():
+        cs.sort(key=lambda c: c.rev)
+        best = None
+        for c in cs:
+            if best is not None and c.token < best.token:
+                v.add("token-regression", [best.p.i1, c.p.i1],
+                      f"doc {doc!r}: rev {c.rev} accepted token {c.token} after rev {best.rev} accepted {best.token}",
+                      key=key, doc=doc, order="rev", token=c.token, earlier_token=best.token)
+            if best is None or c.token > best.token:
+                best = c
+
+
+def _successor_indexes(leases: dict[Any, Lease]) -> tuple[dict, dict]:
+    """Per key: PrefixMax of tokens by acquired_at_ms, and by first acquire-ok completion time."""
+    backend: dict[Any, list] = defaultdict(list)
+    realtime: dict[Any, list] = defaultdict(list)
+    for lease in leases.values():
+        backend[lease.key].append((lease.acquired_at_ms, lease.token, lease))
+        realtime[lease.key].append((min(p.t1 for p in lease.acquires), lease.token, lease))
+    return ({k: PrefixMax(pts) for k, pts in backend.items()},
+            {k: PrefixMax(pts) for k, pts in realtime.items()})
+
+
+def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
+                          first_invoke: dict[Any, int], v: Violations) -> int:
+    """Expiry, release and successor rules for each accepted commit; returns how many had no known lease."""
+    by_backend, by_realtime = _successor_indexes(leases)
+    unknown = 0
+    for c in accepted:
+        p = c.p
+        if c.carried is not None and c.token != c.carried:
+            v.add("token-mismatch", p.indices, f"commit carried token {c.carried} but was accepted as {c.token}",
+                  key=c.key, token=c.carried, accepted_token=c.token)
+        lease = leases.get(c.lease_id)
+        if lease is None:
+            unknown += 1
+            continue
+        started = first_invoke.get(c.request_id, p.t0)
+        _check_times(c, lease, v)
+        for end in lease.ends:
+            if end.type == "ok" and end.t1 < started:
+                v.add("commit-after-release", [end.i1, p.i0, p.i1],
+                      f"commit on lease {lease.lease_id!r} accepted after its {end.f} completed",
+                      key=c.key, lease=lease.lease_id)
+                break
+        if c.token is not None:
+            _check_successor(c, started, by_backend.get(c.key), by_realtime.get(c.key), v)
+    return unknown
+
+
+def _check_successor(c: Commit, started: int, backend: PrefixMax | None, realtime: PrefixMax | None,
+                     v: Violations) -> None:
+    """No commit is accepted after a higher-token lease on its key was acquired."""
+    succ = backend.before(c.validated) if backend is not None and c.validated is not None else None
+    if (succ is None or succ[0] <= c.token) and realtime is not None:
+        succ = realtime.before(started)
+    if succ is not None and succ[0] > c.token:
+        s: Lease = succ[1]
+        v.add("commit-after-successor", [s.first.i1, c.p.i0, c.p.i1],
+              f"commit with token {c.token} accepted after lease {s.lease_id!r} (token {s.token}) was acquired",
+              key=c.key, token=c.token, successor=s.lease_id, successor_token=s.token)
+
+
+def _check_times(c: Commit, lease: Lease, v: Violations) -> None:
+    """validated_at_ms must be before the lease's expiry and its backend end time."""
+    at, p = c.validated, c.p
+    if at is None:
+        return
+    if lease.expires_at_ms is not None and at >= lease.expires_at_ms:
+        grant = max(lease.grants, key=lambda g: (g.result.get("expires_at_ms") if isinstance(g.result, dict)
+                                                 else None) or 0)
+        v.add("validated-after-expiry", [grant.i1, p.i0, p.i1],
+              f"commit validated at {at} ms, lease {lease.lease_id!r} expired at {lease.expires_at_ms} ms",
+              key=c.key, lease=lease.lease_id, validated_at_ms=at, expires_at_ms=lease.expires_at_ms)
+    if lease.ended_at_ms is not None and at >= lease.ended_at_ms:
+        ends = [e.i1 for e in lease.ends if e.i1 is not None]
+        v.add("validated-after-end", [*ends, p.i0, p.i1],
+              f"commit validated at {at} ms, lease {lease.lease_id!r} ended at {lease.ended_at_ms} ms",
+              key=c.key, lease=lease.lease_id, validated_at_ms=at, ended_at_ms=lease.ended_at_ms)
+
+
+def _check_read(read: FinalRead, v: Violations) -> None:
+    """A final read lists no entry twice, and its tokens never decrease."""
+    seen: set = set()
+    best = None
+    for pos, e in enumerate(read.entries):
+        if e in seen:
+            v.add("duplicate-entry", [read.p.i1], f"doc {read.doc!r}: entry {_show(e)} appears twice "
+                  f"(position {pos})", key=read.key, doc=read.doc, entry=e, position=pos)
+        seen.add(e)
+        tok = e[1] if isinstance(e, tuple) and len(e) == 3 else None
+        if tok is None:
+            continue
+        if best is not None and tok < best[1]:
+            v.add("token-regression", [read.p.i1],
+                  f"doc {read.doc!r}: entry {pos} has token {tok} after entry {best[0]} with token {best[1]}",
+                  key=read.key, doc=read.doc, order="final-read", position=pos, token=tok, earlier_token=best[1])
+        if best is None or tok > best[1]:
+            best = (pos, tok)
+
+
+def _show(entry: Any) -> str:
+    """An entry as JSON text, for messages."""
+    return json.dumps(entry, default=str)
+
+
+def _check_lost_and_phantom(commits: list[Commit], reads: dict[tuple, FinalRead], v: Violations) -> None:
+    """Acknowledged commits are in the final read; failed ones are not."""
+    present = {k: set(r.entries) for k, r in reads.items()}
+    maybe_applied = {c.entry for c in commits if c.p.type != "fail"}  # a retry may carry the same entry
+    for c in commits:
+        p = c.p
+        if p.type == "info":
+            continue
+        k = (c.key, c.doc) if (c.key, c.doc) in reads else (None, c.doc)
+        read = reads.get(k)
+        if read is None:
+            continue
+        entries = present[k]
+        if p.type == "ok" and p.t1 < read.p.t0 and c.entry not in entries:
+            v.add("lost-commit", [p.i0, p.i1, read.p.i1], f"acknowledged commit {_show(c.entry)} missing from the "
+                  f"final read of doc {c.doc!r}", key=c.key, doc=c.doc, entry=c.entry)
+        elif p.type == "fail" and c.entry in entries and c.entry not in maybe_applied:
+            v.add("failed-commit-visible", [p.i0, p.i1, read.p.i1], f"failed commit {_show(c.entry)} appears in "
+                  f"the final read of doc {c.doc!r}", key=c.key, doc=c.doc, entry=c.entry)

@@ -1,0 +1,266 @@
+"""The Valkey side of the server: the key layout and one-round-trip script calls.
+
+Every lease operation is ONE `EVALSHA` of its script (lab/server/lua), bounded
+by the request's remaining deadline. Retries are off everywhere
+(`retry=Retry(NoBackoff(), 0)`, no retry_on_timeout / retry_on_error): a
+silent re-send would execute a mutation twice and corrupt the histories the lab
+records. The only re-send is after `NOSCRIPT`, which Valkey answers without
+executing anything.
+
+The connection handling is hand-written over redis-py's `Connection` (instead
+of its pool and client) because the server must know exactly where the
+submission boundary is (C19, C23): a failure before the command is written is
+a definite "not executed" (`BackendUnavailable`, or `NotStarted` when the
+deadline ran out first); a failure or timeout after it may have executed
+(`OutcomeUnknown`). A timed-out connection is closed, never reused, so a late
+reply can never be read as another request's answer.
+
+Key layout (L = the lock key of C3, `starintel:target-lease:v1:<b64>`):
+  L                 hash: the current lease record (deleted on release/revoke;
+                    PEXPIREAT expires_at + retention; treated as expired from expires_at)
+  L:fence           string: the durable fencing counter (INCR; never a TTL, never reset)
+  L:hwm             string: reserved for the commit high-water mark (C26)
+  L:history         list: terminal evidence, newest first, capped
+  P:lease:<id>      hash {k: L, i: identity json, s: state}: lease_id -> identity and end state
+  P:idem:<b64>      string: idempotency record {d: digest, c: code, r: result}
+  P:active          zset (score 0, lexicographic): lock keys with a record, for list
+  P:quota:<principal> zset lock key -> expires_at: the principal's active leases
+  P:audit           stream: audit events (XADD MAXLEN ~)
+where P = `starintel:target-lease:v1:`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+from typing import Any, Sequence
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from lab.server.identity import KEY_PREFIX
+from lab.server.scripts import Script, load_scripts
+from lab.server.settings import Settings
+
+log = logging.getLogger("lab.server.backend")
+
+ACTIVE_INDEX = KEY_PREFIX + "active"
+AUDIT_STREAM = KEY_PREFIX + "audit"
+
+
+# -- key layout -------------------------------------------------------------
+
+def fence_key(lock_key: str) -> str:
+    return lock_key + ":fence"
+
+
+def hwm_key(lock_key: str) -> str:
+    """The per-identity commit high-water mark (reserved for the fenced commit boundary, C26)."""
+    return lock_key + ":hwm"
+
+
+def history_key(lock_key: str) -> str:
+    return lock_key + ":history"
+
+
+def lease_index_key(lease_id: str) -> str:
+    return KEY_PREFIX + "lease:" + lease_id
+
+
+def quota_key(principal_id: str) -> str:
+    return KEY_PREFIX + "quota:" + principal_id
+
+
+def idempotency_key(operation: str, lock_key: str, principal_id: str, request_id: str) -> str:
+    """The key of the idempotency record of (operation, lock_key, principal, request_id) (C16)."""
+    material = orjson.dumps([operation, lock_key, principal_id, request_id])
+    return KEY_PREFIX + "idem:" + base64.urlsafe_b64encode(hashlib.sha256(material).digest()).rstrip(b"=").decode()
+
+
+# -- errors -------------------------------------------------------------------
+
+class BackendError(Exception):
+    """A backend call did not produce a reply."""
+
+
+class NotStarted(BackendError):
+    """The deadline ran out before the command was submitted: nothing happened."""
+
+
+class BackendUnavailable(BackendError):
+    """Valkey could not be reached; the command was definitely not executed."""
+
+
+class OutcomeUnknown(BackendError):
+    """The command was submitted but no reply arrived in time: it may have executed."""
+
+
+class BackendFault(BackendError):
+    """Valkey answered with an error (a script error, a wrong-type key): fail closed."""
+
+
+def pack_command(args: Sequence[Any]) -> bytes:
+    """One command in RESP2 (hand-written: redis-py's generic encoder was a tenth of the request CPU)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if isinstance(a, str):
+            a = a.encode("utf-8")
+        elif isinstance(a, int):  # includes bool, never passed
+            a = b"%d" % a
+        elif not isinstance(a, (bytes, bytearray)):
+            raise TypeError(f"cannot send {type(a).__name__} to Valkey")
+        parts.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(parts)
+
+
+def redis_kwargs(settings: Settings) -> dict[str, Any]:
+    """Connection options: retries off, no read timeout of its own (deadlines bound every read)."""
+    return dict(
+        decode_responses=True,
+        retry=Retry(NoBackoff(), 0),
+        socket_timeout=None,
+        socket_connect_timeout=settings.valkey_connect_timeout_ms / 1000,
+        health_check_interval=0,
+        driver_info=None,
+        client_name=f"fencelab-lease:{settings.instance_id}",
+    )
+
+
+class Backend:
+    """Script calls and pipelines over a bounded set of Valkey connections."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.scripts: dict[str, Script] = load_scripts(settings.script_dir or None)
+        self._template = aioredis.ConnectionPool.from_url(settings.valkey_url, **redis_kwargs(settings))
+        self._idle: list[Connection] = []
+        self._slots = asyncio.Semaphore(settings.valkey_max_connections)
+        self._closed = False
+        self.scripts_loaded = False
+
+    # -- lifecycle --------------------------------------------------------
+    async def start(self) -> None:
+        """Load the scripts now if Valkey answers (else lazily, on the first NOSCRIPT)."""
+        loop = asyncio.get_running_loop()
+        try:
+            await self.load_scripts(loop.time() + self.settings.valkey_connect_timeout_ms / 1000 + 1)
+        except BackendError as e:
+            log.warning("valkey not reachable at start-up (%s); scripts will load on first use", type(e).__name__)
+
+    async def close(self) -> None:
+        """Close every connection."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.disconnect(nowait=True)
+
+    async def load_scripts(self, deadline: float) -> None:
+        """SCRIPT LOAD every operation script and check Valkey's SHA-1 against ours."""
+        commands = [("SCRIPT", "LOAD", s.source) for s in self.scripts.values()]
+        replies = await self.pipeline(commands, deadline)
+        for script, sha in zip(self.scripts.values(), replies):
+            if sha != script.sha:
+                raise BackendFault(f"SCRIPT LOAD of {script.name} returned {sha!r}, expected {script.sha}")
+        self.scripts_loaded = True
+
+    # -- calls --------------------------------------------------------------
+    async def run(self, name: str, keys: Sequence[str], args: Sequence[Any], deadline: float) -> list:
+        """EVALSHA script `name` once, bounded by `deadline` (event-loop time)."""
+        script = self.scripts[name]
+        return await self._call(deadline, lambda conn: self._evalsha(conn, script, keys, args))
+
+    async def pipeline(self, commands: Sequence[Sequence[Any]], deadline: float) -> list:
+        """Send several commands in one write and read every reply (audit batches, script loads)."""
+        async def go(conn: Connection) -> list:
+            await conn.send_packed_command(b"".join(map(pack_command, commands)), check_health=False)
+            replies = []
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except ResponseError as e:
+                    replies.append(e)
+            return replies
+        return await self._call(deadline, go)
+
+    async def ping(self, deadline: float) -> bool:
+        """Does Valkey answer PING before `deadline`?"""
+        try:
+            replies = await self.pipeline([("PING",)], deadline)
+        except BackendError:
+            return False
+        return replies == [True] or replies == ["PONG"]
+
+    async def _evalsha(self, conn: Connection, script: Script, keys: Sequence[str], args: Sequence[Any]) -> list:
+        for attempt in (1, 2):
+            await conn.send_packed_command(pack_command(("EVALSHA", script.sha, len(keys), *keys, *args)),
+                                           check_health=False)
+            try:
+                return await conn.read_response()
+            except ResponseError as e:
+                if attempt == 1 and isinstance(e, NoScriptError):
+                    # Valkey executed nothing; load the script on this connection and send once more.
+                    await conn.send_command("SCRIPT", "LOAD", script.source, check_health=False)
+                    await conn.read_response()
+                    continue
+                raise BackendFault(f"{script.name} script error: {e}") from None
+        raise BackendFault(f"{script.name}: NOSCRIPT after SCRIPT LOAD")  # pragma: no cover
+
+    async def _call(self, deadline: float, body) -> Any:
+        """Run `body(conn)` on one connection; classify failures by the submission boundary."""
+        if self._closed:
+            raise BackendUnavailable("backend closed")
+        loop = asyncio.get_running_loop()
+        if deadline <= loop.time():
+            raise NotStarted("deadline passed before submission")
+        submitted = False
+        conn: Connection | None = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._slots.acquire()
+                clean = False
+                try:
+                    conn = self._idle.pop() if self._idle else self._template.make_connection()
+                    await self._ensure_connected(conn)
+                    submitted = True
+                    try:
+                        result = await body(conn)
+                    except BackendFault:
+                        clean = True  # Valkey's error reply was read in full
+                        raise
+                    clean = True
+                    return result
+                finally:
+                    if conn is not None:
+                        if not clean or self._closed:
+                            # unread bytes may follow: this connection must never serve another request
+                            await conn.disconnect(nowait=True)
+                        if not self._closed:
+                            self._idle.append(conn)
+                    self._slots.release()
+        except TimeoutError:
+            raise (OutcomeUnknown if submitted else NotStarted)("no reply before the deadline") from None
+        except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+            raise (OutcomeUnknown if submitted else BackendUnavailable)(type(e).__name__) from None
+        except BackendFault:
+            raise
+        except RedisError as e:
+            raise BackendFault(type(e).__name__) from None
+
+    async def _ensure_connected(self, conn: Connection) -> None:
+        """Connect a new or dropped connection; drop a pooled one the server has closed."""
+        if conn.is_connected:
+            try:
+                if await conn.can_read():  # data or EOF on an idle connection: unusable
+                    raise RedisConnectionError("stale connection")
+                return
+            except (RedisConnectionError, OSError):
+                await conn.disconnect(nowait=True)
+        await conn.connect()

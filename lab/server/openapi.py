@@ -1,0 +1,191 @@
+"""The OpenAPI 3.1 description of the wire API (served at GET /openapi.json).
+
+Written by hand from the contract (section 13) rather than generated, because
+the contract, not the code, is the source of truth for the envelopes and codes;
+a test checks that every route of the app is described here and that
+docs/openapi.json equals what the server serves. Regenerate the file with
+`python -m lab.server.openapi docs/openapi.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from lab.server.errors import HTTP_STATUS, SUCCESS_CODES
+from lab.server.identity import IDENTITY_FIELDS, OPERATION_CLASSES
+
+_ID = {"type": "string", "pattern": r"^[A-Za-z0-9._:@+-]{1,128}$"}
+_IDENTIFIER = {"type": "string", "maxLength": 64, "description": "lowercased; [a-z0-9][a-z0-9._:@+-]*, no '..'"}
+_DEADLINE = {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer", "minimum": 1}],
+             "description": "RFC 3339 timestamp or integer Unix milliseconds; required and finite"}
+_TOKEN = {"type": "integer", "minimum": 1, "maximum": 2**53 - 1}
+
+
+def _identity_props() -> dict[str, Any]:
+    props: dict[str, Any] = {name: dict(_IDENTIFIER) for name in IDENTITY_FIELDS}
+    props["target_id"] = {"type": "string", "maxLength": 128,
+                          "description": "case-sensitive NFC text; no control characters, '/', '\\\\' or '..'"}
+    props["operation_class"] = {"type": "string", "enum": list(OPERATION_CLASSES), "default": "default"}
+    return props
+
+
+def _body(extra: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    props = {**_identity_props(), "request_id": _ID, "deadline_at": _DEADLINE, "service_instance_id": _ID,
+             "trace_id": _ID, "execution_id": _ID, "job_id": _ID, **extra}
+    req = [f for f in IDENTITY_FIELDS if f != "operation_class"] + ["request_id", "deadline_at",
+                                                                     "service_instance_id"] + required
+    return {"type": "object", "additionalProperties": False, "properties": props, "required": req}
+
+
+def _lease_schema() -> dict[str, Any]:
+    props: dict[str, Any] = {"record_version": {"type": "integer", "const": 1}, "lock_key": {"type": "string"},
+                             **{name: {"type": "string"} for name in IDENTITY_FIELDS}}
+    for name in ("lease_id", "owner_principal_id", "owner_credential_id", "service_instance_id", "request_id",
+                 "end_reason", "ended_by", "admin_reason", "incident_id"):
+        props[name] = {"type": "string"}
+    for name in ("owner_client_id", "execution_id", "job_id", "trace_id"):
+        props[name] = {"type": ["string", "null"]}
+    props["fencing_token"] = _TOKEN
+    for name in ("ttl_ms", "maximum_lifetime_ms"):
+        props[name] = {"type": "integer"}
+    for name in ("acquired_at", "renewed_at", "expires_at", "ended_at"):
+        props[name] = {"type": "string", "format": "date-time", "description": "RFC 3339 UTC, milliseconds"}
+        props[name + "_ms"] = {"type": "integer", "description": "the same backend time in Unix ms"}
+    props["metadata"] = {"type": "object"}
+    props["state"] = {"type": "string", "enum": ["active", "expired", "released", "revoked"]}
+    return {"type": "object", "properties": props, "required": ["lease_id", "lock_key", "state"]}
+
+
+def _responses(success: str, codes: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {"200": {"description": success, "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/ListResult" if success == "lease_listed"
+                   else "#/components/schemas/LeaseResult"}}}}}
+    by_status: dict[int, list[str]] = {}
+    for code in codes:
+        by_status.setdefault(HTTP_STATUS[code], []).append(code)
+    for status, names in sorted(by_status.items()):
+        out[str(status)] = {"description": " | ".join(names), "content": {"application/json": {
+            "schema": {"$ref": "#/components/schemas/Error"}}}}
+    return out
+
+
+_AUTH_ERRORS = ["invalid_lease_request", "invalid_credential", "access_denied", "lease_backend_unavailable"]
+_MUTATION_ERRORS = _AUTH_ERRORS + ["deadline_exceeded", "lease_lost", "idempotency_conflict",
+                                   "lease_outcome_unknown"]
+
+
+def _post(summary: str, body: dict[str, Any], success: str, codes: list[str], path_id: bool) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}],
+                          "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+                          "responses": _responses(success, codes)}
+    if path_id:
+        op["parameters"] = [{"name": "lease_id", "in": "path", "required": True,
+                             "schema": {"type": "string", "pattern": "^[A-Za-z0-9-]{1,64}$"}}]
+    return {"post": op}
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document of the reference lease server."""
+    p = "/api/v1/target-leases"
+    q = lambda name, desc: {"name": name, "in": "query", "required": False, "schema": {"type": "string"},  # noqa: E731
+                            "description": desc}
+    read_codes = ["invalid_lease_request", "invalid_credential", "access_denied", "lease_not_found",
+                  "deadline_exceeded", "lease_backend_unavailable"]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "fencelab reference lease server", "version": "1",
+                 "description": "Target leases and fencing tokens (docs/server.md, "
+                                "the lease contract rules C1-C23)."},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "API key flk.<credential_id>.<secret>"}},
+            "schemas": {
+                "Lease": _lease_schema(),
+                "LeaseResult": {"type": "object", "required": ["status", "code", "correlation_id"], "properties": {
+                    "status": {"const": "success"}, "code": {"type": "string", "enum": list(SUCCESS_CODES)},
+                    "correlation_id": {"type": "string"}, "lease": {"$ref": "#/components/schemas/Lease"},
+                    "replayed": {"type": "boolean", "description": "an idempotent retry: the original result, "
+                                                                   "with the lease's current state"},
+                    "backend_time_ms": {"type": "integer"}}},
+                "ListResult": {"type": "object", "required": ["status", "code", "correlation_id", "leases"],
+                               "properties": {
+                                   "status": {"const": "success"}, "code": {"const": "lease_listed"},
+                                   "correlation_id": {"type": "string"},
+                                   "leases": {"type": "array", "items": {"$ref": "#/components/schemas/Lease"}},
+                                   "next_cursor": {"type": ["string", "null"]},
+                                   "backend_time_ms": {"type": "integer"}}},
+                "Error": {"type": "object", "required": ["status", "code", "msg", "correlation_id", "retryable"],
+                          "properties": {
+                              "status": {"const": "error"},
+                              "code": {"type": "string", "enum": [c for c in HTTP_STATUS if c not in SUCCESS_CODES]},
+                              "msg": {"type": "string"}, "correlation_id": {"type": "string"},
+                              "retryable": {"type": "boolean"}, "retry_after_ms": {"type": "integer"}}},
+            },
+        },
+        "paths": {
+            p + "/acquire": _post(
+                "acquire-if-free (C11)",
+                _body({"ttl_ms": {"type": "integer"}, "maximum_lifetime_ms": {"type": "integer"},
+                       "metadata": {"type": "object"}, "client_id": _ID,
+                       "wait_ms": {"type": "integer", "minimum": 0, "description": "bounded retry on conflict"}},
+                      ["ttl_ms"]),
+                "lease_acquired", _AUTH_ERRORS + ["deadline_exceeded", "lease_conflict", "idempotency_conflict",
+                                                  "lease_rate_limited", "lease_outcome_unknown"], False),
+            p + "/{lease_id}/renew": _post(
+                "renew-if-owner (C12)", _body({"fencing_token": _TOKEN, "ttl_ms": {"type": "integer"}},
+                                              ["fencing_token"]),
+                "lease_renewed", _MUTATION_ERRORS + ["lease_rate_limited"], True),
+            p + "/{lease_id}/release": _post(
+                "release-if-owner (C13)", _body({"fencing_token": _TOKEN}, ["fencing_token"]),
+                "lease_released", _MUTATION_ERRORS, True),
+            p + "/{lease_id}/force-release": _post(
+                "admin force-release of the observed lease (C15)",
+                _body({"fencing_token": _TOKEN, "reason": {"type": "string", "maxLength": 256}},
+                      ["fencing_token", "reason"]),
+                "lease_released", _MUTATION_ERRORS, True),
+            p + "/{lease_id}/revoke": _post(
+                "admin revoke of the observed lease (C15)",
+                _body({"fencing_token": _TOKEN, "reason": {"type": "string", "maxLength": 256},
+                       "incident_id": _ID}, ["fencing_token", "reason"]),
+                "lease_revoked", _MUTATION_ERRORS, True),
+            p + "/{lease_id}": {"get": {
+                "summary": "inspect a lease by id (404 also when outside the caller's scope)",
+                "security": [{"bearer": []}],
+                "parameters": [{"name": "lease_id", "in": "path", "required": True, "schema": {"type": "string"}},
+                               q("deadline_at", "optional deadline")],
+                "responses": _responses("lease_inspected", read_codes)}},
+            p: {"get": {
+                "summary": "inspect by identity (when any identity field is given) or list (C14)",
+                "security": [{"bearer": []}],
+                "parameters": [q(name, "identity field (inspect)") for name in IDENTITY_FIELDS] + [
+                    q("owner", "list filter: owner principal id"), q("program", "list filter: program_id"),
+                    q("target", "list filter: target_id"), q("limit", "list page size (server maximum applies)"),
+                    q("cursor", "opaque list cursor from next_cursor"), q("deadline_at", "optional deadline")],
+                "responses": {**_responses("lease_inspected", read_codes),
+                              "200": {"description": "lease_inspected (inspect) or lease_listed (list)",
+                                      "content": {"application/json": {"schema": {"oneOf": [
+                                          {"$ref": "#/components/schemas/LeaseResult"},
+                                          {"$ref": "#/components/schemas/ListResult"}]}}}}}}},
+            "/healthz": {"get": {"summary": "200 when Valkey answers and the scripts are loaded",
+                                 "responses": {"200": {"description": "healthy"},
+                                               "503": {"description": "lease_backend_unavailable"}}}},
+            "/openapi.json": {"get": {"summary": "this document", "responses": {"200": {"description": "OpenAPI"}}}},
+        },
+    }
+
+
+def write_openapi(path: str | Path) -> Path:
+    """Write the document as pretty JSON (docs/openapi.json)."""
+    p = Path(path)
+    p.write_text(json.dumps(openapi_document(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return p
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python -m lab.server.openapi OUTPUT.json", file=sys.stderr)
+        sys.exit(2)
+    print(write_openapi(sys.argv[1]))

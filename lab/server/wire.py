@@ -1,0 +1,276 @@
+"""The canonical request: strict parsing and validation of request bodies and queries.
+
+Each operation has a closed set of body fields (`BODY_FIELDS`); an unknown
+field, a wrong type, an out-of-range value, oversized or secret-looking
+metadata, or a missing deadline is a 400 `invalid_lease_request` whose message
+names the field. Validation is hand-written (not a schema library) because the
+messages, the identity normalization of C2 and the digest of C16 must follow
+the contract exactly, and because this runs on every request.
+
+The idempotency digest (C16) is SHA-256 over the canonical JSON (sorted keys,
+compact) of `{"op", "lease_id", <every normalized body field except
+deadline_at>}`, defaults filled in, so equal requests give equal digests
+however they were spelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from lab.server.errors import invalid
+from lab.server.identity import IDENTITY_FIELDS, Identity, IdentityError, normalize_identity
+from lab.server.settings import JSON_SAFE_MAX, Settings
+
+_ID_RE = re.compile(r"[A-Za-z0-9._:@+-]{1,128}\Z")
+LEASE_ID_RE = re.compile(r"[A-Za-z0-9-]{1,64}\Z")
+_SECRETISH_RE = re.compile(
+    r"secret|passw|api[_-]?key|apikey|authoriz|bearer|credential|private[_-]?key|cookie|access[_-]?token"
+    r"|refresh[_-]?token|session[_-]?token|auth[_-]?token", re.IGNORECASE)
+_SECRET_VALUE_RE = re.compile(r"^(bearer\s|flk\.)", re.IGNORECASE)
+
+_COMMON = set(IDENTITY_FIELDS) | {"request_id", "deadline_at", "service_instance_id", "trace_id", "execution_id",
+                                   "job_id"}
+BODY_FIELDS: dict[str, frozenset[str]] = {
+    "acquire": frozenset(_COMMON | {"ttl_ms", "maximum_lifetime_ms", "metadata", "client_id", "wait_ms"}),
+    "renew": frozenset(_COMMON | {"fencing_token", "ttl_ms"}),
+    "release": frozenset(_COMMON | {"fencing_token"}),
+    "force_release": frozenset(_COMMON | {"fencing_token", "reason"}),
+    "revoke": frozenset(_COMMON | {"fencing_token", "reason", "incident_id"}),
+}
+REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
+    "acquire": ("request_id", "deadline_at", "service_instance_id", "ttl_ms"),
+    "renew": ("request_id", "deadline_at", "service_instance_id", "fencing_token"),
+    "release": ("request_id", "deadline_at", "service_instance_id", "fencing_token"),
+    "force_release": ("request_id", "deadline_at", "service_instance_id", "fencing_token", "reason"),
+    "revoke": ("request_id", "deadline_at", "service_instance_id", "fencing_token", "reason"),
+}
+LIST_QUERY_FIELDS = frozenset({"owner", "target", "program", "limit", "cursor", "deadline_at"})
+INSPECT_QUERY_FIELDS = frozenset(set(IDENTITY_FIELDS) | {"deadline_at"})
+
+
+@dataclass(frozen=True)
+class MutationRequest:
+    """A validated, normalized mutation body."""
+
+    op: str
+    identity: Identity
+    lease_id: str                 # from the path ("" for acquire)
+    request_id: str
+    deadline_ms: int
+    service_instance_id: str
+    fields: dict[str, Any]        # the other normalized fields, defaults filled in
+    metadata_json: str            # canonical metadata ("{}" when absent)
+    digest: str                   # C16
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.fields.get(name, default)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or 400."""
+    if not raw:
+        raise invalid("body", "must be a JSON object (the body is empty)")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise invalid("body", f"is not valid JSON ({str(e).split(':')[0]})") from None
+    if not isinstance(body, dict):
+        raise invalid("body", "must be a JSON object")
+    return body
+
+
+def parse_identity(source: dict[str, Any]) -> Identity:
+    """The normalized identity of a body or query, or 400 naming the component (C2)."""
+    try:
+        return normalize_identity(source)
+    except IdentityError as e:
+        raise invalid(e.field, e.problem) from None
+
+
+def check_fields(op: str, body: dict[str, Any]) -> None:
+    """Reject unknown top-level fields and missing required ones (C8)."""
+    allowed = BODY_FIELDS[op]
+    for name in body:
+        if name not in allowed:
+            shown = name if len(name) <= 64 else name[:64] + "..."
+            raise invalid(shown, "unknown field")
+    for name in REQUIRED_FIELDS[op]:
+        if body.get(name) is None:
+            raise invalid(name, "is required")
+
+
+def parse_mutation(op: str, body: dict[str, Any], identity: Identity, lease_id: str, settings: Settings) -> MutationRequest:
+    """Validate the non-identity fields of a mutation body (after `check_fields`)."""
+    request_id = text_id(body, "request_id")
+    service_instance_id = text_id(body, "service_instance_id")
+    deadline_ms = parse_deadline(body["deadline_at"])
+    fields: dict[str, Any] = {
+        "trace_id": text_id(body, "trace_id", required=False),
+        "execution_id": text_id(body, "execution_id", required=False),
+        "job_id": text_id(body, "job_id", required=False),
+    }
+    metadata_json = "{}"
+    if op == "acquire":
+        ttl = integer(body, "ttl_ms", settings.min_ttl_ms, settings.max_ttl_ms)
+        life = integer(body, "maximum_lifetime_ms", 1, settings.max_lifetime_ms, required=False)
+        if life is None:
+            life = settings.max_lifetime_ms
+        if life < ttl:
+            raise invalid("maximum_lifetime_ms", f"must be >= ttl_ms ({ttl})")
+        fields.update(ttl_ms=ttl, maximum_lifetime_ms=life, client_id=text_id(body, "client_id", required=False),
+                      wait_ms=integer(body, "wait_ms", 0, settings.max_acquire_wait_ms, required=False) or 0)
+        metadata = body.get("metadata")
+        fields["metadata"] = parse_metadata(metadata, settings) if metadata is not None else {}
+        metadata_json = orjson.dumps(fields["metadata"], option=orjson.OPT_SORT_KEYS).decode()
+    else:
+        fields["fencing_token"] = integer(body, "fencing_token", 1, JSON_SAFE_MAX)
+        if op == "renew":
+            fields["ttl_ms"] = integer(body, "ttl_ms", settings.min_ttl_ms, settings.max_ttl_ms, required=False)
+        if op in ("force_release", "revoke"):
+            fields["reason"] = reason_text(body.get("reason"))
+        if op == "revoke":
+            fields["incident_id"] = text_id(body, "incident_id", required=False)
+    doc = {"op": op, "lease_id": lease_id, "request_id": request_id, "service_instance_id": service_instance_id,
+           **identity.as_dict(), **fields}
+    digest = hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return MutationRequest(op, identity, lease_id, request_id, deadline_ms, service_instance_id, fields,
+                           metadata_json, digest)
+
+
+# -- field validators ------------------------------------------------------------
+
+def text_id(body: dict[str, Any], name: str, *, required: bool = True) -> str:
+    """An opaque ASCII id (request, instance, trace, ...): 1-128 chars of A-Z a-z 0-9 . _ : @ + -."""
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise invalid(name, "is required")
+        return ""
+    if not isinstance(value, str):
+        raise invalid(name, "must be a string")
+    if not _ID_RE.match(value):
+        raise invalid(name, "must be 1-128 characters of A-Z a-z 0-9 . _ : @ + -")
+    return value
+
+
+def integer(body: dict[str, Any], name: str, lo: int, hi: int, *, required: bool = True) -> int | None:
+    """An integer in [lo, hi] (JSON booleans and floats are not integers)."""
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise invalid(name, "is required")
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise invalid(name, "must be an integer")
+    if not lo <= value <= hi:
+        raise invalid(name, f"must be between {lo} and {hi} (got {value})")
+    return value
+
+
+def reason_text(value: Any) -> str:
+    """An admin reason or incident text: 1-256 printable characters."""
+    if not isinstance(value, str):
+        raise invalid("reason", "must be a string")
+    value = value.strip()
+    if not value:
+        raise invalid("reason", "must not be empty")
+    if len(value) > 256:
+        raise invalid("reason", "must be at most 256 characters")
+    if any(ord(ch) < 32 or 0x7F <= ord(ch) < 0xA0 or ch in "\u2028\u2029" for ch in value):
+        raise invalid("reason", "must not contain control characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid("reason", "must be valid UTF-8") from None
+    return value
+
+
+def parse_deadline(value: Any, field: str = "deadline_at") -> int:
+    """`deadline_at` as Unix ms: an integer of ms, or an RFC 3339 timestamp with a zone (C22)."""
+    if value is None:
+        raise invalid(field, "is required (RFC 3339 or integer Unix milliseconds)")
+    if isinstance(value, bool):
+        raise invalid(field, "must be an RFC 3339 timestamp or integer Unix milliseconds")
+    if isinstance(value, int):
+        if not 0 < value <= JSON_SAFE_MAX:
+            raise invalid(field, "must be a positive integer of Unix milliseconds")
+        return value
+    if isinstance(value, str):
+        if len(value) > 40 or "T" not in value.upper():
+            raise invalid(field, "must be an RFC 3339 timestamp such as 2030-01-01T00:00:00.000Z")
+        try:
+            dt = datetime.fromisoformat(value)
+        except ValueError:
+            raise invalid(field, "must be an RFC 3339 timestamp such as 2030-01-01T00:00:00.000Z") from None
+        if dt.tzinfo is None:
+            raise invalid(field, "must carry a time zone (Z or +hh:mm)")
+        return int(dt.timestamp() * 1000)
+    raise invalid(field, "must be an RFC 3339 timestamp or integer Unix milliseconds")
+
+
+def parse_metadata(value: Any, settings: Settings) -> dict[str, Any]:
+    """A small, shallow, non-secret JSON object (C8)."""
+    if not isinstance(value, dict):
+        raise invalid("metadata", "must be a JSON object")
+    _check_metadata(value, "metadata", 1, settings.max_metadata_depth)
+    size = len(orjson.dumps(value))
+    if size > settings.max_metadata_bytes:
+        raise invalid("metadata", f"must encode to at most {settings.max_metadata_bytes} bytes (got {size})")
+    return value
+
+
+def _check_metadata(value: Any, path: str, depth: int, max_depth: int) -> None:
+    if depth > max_depth:
+        raise invalid(path, f"metadata nests deeper than {max_depth} levels")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not k or len(k) > 64 or any(ord(ch) < 32 for ch in k):
+                raise invalid("metadata", "keys must be 1-64 characters without control characters")
+            if _SECRETISH_RE.search(k):
+                raise invalid(f"{path}.{k}", "looks like a secret; metadata must not carry credentials")
+            _check_metadata(v, f"{path}.{k}", depth + 1, max_depth)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_metadata(v, f"{path}[{i}]", depth + 1, max_depth)
+    elif isinstance(value, str):
+        if _SECRET_VALUE_RE.match(value):
+            raise invalid(path, "looks like a credential; metadata must not carry credentials")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise invalid(path, "must be valid UTF-8") from None
+
+
+def now_ms() -> int:
+    """The server's wall clock in Unix ms (deadlines only; never lease time, C20)."""
+    return time.time_ns() // 1_000_000
+
+
+def check_lease_id(lease_id: str) -> str:
+    """A path lease_id: 1-64 characters of A-Z a-z 0-9 -."""
+    if not LEASE_ID_RE.match(lease_id):
+        raise invalid("lease_id", "must be 1-64 characters of A-Z a-z 0-9 -")
+    return lease_id
+
+
+def check_query(query: dict[str, str], allowed: frozenset[str]) -> None:
+    """Reject unknown query parameters."""
+    for name in query:
+        if name not in allowed:
+            raise invalid(name[:64], "unknown query parameter")
+
+
+def ensure_no_credential(raw: bytes, authorization: str | None) -> None:
+    """400 when the caller's own API key appears in the body (no credential reaches the backend)."""
+    if authorization and authorization.startswith("Bearer "):
+        secret = authorization[7:].strip().rsplit(".", 1)[-1].encode("utf-8", "replace")
+        if len(secret) >= 16 and secret in raw:
+            raise invalid("body", "must not contain the API key")
+

@@ -1,0 +1,180 @@
+"""`fencelab check`: exit codes 0/1/2/3, the JSON line per file, --out, formats, bad input in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from checkers import core
+from lab.cli import main
+from test_checker_core import LeaseHistory
+from test_checker_render import Page
+
+
+def write_jsonl(path, ops: list[dict], tail: str = "") -> str:
+    path.write_text("".join(json.dumps(op) + "\n" for op in ops) + tail, encoding="utf-8")
+    return str(path)
+
+
+def register_ops(stale: bool) -> list[dict]:
+    """write 1, write 2, read: the read sees 2 (valid) or 1 (stale, not linearizable)."""
+    h = LeaseHistory()
+    h.call(0, "write", 1, None, key=None)
+    h.call(1, "write", 2, None, key=None)
+    h.call(0, "read", None, 1 if stale else 2, key=None)
+    return h.ops
+
+
+def lease_ops(duplicate: bool) -> list[dict]:
+    h = LeaseHistory()
+    h.acquire(0, "L1", 1, at=0, ttl=100)
+    h.acquire(1, "L2", 1 if duplicate else 2, at=200, ttl=100)
+    return h.ops
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, ["check", *args], catch_exceptions=False)
+
+
+def test_valid_invalid_and_unknown_exit_codes(tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", register_ops(stale=False))
+    bad = write_jsonl(tmp_path / "bad.jsonl", register_ops(stale=True))
+    assert invoke(good, "--model", "register").exit_code == 0
+    assert invoke(bad, "--model", "register").exit_code == 1
+    assert invoke(good, bad, "--model", "register").exit_code == 1
+    unknown = invoke(good, "--model", "register", "--time-limit", "0", "--json")
+    assert unknown.exit_code == 2
+    assert json.loads(unknown.stdout)["valid"] == "unknown"
+
+
+def test_a_raising_checker_makes_the_run_unknown(tmp_path, monkeypatch):
+    class Boom:
+        def check(self, test, history, opts):
+            raise RuntimeError("kaboom")
+
+    monkeypatch.setitem(core.CHECKERS, "boom", lambda **kw: Boom())
+    f = write_jsonl(tmp_path / "h.jsonl", lease_ops(duplicate=False))
+    res = invoke(f, "--checker", "boom", "--checker", "fencing", "--json")
+    assert res.exit_code == 2
+    line = json.loads(res.stdout)
+    assert line["checkers"] == {"boom": "unknown", "fencing": True}
+    assert line["unknown"] == {"boom": "RuntimeError: kaboom"}
+    # an invalid checker next to an unknown one: invalid wins
+    bad = write_jsonl(tmp_path / "bad.jsonl", lease_ops(duplicate=True))
+    assert invoke(bad, "--checker", "boom", "--checker", "fencing").exit_code == 1
+
+
+def test_json_lines_shape(tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", lease_ops(duplicate=False))
+    bad = write_jsonl(tmp_path / "bad.jsonl", lease_ops(duplicate=True))
+    res = invoke(good, bad, "--json")
+    assert res.exit_code == 1
+    first, second = (json.loads(line) for line in res.stdout.splitlines())
+    for line, path in ((first, good), (second, bad)):
+        assert {"file", "valid", "model", "ops", "elapsed_s", "checkers"} <= set(line)
+        assert line["file"] == path and line["ops"] == 4 and line["model"] is None
+        assert set(line["checkers"]) == set(core.DOMAIN_CHECKERS)
+        assert isinstance(line["elapsed_s"], float) and line["elapsed_s"] >= 0
+    assert first["valid"] is True and "counterexample" not in first
+    assert second["valid"] is False
+    assert [v["type"] for v in second["counterexample"]["fencing"]] == [
+        "duplicate-token", "token-order-realtime", "token-order-backend"]
+    assert second["counterexample"]["fencing"][0]["ops"] == [1, 3]
+
+
+def test_linearizability_counterexample_in_json(tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", register_ops(stale=True))
+    line = json.loads(invoke(bad, "--model", "register", "--json").stdout)
+    ce = line["counterexample"]["linearizable"]
+    assert line["model"] == "register" and {"window", "prefix", "states"} <= set(ce)
+    assert set(ce["window"]) & {4, 5}
+
+
+def test_human_summary_names_violations(tmp_path):
+    bad = write_jsonl(tmp_path / "bad.jsonl", lease_ops(duplicate=True))
+    res = invoke(bad, "--checker", "fencing")
+    assert res.exit_code == 1
+    assert "valid=false" in res.stdout and "duplicate-token" in res.stdout and "[1, 3]" in res.stdout
+
+
+def test_out_writes_results_and_page_per_file(tmp_path):
+    a = tmp_path / "a"
+    a.mkdir()
+    bad = write_jsonl(a / "history.jsonl", lease_ops(duplicate=True))
+    b = tmp_path / "b"
+    b.mkdir()
+    good = write_jsonl(b / "history.jsonl", lease_ops(duplicate=False))
+    out = tmp_path / "out"
+    res = invoke(bad, good, "--out", str(out))
+    assert res.exit_code == 1
+    stored = json.loads((out / "history" / "results.json").read_text())
+    assert stored["valid"] is False and stored["results"]["fencing"]["violations"][0]["ops"] == [1, 3]
+    assert json.loads((out / "history-2" / "results.json").read_text())["valid"] is True
+    data = Page((out / "history" / "timeline.html").read_text()).data()
+    assert {1, 3} <= set(data["failing"])
+
+
+def test_edn_histories(tmp_path):
+    edn = tmp_path / "history.edn"
+    edn.write_text(
+        "{:type :invoke, :f :write, :value 1, :process 0, :time 1, :index 0}\n"
+        "{:type :ok, :f :write, :value 1, :process 0, :time 2, :index 1}\n"
+        "{:type :invoke, :f :read, :value nil, :process 1, :time 3, :index 2}\n"
+        "{:type :ok, :f :read, :value 3, :process 1, :time 4, :index 3}\n")
+    res = invoke(str(edn), "--model", "register", "--json")
+    assert res.exit_code == 1 and json.loads(res.stdout)["ops"] == 4
+    copy = tmp_path / "history.txt"  # no telling extension: detected from the content, or forced
+    copy.write_text(edn.read_text())
+    assert invoke(str(copy), "--model", "register").exit_code == 1
+    assert invoke(str(copy), "--model", "register", "--format", "edn").exit_code == 1
+
+
+def test_torn_last_line_is_reported_and_skipped(tmp_path):
+    f = write_jsonl(tmp_path / "h.jsonl", lease_ops(duplicate=False), tail='{"index": 4, "ti')
+    res = invoke(f, "--json")
+    assert res.exit_code == 0
+    assert json.loads(res.stdout)["ops"] == 4
+    assert "torn last line" in res.stderr
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("malformed", ":2: malformed line"),
+    ("missing-field", ":1: op is missing required field(s) type"),
+    ("unknown-model", "unknown model 'nope'; known models:"),
+    ("unknown-checker", "unknown checker 'nope'; known checkers: linearizable, fencing"),
+    ("missing-file", "no-such.jsonl: no such history file"),
+    ("no-model", "needs --model"),
+    ("bad-time-limit", "--time-limit must be >= 0"),
+    ("bad-format", "Invalid value for '--format'"),
+    ("not-a-number", "Invalid value for '--time-limit'"),
+])
+def test_bad_input_exits_3_with_one_line(tmp_path, case, expected):
+    ops = lease_ops(duplicate=False)
+    good = write_jsonl(tmp_path / "good.jsonl", ops)
+    args = {
+        "malformed": [write_jsonl(tmp_path / "m.jsonl", ops[:1], "{not json\n" + json.dumps(ops[1]) + "\n")],
+        "missing-field": [write_jsonl(tmp_path / "f.jsonl", [{k: v for k, v in ops[0].items() if k != "type"}])],
+        "unknown-model": [good, "--model", "nope"],
+        "unknown-checker": [good, "--checker", "nope"],
+        "missing-file": [str(tmp_path / "no-such.jsonl")],
+        "no-model": [good, "--checker", "linearizable"],
+        "bad-time-limit": [good, "--model", "register", "--time-limit", "-1"],
+        "bad-format": [good, "--format", "xml"],
+        "not-a-number": [good, "--time-limit", "soon"],
+    }[case]
+    res = invoke(*args)
+    assert res.exit_code == 3, res.output
+    assert expected in res.stderr
+    assert "Traceback" not in res.output
+    if not case.startswith(("bad-format", "not-a-number")):  # click's usage errors add a usage hint
+        assert len(res.stderr.strip().splitlines()) == 1 and res.stdout == ""
+
+
+def test_unwritable_out_dir_is_bad_input(tmp_path):
+    good = write_jsonl(tmp_path / "good.jsonl", lease_ops(duplicate=False))
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    res = invoke(good, "--out", str(blocker / "sub"))
+    assert res.exit_code == 3 and "cannot write results" in res.stderr and "Traceback" not in res.output
