@@ -1,0 +1,437 @@
+"""The async client for the lease server's wire API (contract section 13).
+
+`LeaseClient` turns every call into a typed `Result` and never raises for a
+server or network answer: the caller reads `outcome` (ok / fail / info, see
+`lab.client.results`). Every call has a finite deadline: its body carries
+`deadline_at` (integer Unix ms) and the whole HTTP exchange (pool wait,
+connect, send, receive) is bounded by it. Whether a request had started to
+leave when the deadline struck is learnt from httpcore's `trace` extension:
+before sending -> `fail deadline_exceeded`, after -> `info timeout`. A
+transport that emits no trace events (MockTransport, ASGITransport) is
+treated as "may have sent".
+
+Workloads drive many concurrent workers through one client, so the hot path
+is lean: headers are encoded once, bodies are serialized with orjson (json as
+fallback), and HTTP/1.1 connections are kept alive in several small httpx
+pools used in turn (see SHARD_CONNECTIONS: one large httpcore pool costs CPU
+per request in proportion to its size).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import os
+import time
+from typing import Any, Mapping
+from urllib.parse import quote
+
+import httpx
+
+from lab.client import results as R
+from lab.client.results import Call, Identity, Lease, LeaseProtocolError, Result
+
+try:  # orjson is several times faster than json for these small bodies
+    import orjson
+
+    _dumps = orjson.dumps
+    _loads = orjson.loads
+    _DecodeError: tuple[type[Exception], ...] = (orjson.JSONDecodeError,)
+except ImportError:  # pragma: no cover - orjson is optional
+    import json
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode()
+
+    _loads = json.loads
+    _DecodeError = (ValueError,)
+
+API = "/api/v1/target-leases"
+COMMITS = "/api/v1/commits"
+DEFAULT_TIMEOUT_S = 5.0
+DEFAULT_MAX_CONNECTIONS = 512
+# httpcore's pool scans every connection (a poll() syscall per idle one) on each request start and end,
+# so one pool of hundreds of connections costs milliseconds of CPU per request; pools of this many
+# connections, used in turn, keep that scan short.
+SHARD_CONNECTIONS = 8
+KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so we never reuse a socket the server is closing
+
+
+def _sharded_pools(max_connections: int) -> list[httpx.AsyncClient]:
+    """HTTP/1.1 keep-alive pools holding `max_connections` in all, SHARD_CONNECTIONS each."""
+    if not isinstance(max_connections, int) or max_connections < 1:
+        raise ValueError(f"max_connections must be a positive integer, not {max_connections!r}")
+    shards = -(-max_connections // SHARD_CONNECTIONS)
+    base, extra = divmod(max_connections, shards)
+    ssl_context = httpx.create_ssl_context()  # one for all pools: each costs ~40 ms to build
+    pools = []
+    for i in range(shards):
+        size = base + (i < extra)
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size,
+                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
+        # per-call deadlines bound every exchange, so the transport's own timeouts are off
+        pools.append(httpx.AsyncClient(limits=limits, timeout=None, verify=ssl_context))
+    return pools
+
+
+def new_request_id() -> str:
+    """A fresh random request id (128 bits, hex)."""
+    return os.urandom(16).hex()
+
+
+def now_ms() -> int:
+    """Wall-clock Unix time in integer milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+class _SendProbe:
+    """An httpcore trace hook recording whether sending the request began."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    async def __call__(self, name: str, info: dict) -> None:
+        if name.endswith("send_request_headers.started"):
+            self.sent = True
+
+
+class LeaseClient:
+    """One principal's (API key's) client for one lease server base URL."""
+
+    def __init__(self, base_url: str, api_key: str, *, service_instance_id: str,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, http: httpx.AsyncClient | None = None,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, backend_unavailable_is_definite: bool = False,
+                 clock_ms=now_ms):
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must be an http(s) URL, not {base_url!r}")
+        if not isinstance(api_key, str) or not api_key:
+            raise ValueError("api_key must be a non-empty string")
+        if not isinstance(service_instance_id, str) or not service_instance_id:
+            raise ValueError("service_instance_id must be a non-empty string")
+        _check_seconds("timeout_s", timeout_s)
+        self.base_url = base_url.rstrip("/")
+        self.service_instance_id = service_instance_id
+        self.timeout_s = float(timeout_s)
+        self.backend_unavailable_is_definite = backend_unavailable_is_definite
+        self._clock_ms = clock_ms  # injectable so tests (and clock nemeses) can move the client's wall clock
+        self._owns_http = http is None
+        if http is None:
+            self._pools = _sharded_pools(max_connections)
+        else:
+            self._pools = [http]
+        self._turn = 0
+        transport = getattr(self._pools[0], "_transport", None)
+        self._transport_traces = type(transport) is httpx.AsyncHTTPTransport
+        self._headers = [(b"authorization", b"Bearer " + api_key.encode()),
+                         (b"content-type", b"application/json"), (b"accept", b"application/json")]
+
+    async def __aenter__(self) -> "LeaseClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool if this client created it."""
+        if self._owns_http:
+            for pool in self._pools:
+                await pool.aclose()
+
+    # -- mutations -----------------------------------------------------------
+    async def acquire(self, identity: Identity, *, ttl_ms: int, request_id: str | None = None,
+                      deadline_s: float | None = None, deadline_at_ms: int | None = None,
+                      maximum_lifetime_ms: int | None = None, execution_id: str | None = None,
+                      job_id: str | None = None, trace_id: str | None = None,
+                      metadata: Mapping[str, Any] | None = None, wait_ms: int | None = None,
+                      client_id: str | None = None) -> Result:
+        """Acquire-if-free (C11); `wait_ms` asks for the server's bounded wait (C22)."""
+        body = self._body(identity, request_id)
+        body["ttl_ms"] = _check_ms("ttl_ms", ttl_ms)
+        if maximum_lifetime_ms is not None:
+            body["maximum_lifetime_ms"] = _check_ms("maximum_lifetime_ms", maximum_lifetime_ms)
+        if wait_ms is not None:
+            body["wait_ms"] = _check_ms("wait_ms", wait_ms, minimum=0)
+        _put_optional(body, execution_id=execution_id, job_id=job_id, trace_id=trace_id, client_id=client_id)
+        if metadata is not None:
+            if not isinstance(metadata, Mapping):
+                raise TypeError(f"metadata must be a mapping, not {type(metadata).__name__}")
+            body["metadata"] = dict(metadata)
+        call = Call("acquire", "POST", API + "/acquire", body)
+        return await self._send(call, self._deadline(deadline_s, deadline_at_ms))
+
+    async def renew(self, lease: Lease, *, identity: Identity | None = None, request_id: str | None = None,
+                    deadline_s: float | None = None, deadline_at_ms: int | None = None,
+                    ttl_ms: int | None = None) -> Result:
+        """Renew-if-owner (C12); a reply after the deadline is `info late_reply` (C23)."""
+        body = self._lease_body(lease, identity, request_id)
+        if ttl_ms is not None:
+            body["ttl_ms"] = _check_ms("ttl_ms", ttl_ms)
+        call = Call("renew", "POST", f"{API}/{_seg(lease.lease_id)}/renew", body)
+        return await self._send(call, self._deadline(deadline_s, deadline_at_ms))
+
+    async def release(self, lease: Lease, *, identity: Identity | None = None, request_id: str | None = None,
+                      deadline_s: float | None = None, deadline_at_ms: int | None = None) -> Result:
+        """Release-if-owner (C13): compare-and-delete of exactly this lease."""
+        body = self._lease_body(lease, identity, request_id)
+        call = Call("release", "POST", f"{API}/{_seg(lease.lease_id)}/release", body)
+        return await self._send(call, self._deadline(deadline_s, deadline_at_ms))
+
+    async def force_release(self, lease: Lease, reason: str, *, identity: Identity | None = None,
+                            request_id: str | None = None, deadline_s: float | None = None,
+                            deadline_at_ms: int | None = None) -> Result:
+        """Admin force-release of the observed lease (C15); needs `targets:force-release`."""
+        return await self._admin("force_release", "force-release", lease, reason, identity, request_id,
+                                 deadline_s, deadline_at_ms)
+
+    async def revoke(self, lease: Lease, reason: str, *, incident_id: str | None = None,
+                     identity: Identity | None = None, request_id: str | None = None,
+                     deadline_s: float | None = None, deadline_at_ms: int | None = None) -> Result:
+        """Admin revoke of the observed lease (C15): invalidated, incident recorded."""
+        return await self._admin("revoke", "revoke", lease, reason, identity, request_id,
+                                 deadline_s, deadline_at_ms, incident_id=incident_id)
+
+    async def commit(self, lease: Lease, doc: str, body: Any, *, identity: Identity | None = None,
+                     request_id: str | None = None, deadline_s: float | None = None,
+                     deadline_at_ms: int | None = None) -> Result:
+        """A fenced write of `body` to document `doc` under `lease` (section 7, POST /api/v1/commits).
+
+        The commit result (`doc`, `rev`, `accepted_token`, ...) is in `Result.data`.
+        """
+        if not isinstance(doc, str) or not doc:
+            raise ValueError(f"doc must be a non-empty document id, not {doc!r}")
+        payload = self._lease_body(lease, identity, request_id)
+        payload["lease_id"] = lease.lease_id
+        payload["lock_key"] = lease.lock_key
+        payload["expires_at"] = lease.expires_at_ms
+        _put_optional(payload, execution_id=lease.execution_id, trace_id=lease.trace_id)
+        payload["doc"] = doc
+        payload["body"] = body
+        call = Call("commit", "POST", COMMITS, payload)
+        return await self._send(call, self._deadline(deadline_s, deadline_at_ms))
+
+    # -- reads ---------------------------------------------------------------
+    async def inspect(self, target: str | Identity, *, deadline_s: float | None = None,
+                      deadline_at_ms: int | None = None) -> Result:
+        """The lease with this id, or the active lease of this identity (C14)."""
+        if isinstance(target, Identity):
+            call = Call("inspect", "GET", API, params=target.as_dict())
+        elif isinstance(target, str) and target:
+            call = Call("inspect", "GET", f"{API}/{_seg(target)}")
+        else:
+            raise TypeError(f"inspect needs a lease_id string or an Identity, not {target!r}")
+        return await self._send(call, self._deadline(deadline_s, deadline_at_ms))
+
+    async def list(self, filters: Mapping[str, str] | None = None, *, limit: int | None = None,
+                   cursor: str | None = None, deadline_s: float | None = None,
+                   deadline_at_ms: int | None = None) -> Result:
+        """One page of leases in the caller's scope; `Result.leases` and `Result.cursor` (C14)."""
+        params: dict[str, Any] = {}
+        for key, value in (filters or {}).items():
+            if not isinstance(value, str):
+                raise TypeError(f"list filter {key!r} must be a string, not {value!r}")
+            params[key] = value
+        if limit is not None:
+            params["limit"] = _check_ms("limit", limit)
+        if cursor is not None:
+            params["cursor"] = cursor
+        call = Call("list", "GET", API, params=params)
+        return await self._send(call, self._deadline(deadline_s, deadline_at_ms))
+
+    async def resolve(self, target: Result | Call, *, deadline_s: float | None = None,
+                      deadline_at_ms: int | None = None, attempts: int = 1, backoff_s: float = 0.05) -> Result:
+        """Settle an `info` result by re-sending the same call with the same request_id (C17, C19).
+
+        A result that is already ok/fail is returned as it is. Up to `attempts`
+        re-sends are made while the answer stays `info`, `backoff_s` apart.
+        """
+        if isinstance(target, Result):
+            if target.outcome != "info":
+                return target
+            if target.call is None:
+                raise ValueError("this result has no call to re-send")
+            call = target.call
+        elif isinstance(target, Call):
+            call = target
+        else:
+            raise TypeError(f"resolve needs a Result or a Call, not {type(target).__name__}")
+        if call.is_mutation and not call.request_id:
+            raise ValueError(f"{call.op} call has no request_id to resolve by")
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, not {attempts}")
+        result = None
+        for attempt in range(attempts):
+            if attempt:
+                await asyncio.sleep(backoff_s)
+            result = await self._send(call, self._deadline(deadline_s, deadline_at_ms))
+            if result.outcome != "info":
+                break
+        return result
+
+    # -- internals -------------------------------------------------------------
+    def _deadline(self, deadline_s: float | None, deadline_at_ms: int | None) -> int:
+        """The call's absolute deadline in Unix ms, from exactly one of the two forms (default timeout_s)."""
+        if deadline_at_ms is not None:
+            if deadline_s is not None:
+                raise ValueError("give deadline_s or deadline_at_ms, not both")
+            if not isinstance(deadline_at_ms, int) or isinstance(deadline_at_ms, bool):
+                raise TypeError(f"deadline_at_ms must be integer Unix milliseconds, not {deadline_at_ms!r}")
+            return deadline_at_ms
+        if deadline_s is None:
+            deadline_s = self.timeout_s
+        else:
+            _check_seconds("deadline_s", deadline_s)
+        return self._clock_ms() + int(deadline_s * 1000)
+
+    def _body(self, identity: Identity, request_id: str | None) -> dict[str, Any]:
+        """The fields every mutation carries (section 13), minus deadline_at."""
+        if not isinstance(identity, Identity):
+            raise TypeError(f"identity must be an Identity, not {type(identity).__name__}")
+        body = identity.as_dict()
+        if request_id is None:
+            request_id = new_request_id()
+        elif not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, not {request_id!r}")
+        body["request_id"] = request_id
+        body["service_instance_id"] = self.service_instance_id
+        return body
+
+    def _lease_body(self, lease: Lease, identity: Identity | None, request_id: str | None) -> dict[str, Any]:
+        """A mutation body naming an existing lease: its identity plus its fencing token."""
+        if not isinstance(lease, Lease):
+            raise TypeError(f"lease must be a Lease, not {type(lease).__name__}")
+        body = self._body(identity if identity is not None else lease.identity, request_id)
+        body["fencing_token"] = lease.fencing_token
+        return body
+
+    async def _admin(self, op: str, segment: str, lease: Lease, reason: str, identity: Identity | None,
+                     request_id: str | None, deadline_s: float | None, deadline_at_ms: int | None,
+                     incident_id: str | None = None) -> Result:
+        """force-release / revoke: the lease body plus the mandatory reason."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError(f"{op} needs a non-empty reason")
+        body = self._lease_body(lease, identity, request_id)
+        body["reason"] = reason
+        _put_optional(body, incident_id=incident_id)
+        call = Call(op, "POST", f"{API}/{_seg(lease.lease_id)}/{segment}", body)
+        return await self._send(call, self._deadline(deadline_s, deadline_at_ms))
+
+    async def _send(self, call: Call, deadline_at_ms: int) -> Result:
+        """Run one exchange bounded by the deadline and classify how it ended."""
+        started = time.monotonic_ns()
+        remaining_s = (deadline_at_ms - self._clock_ms()) / 1000
+        if remaining_s <= 0:
+            return Result("fail", R.CLIENT_DEADLINE, msg="deadline passed before the request was sent", call=call)
+        probe = _SendProbe()
+        if call.body is not None:
+            body = dict(call.body)
+            body["deadline_at"] = deadline_at_ms
+            content, params = _dumps(body), None
+        else:
+            content, params = None, dict(call.params or {})
+            params["deadline_at"] = deadline_at_ms
+        pools = self._pools
+        if len(pools) > 1:
+            self._turn += 1
+            http = pools[self._turn % len(pools)]
+        else:
+            http = pools[0]
+        try:
+            async with asyncio.timeout(remaining_s):
+                resp = await http.request(call.method, self.base_url + call.path, content=content,
+                                          params=params, headers=self._headers, extensions={"trace": probe})
+        except (TimeoutError, httpx.TimeoutException) as e:
+            return self._lost(call, started, probe, R.TIMEOUT, e)
+        except httpx.ConnectError as e:
+            return Result("fail", R.CONNECT_ERROR, msg=str(e) or type(e).__name__, call=call,
+                          latency_ns=time.monotonic_ns() - started)
+        except httpx.TransportError as e:
+            return self._lost(call, started, probe, R.CONNECTION_LOST, e)
+        except httpx.HTTPError as e:  # a reply arrived but could not be read (e.g. a bad content-encoding)
+            return Result("info", R.BAD_RESPONSE, msg=str(e) or type(e).__name__, call=call,
+                          latency_ns=time.monotonic_ns() - started)
+        latency = time.monotonic_ns() - started
+        result = self._decode(call, resp)
+        result.latency_ns = latency
+        if self._clock_ms() > deadline_at_ms:
+            result.late = True
+            if call.op == "renew" and result.outcome == "ok":  # C23: a late renewal grants nothing
+                result.outcome, result.code = "info", R.LATE_REPLY
+                result.msg = "renewal reply arrived after the caller's deadline"
+        return result
+
+    def _lost(self, call: Call, started: int, probe: _SendProbe, code: str, exc: BaseException) -> Result:
+        """A transport failure: `fail` if provably nothing was sent, else `info`."""
+        latency = time.monotonic_ns() - started
+        msg = str(exc) or type(exc).__name__
+        # httpcore traces the start of sending the request headers, so with the real transport
+        # "no send_request_headers event" proves nothing left (pool wait, connect, TLS)
+        if isinstance(exc, httpx.PoolTimeout) or (self._transport_traces and not probe.sent):
+            failed_code = R.CLIENT_DEADLINE if code == R.TIMEOUT else code
+            return Result("fail", failed_code, msg=f"nothing was sent: {msg}", call=call, latency_ns=latency)
+        return Result("info", code, msg=msg, call=call, latency_ns=latency)
+
+    def _decode(self, call: Call, resp: httpx.Response) -> Result:
+        """The typed Result for a complete HTTP reply."""
+        status = resp.status_code
+        try:
+            envelope = _loads(resp.content)
+        except _DecodeError:
+            envelope = None
+        if not isinstance(envelope, dict):
+            return Result("info", R.BAD_RESPONSE, http_status=status, call=call,
+                          msg=f"HTTP {status} without a JSON envelope: {resp.content[:120]!r}")
+        outcome, code = R.classify_envelope(status, envelope,
+                                            backend_unavailable_is_definite=self.backend_unavailable_is_definite)
+        result = Result(outcome, code, http_status=status, call=call, data=envelope,
+                        msg=envelope.get("msg"), retryable=envelope.get("retryable"),
+                        retry_after_ms=envelope.get("retry_after_ms"),
+                        correlation_id=envelope.get("correlation_id") or resp.headers.get("x-correlation-id"))
+        try:
+            if "lease" in envelope and envelope["lease"] is not None:
+                result.lease = Lease.from_wire(envelope["lease"])
+            if "leases" in envelope:
+                leases = envelope["leases"]
+                if not isinstance(leases, builtins.list):
+                    raise LeaseProtocolError("leases is not a list")
+                result.leases = [Lease.from_wire(x) for x in leases]
+                result.cursor = envelope.get("cursor", envelope.get("next_cursor"))
+        except LeaseProtocolError as e:
+            result.outcome, result.code, result.msg = "info", R.BAD_RESPONSE, f"{code}: {e}"
+            return result
+        if outcome == "ok" and call.op in _NEEDS_LEASE and result.lease is None:
+            result.outcome, result.code, result.msg = "info", R.BAD_RESPONSE, f"{code} without a lease record"
+        return result
+
+
+_NEEDS_LEASE = frozenset({"acquire", "renew", "release", "force_release", "revoke"})
+
+
+def _seg(lease_id: str) -> str:
+    """A lease id as one URL path segment (quoted, so it can never add path syntax)."""
+    if not isinstance(lease_id, str) or not lease_id:
+        raise ValueError(f"lease_id must be a non-empty string, not {lease_id!r}")
+    return quote(lease_id, safe="")
+
+
+def _check_ms(name: str, value: Any, minimum: int = 1) -> int:
+    """An integer count (milliseconds, page size) >= minimum, or a clear error."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
+    return value
+
+
+def _check_seconds(name: str, value: Any) -> None:
+    """A finite positive number of seconds, or a clear error (C22: every deadline is finite)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 < value < float("inf")):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, not {value!r}")
+
+
+def _put_optional(body: dict[str, Any], **values: str | None) -> None:
+    """Add the optional string fields that are set."""
+    for key, value in values.items():
+        if value is not None:
+            if not isinstance(value, str):
+                raise TypeError(f"{key} must be a string, not {value!r}")
+            body[key] = value
