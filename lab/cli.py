@@ -164,10 +164,6 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
         validate(tests[0])
         if not 1 <= servers <= 16:
             raise RunError(f"--servers must be between 1 and 16, not {servers}")
-        if nemeses:
-            from nemesis.registry import validate_names
-
-            validate_names(nemeses)
     except (RunError, ValueError) as e:
         fail(str(e))
     verdicts = []

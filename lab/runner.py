@@ -51,6 +51,18 @@ def validate(test: Test) -> None:
     for ok, msg in checks:
         if not ok:
             raise RunError(msg)
+    if test.nemesis:
+        from nemesis.registry import validate_names
+
+        try:
+            test.nemesis = validate_names(test.nemesis)
+        except ValueError as e:
+            raise RunError(str(e)) from None
+        if "netns" in test.nemesis:
+            raise RunError("--nemesis netns needs the stack's processes in network namespaces: use the SSH "
+                           "backend on namespace hosts (docs/ssh-backend.md); the local stack runs on loopback")
+        if not test.nemesis_interval > 0:
+            raise RunError(f"--nemesis-interval must be > 0 seconds, not {test.nemesis_interval}")
 
 
 def new_run_dir(store_dir: Path, name: str) -> Path:
@@ -90,15 +102,33 @@ def write_test_json(test: Test) -> None:
 
 
 async def _run(test: Test, wl, writer) -> None:
-    """The main phase, then the final phase, through the interpreter."""
+    """The main phase (clients, and the nemesis lane beside them), then the final phase, through the interpreter.
+
+    The nemesis lane runs for the time limit and then stops every fault it
+    started, so the final phase (e.g. reading every document) sees a healed system.
+    """
     import lab.generator as gen
 
-    main = gen.time_limit(test.time_limit, gen.clients(wl.generator))
+    nemesis, main = None, gen.time_limit(test.time_limit, gen.clients(wl.generator))
+    if test.nemesis:
+        from nemesis.registry import build
+
+        nemesis, lane = build(test, test.nemesis, interval_s=test.nemesis_interval, seed=test.seed)
+        main = gen.any_of(main, lane)
     phases = [main]
     if wl.final_generator is not None:
         phases.append(gen.clients(wl.final_generator))
-    await gen.run(test, gen.phases(*phases), wl.client, nemesis=None, history_writer=writer,
+    await gen.run(test, gen.phases(*phases), wl.client, nemesis=nemesis, history_writer=writer,
                   concurrency=test.concurrency, seed=test.seed)
+
+
+def _nemesis_stack_options(test: Test) -> dict[str, Any]:
+    """What the stack must provide for the test's nemeses (Toxiproxy, fake clocks, persistence)."""
+    if not test.nemesis:
+        return {}
+    from nemesis.registry import stack_options
+
+    return stack_options(test.nemesis)
 
 
 def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
@@ -114,8 +144,11 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     stack = LocalStack(name="stack", root=test.run_dir / "stack", die_with_parent=True)
     writer = HistoryWriter(test.run_dir / "history.jsonl")
     try:
-        status = stack.up(StackOptions(servers=test.extra.get("servers", 2), store=wl.needs_store))
+        status = stack.up(StackOptions(servers=test.extra.get("servers", 2), store=wl.needs_store,
+                                       **_nemesis_stack_options(test)))
+        test.live["stack"] = stack
         test.lease_servers, test.valkey = status["lease_servers"], status["valkey"]
+        test.client_nodes = status["client_nodes"]
         test.store, test.credentials_file = status.get("store"), status["credentials"]
         test.nodes = wl.nodes(test)
         write_test_json(test)

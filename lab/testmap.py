@@ -32,6 +32,7 @@ class Test:
     run_dir: Path | None = None
     # the system under test, filled in when the stack is up; `nodes` are what the workload's clients talk to
     nodes: list[str] = field(default_factory=list)
+    client_nodes: list[str] = field(default_factory=list)  # the servers as clients reach them (through proxies)
     lease_servers: list[str] = field(default_factory=list)
     valkey: str | None = None
     store: str | None = None

@@ -71,7 +71,7 @@ def a_lease(**over) -> Lease:
 async def test_acquire_sends_the_contract_body_with_an_integer_deadline():
     seen = []
     client = mock_client(replying(200, success(), seen))
-    before = client._clock_ms()
+    before = client.clock_ms()
     r = await client.acquire(IDENT, ttl_ms=10000, request_id="r1", deadline_s=1.5, execution_id="e1",
                              metadata={"k": "v"})
     req = seen[0]
@@ -82,7 +82,7 @@ async def test_acquire_sends_the_contract_body_with_an_integer_deadline():
     assert body["operation_class"] == "default"
     assert body["request_id"] == "r1" and body["service_instance_id"] == "w1" and body["ttl_ms"] == 10000
     assert body["execution_id"] == "e1" and body["metadata"] == {"k": "v"}
-    assert isinstance(body["deadline_at"], int) and before + 1500 <= body["deadline_at"] <= client._clock_ms() + 1500
+    assert isinstance(body["deadline_at"], int) and before + 1500 <= body["deadline_at"] <= client.clock_ms() + 1500
     assert "wait_ms" not in body and "maximum_lifetime_ms" not in body
     assert r.outcome == "ok" and r.code == "lease_acquired" and r.http_status == 200
     assert r.correlation_id == "corr-1" and r.latency_ns > 0 and not r.late
@@ -92,7 +92,7 @@ async def test_renew_and_release_name_the_lease_and_its_token():
     seen = []
     client = mock_client(replying(200, success("lease_renewed"), seen))
     lease = a_lease(lease_id="a/b..c", fencing_token=42)
-    await client.renew(lease, deadline_at_ms=client._clock_ms() + 1000)
+    await client.renew(lease, deadline_at_ms=client.clock_ms() + 1000)
     await client.release(lease, request_id="rel-1")
     renew, release = seen
     assert renew.url.raw_path.decode() == "/api/v1/target-leases/a%2Fb..c/renew"
@@ -250,7 +250,7 @@ async def test_transport_errors_are_split_by_whether_anything_was_sent(exc, outc
 async def test_deadline_already_passed_sends_nothing():
     seen = []
     client = mock_client(replying(200, success(), seen))
-    r = await client.acquire(IDENT, ttl_ms=1000, deadline_at_ms=client._clock_ms() - 1)
+    r = await client.acquire(IDENT, ttl_ms=1000, deadline_at_ms=client.clock_ms() - 1)
     assert (r.outcome, r.code) == ("fail", "deadline_exceeded") and seen == []
 
 

@@ -20,6 +20,6 @@ class Workload:
     generator: Any
     checker: Any
     final_generator: Any = None
-    nodes: Callable[[Any], list[str]] = field(default=lambda test: list(test.lease_servers))
+    nodes: Callable[[Any], list[str]] = field(default=lambda test: list(test.client_nodes or test.lease_servers))
     needs_store: bool = False
     doc: str = ""

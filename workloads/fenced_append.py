@@ -50,6 +50,7 @@ class FencedAppendClient(LeaseWorkloadClient):
     async def invoke(self, test, op: dict[str, Any]) -> dict[str, Any]:
         f, key = op["f"], op.get("key")
         if f == "commit":
+            await self.before_request(test, op)
             return await self._commit(test, op, key)
         if f == "read":
             return await self._read(test, key)

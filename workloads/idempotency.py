@@ -33,6 +33,7 @@ class IdempotencyClient(LeaseWorkloadClient):
 
     async def invoke(self, test, op: dict[str, Any]) -> dict[str, Any]:
         f, key, value = op["f"], op.get("key"), op.get("value") or {}
+        await self.before_request(test, op)
         deadline_s = value.get("deadline_ms", self.deadline_s * 1000) / 1000
         rid = value["request_id"]
         identity = identity_for(key)

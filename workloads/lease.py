@@ -41,8 +41,18 @@ class LeaseWorkloadClient:
         if self.api is not None:
             await self.api.aclose()
 
+    async def before_request(self, test, op: dict[str, Any]) -> None:
+        """Honour the client nemeses: a paused process waits here; a skewed one reads its own clock."""
+        clocks = test.live.get("client_clocks")
+        if clocks is not None and self.api is not None:
+            self.api.clock_ms = clocks.clock_for(op["process"])
+        pauses = test.live.get("client_pauses")
+        if pauses is not None:
+            await pauses.wait(op["process"])
+
     async def invoke(self, test, op: dict[str, Any]) -> dict[str, Any]:
         """Run one lease op; `fail` only when it definitely did not happen."""
+        await self.before_request(test, op)
         f, key = op["f"], op.get("key")
         value = op.get("value") or {}
         request_id = value.get("request_id") or new_request_id()

@@ -115,7 +115,7 @@ class LeaseClient:
         self.service_instance_id = service_instance_id
         self.timeout_s = float(timeout_s)
         self.backend_unavailable_is_definite = backend_unavailable_is_definite
-        self._clock_ms = clock_ms  # injectable so tests (and clock nemeses) can move the client's wall clock
+        self.clock_ms = clock_ms  # public: tests and the clock nemesis move the client's wall clock
         self._owns_http = http is None
         if http is None:
             self._pools = _sharded_pools(max_connections)
@@ -282,7 +282,7 @@ class LeaseClient:
             deadline_s = self.timeout_s
         else:
             _check_seconds("deadline_s", deadline_s)
-        return self._clock_ms() + int(deadline_s * 1000)
+        return self.clock_ms() + int(deadline_s * 1000)
 
     def _body(self, identity: Identity, request_id: str | None) -> dict[str, Any]:
         """The fields every mutation carries (section 13), minus deadline_at."""
@@ -320,7 +320,7 @@ class LeaseClient:
     async def _send(self, call: Call, deadline_at_ms: int) -> Result:
         """Run one exchange bounded by the deadline and classify how it ended."""
         started = time.monotonic_ns()
-        remaining_s = (deadline_at_ms - self._clock_ms()) / 1000
+        remaining_s = (deadline_at_ms - self.clock_ms()) / 1000
         if remaining_s <= 0:
             return Result("fail", R.CLIENT_DEADLINE, msg="deadline passed before the request was sent", call=call)
         probe = _SendProbe()
@@ -354,7 +354,7 @@ class LeaseClient:
         latency = time.monotonic_ns() - started
         result = self._decode(call, resp)
         result.latency_ns = latency
-        if self._clock_ms() > deadline_at_ms:
+        if self.clock_ms() > deadline_at_ms:
             result.late = True
             if call.op == "renew" and result.outcome == "ok":  # C23: a late renewal grants nothing
                 result.outcome, result.code = "info", R.LATE_REPLY

@@ -66,8 +66,8 @@ class ManagedProcess:
     _log_file: Any = field(default=None, repr=False)
 
     # -- lifecycle -------------------------------------------------------
-    def start(self, timeout: float = 30.0) -> "ManagedProcess":
-        """Spawn the program (log to log_path) and wait until it is healthy."""
+    def start(self, timeout: float = 30.0, *, wait: bool = True) -> "ManagedProcess":
+        """Spawn the program (log to log_path) and, with `wait`, block until it is healthy."""
         if self.alive():
             raise ProcessError(f"{self.name} is already running (pid {self.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +94,8 @@ class ManagedProcess:
             self.create_time = psutil.Process(self.pid).create_time()
         except psutil.Error:
             self.create_time = None
-        self.wait_healthy(timeout)
+        if wait:
+            self.wait_healthy(timeout)
         return self
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
@@ -144,6 +145,7 @@ class ManagedProcess:
         if self.alive():
             self.signal(signal.SIGKILL)
         self._reap(5.0)
+        self._close_log()
 
     def pause(self) -> None:
         """SIGSTOP the process group."""

@@ -1,0 +1,272 @@
+"""Nemesis names as users type them (`--nemesis partition,clock,kill`), validated, and built for a run.
+
+- `validate_names(names)`: one clear `ValueError` line before anything starts
+  (an unknown name lists the known ones; `netns` needs root and ip/iptables;
+  `clock` needs libfaketime; `netns` and `partition` both handle
+  `start-partition` and cannot be combined).
+- `stack_options(names)`: the `StackOptions` fields the nemeses need
+  (Toxiproxy for the network faults, fake clocks for `clock`, a persistence
+  mode for the Valkey faults).
+- `build(test, names, *, interval_s, seed)`: the composed nemesis over the
+  running stack (`test.live["stack"]`) and the nemesis lane generator
+  (`nemesis.schedule`). It also puts `ClientClocks` and `ClientPauses` in
+  `test.live["client_clocks"]` / `test.live["client_pauses"]` for the
+  workload clients to read.
+
+Network nemeses are built at once (so their parameters are checked before the
+run) on a topology whose Toxiproxy client is created in `setup` (inside the
+run's event loop) and closed at teardown.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemesis.core import NemesisUnavailable, compose
+from nemesis.schedule import Fault, nemesis_generator
+
+__all__ = ["NEMESES", "NemesisSpec", "ToxiproxyNemeses", "build", "known_names", "stack_options", "validate_names"]
+
+
+@dataclass(frozen=True)
+class NemesisSpec:
+    """One nemesis name: what it does, its window's `f`s, and what the stack must provide."""
+
+    name: str
+    doc: str
+    starts: tuple[str, ...]
+    stop: str
+    family: str  # network | netns | clock | process | client | valkey
+    stack: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fault(self) -> Fault:
+        """The schedule's view of it."""
+        return Fault(self.name, self.starts, self.stop)
+
+
+def _spec(name: str, doc: str, family: str, stack: dict[str, Any] | None = None,
+          starts: tuple[str, ...] | None = None, stop: str | None = None) -> NemesisSpec:
+    """A spec whose window is `start-<name>` / `stop-<name>` unless given."""
+    return NemesisSpec(name, doc, starts or (f"start-{name}",), stop or f"stop-{name}", family, stack or {})
+
+
+_NET = {"toxiproxy": True}
+NEMESES: dict[str, NemesisSpec] = {s.name: s for s in (
+    _spec("partition", "blackhole links a grudge picks (one server from Valkey, a server, a client, halves)",
+          "network", _NET),
+    _spec("latency", "delay on a link, a server's links, or every link (latency +/- jitter)", "network", _NET),
+    _spec("bandwidth", "a slow link (KB/s)", "network", _NET),
+    _spec("reset-peer", "connections reset once data flows", "network", _NET),
+    _spec("slicer", "every write cut into small delayed pieces", "network", _NET),
+    _spec("netns", "kernel partitions between network namespaces (root; replaces partition)", "netns",
+          starts=("start-partition",), stop="stop-partition"),
+    _spec("clock", "bump or strobe the wall clocks of Valkey, lease servers and clients; reset",
+          "clock", {"fake_clocks": True}, starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
+    _spec("kill", "SIGKILL a lease server, Valkey or the store; restart it at the stop", "process",
+          {"persistence": "always"}),
+    _spec("pause", "SIGSTOP a lease server, Valkey or the store; SIGCONT at the stop", "process"),
+    _spec("client-pause", "hold one client thread at its gates (a GC-paused lease holder)", "client"),
+    _spec("valkey-crash", "SIGKILL Valkey, restart it from its own files (everysec: may lose ~1 s)", "valkey",
+          {"persistence": "everysec"}),
+    _spec("valkey-restore", "snapshot Valkey, later restart it from that older snapshot (rolls counters back)",
+          "valkey", {"persistence": "always"}),
+)}
+
+# When two names ask for different persistence, the one that exposes more wins:
+# valkey-crash's everysec exists to show lost acknowledged writes.
+_PERSISTENCE_RANK = {"everysec": 0, "always": 1, "none": 2}
+
+
+def known_names() -> list[str]:
+    """Every nemesis name, in the order of `NEMESES`."""
+    return list(NEMESES)
+
+
+def _split(names: Any) -> list[str]:
+    """A list of stripped names from `"a,b"` or a list of strings (commas allowed inside items)."""
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, Iterable) or isinstance(names, (bytes, dict)):
+        raise ValueError(f"--nemesis takes comma-separated names, got {names!r}")
+    out = []
+    for item in names:
+        if not isinstance(item, str):
+            raise ValueError(f"--nemesis takes names, got {item!r}")
+        out += [n.strip() for n in item.split(",")]
+    return out
+
+
+def validate_names(names: Any) -> list[str]:
+    """The nemesis names, checked: known, not repeated, compatible, and runnable here; else one-line ValueError."""
+    from lab import paths
+
+    names = _split(names)
+    if any(not n for n in names):
+        raise ValueError(f"--nemesis: empty name in {','.join(names)!r}; known: {', '.join(NEMESES)}")
+    unknown = [n for n in names if n not in NEMESES]
+    if unknown:
+        raise ValueError(f"--nemesis: unknown nemesis {', '.join(unknown)}; known: {', '.join(NEMESES)}")
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"--nemesis: {', '.join(repeated)} given more than once")
+    if "netns" in names and "partition" in names:
+        raise ValueError("--nemesis: netns and partition are two ways to partition (both handle start-partition); "
+                         "pick one")
+    if "netns" in names:
+        from nemesis.netns import check_netns_available
+
+        try:
+            check_netns_available()
+        except NemesisUnavailable as e:
+            raise ValueError(f"--nemesis netns: {e}") from None
+    if "clock" in names:
+        try:
+            paths.libfaketime()
+        except paths.MissingTool as e:
+            raise ValueError(f"--nemesis clock: {e}") from None
+    return names
+
+
+def stack_options(names: Any) -> dict[str, Any]:
+    """The `StackOptions` fields these nemeses need (merged; absent fields are the caller's choice)."""
+    opts: dict[str, Any] = {}
+    if names is None or names == "" or (isinstance(names, (list, tuple)) and not names):
+        return opts
+    for n in validate_names(names):
+        for k, v in NEMESES[n].stack.items():
+            if k == "persistence" and k in opts:
+                v = min(opts[k], v, key=_PERSISTENCE_RANK.__getitem__)
+            opts[k] = v
+    return opts
+
+
+# -- building -----------------------------------------------------------------------
+class ToxiproxyNemeses:
+    """The network nemeses over the stack's Toxiproxy topology, as one nemesis.
+
+    The members are built (and validated) on a topology without a client;
+    `setup` binds a `ToxiproxyClient` created in the running event loop and
+    `teardown` heals, then closes it.
+    """
+
+    name = "network"
+
+    def __init__(self, url: str, description: dict[str, Any], names: list[str], seed: int):
+        from nemesis import network
+        from nemesis.topology import Topology
+
+        factories = {
+            "partition": lambda topo, rng: network.partition(topo, rng=rng, directions=network.DIRECTIONS),
+            "latency": lambda topo, rng: network.latency(topo, rng=rng),
+            "bandwidth": lambda topo, rng: network.bandwidth(topo, rng=rng),
+            "reset-peer": lambda topo, rng: network.reset_peer(topo, rng=rng),
+            "slicer": lambda topo, rng: network.slicer(topo, rng=rng),
+        }
+        self.url = url
+        self.topology = Topology.from_description(None, description)
+        self.members = compose(factories[n](self.topology, _rng_for(seed, n)) for n in names)
+
+    @property
+    def fs(self) -> frozenset[str]:
+        """Every member's `f`s."""
+        return self.members.fs
+
+    async def setup(self, test: Any) -> None:
+        """Bind a Toxiproxy client of this event loop, then set the members up."""
+        from nemesis.toxiproxy import ToxiproxyClient
+
+        self.topology.client = ToxiproxyClient(self.url, timeout=5.0)
+        try:
+            await self.members.setup(test)
+        except BaseException:
+            await self._close()
+            raise
+
+    async def invoke(self, test: Any, op: dict) -> dict:
+        """Route to the member handling `op`'s f."""
+        return await self.members.invoke(test, op)
+
+    async def teardown(self, test: Any) -> None:
+        """Heal every member, then close the client."""
+        if self.topology.client is None:
+            return
+        try:
+            await self.members.teardown(test)
+        finally:
+            await self._close()
+
+    async def _close(self) -> None:
+        client, self.topology.client = self.topology.client, None
+        if client is not None:
+            await client.aclose()
+
+
+def _rng_for(seed: int, name: str) -> random.Random:
+    """An rng per nemesis name, derived from the run's seed (the same seed replays the same faults)."""
+    return random.Random(f"{seed}:{name}")
+
+
+def _stack_of(test: Any) -> Any:
+    """The running LocalStack in `test.live["stack"]`, or ValueError."""
+    stack = getattr(test, "live", {}).get("stack")
+    if stack is None or not hasattr(stack, "processes"):
+        raise ValueError("the nemesis needs the running stack in test.live['stack'] (a LocalStack that is up)")
+    return stack
+
+
+def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float | None = None) -> tuple[Any, Any]:
+    """(the composed nemesis, the nemesis lane generator) for `names` over `test.live["stack"]`.
+
+    The generator runs for `test.time_limit` seconds from its first op, then
+    stops every fault once; run it next to the clients' time-limited
+    generator (`gen.any_of(...)`), not inside a `time_limit`.
+    """
+    from nemesis import clock, process, valkey
+
+    names = validate_names(names)
+    if not names:
+        raise ValueError("--nemesis: no nemesis named")
+    stack = _stack_of(test)
+    info = stack.info
+    concurrency = int(getattr(test, "concurrency", 1))
+    client_clocks = test.live.setdefault("client_clocks", clock.ClientClocks(concurrency))
+    client_pauses = test.live.setdefault("client_pauses", process.ClientPauses(concurrency))
+    members: list[Any] = []
+    # the heal runs in reverse: network first, then clocks and clients, then processes (backends first)
+    if "kill" in names:
+        members.append(process.kill(process.stack_targets(stack), rng=_rng_for(seed, "kill")))
+    if "pause" in names:
+        members.append(process.pause(process.stack_targets(stack), rng=_rng_for(seed, "pause")))
+    if "valkey-crash" in names:
+        members.append(valkey.valkey_crash(stack.process("valkey")))
+    if "valkey-restore" in names:
+        members.append(valkey.valkey_restore(stack.process("valkey"), stack.dir / "valkey-snapshots"))
+    if "client-pause" in names:
+        members.append(process.client_pause(client_pauses, rng=_rng_for(seed, "client-pause")))
+    if "clock" in names:
+        if not info.get("clocks"):
+            raise ValueError("--nemesis clock: the stack was started without fake clocks (StackOptions fake_clocks=True)")
+        members.append(clock.clock(info["clocks"], rng=_rng_for(seed, "clock"), client_clocks=client_clocks))
+    network_names = [n for n in names if NEMESES[n].family == "network"]
+    if network_names:
+        if not info.get("toxiproxy") or not info.get("topology"):
+            raise ValueError(f"--nemesis {','.join(network_names)}: the stack was started without Toxiproxy "
+                             "(StackOptions toxiproxy=True)")
+        members.append(ToxiproxyNemeses(info["toxiproxy"], info["topology"], network_names, seed))
+    if "netns" in names:
+        from nemesis.netns import NetnsHosts, netns_partition
+
+        hosts = test.live.get("netns_hosts")
+        if not isinstance(hosts, NetnsHosts):
+            raise ValueError("--nemesis netns: the stack's processes must run in network namespaces "
+                             "(test.live['netns_hosts'], a nemesis.netns.NetnsHosts); the local stack does not")
+        members.append(netns_partition(hosts, rng=_rng_for(seed, "netns")))
+    nemesis = compose(members)
+    faults = [NEMESES[n].fault for n in names]
+    generator = nemesis_generator(faults, interval_s=interval_s, hold_s=hold_s,
+                                  duration_s=float(getattr(test, "time_limit")), seed=seed)
+    return nemesis, generator

@@ -1,0 +1,144 @@
+"""The nemesis lane: when each fault starts and stops, as a pure generator (lab.generator).
+
+A `Fault` names the `f`s that open its window (one is drawn per window, e.g.
+`bump-clock` or `strobe-clock`) and the `f` that closes it (`reset-clock`).
+The lane, for `duration_s` seconds from its first op:
+
+    quiet interval_s -> start of fault A -> hold hold_s -> stop of A -> quiet interval_s -> start of B -> ...
+
+Faults come in seeded shuffled rounds (every fault once per round, in a
+random order), so a short run still exercises each one. Start ops carry
+`value: null`: each nemesis draws its own targets and parameters from its own
+seeded rng, and its completion records exactly what it did. After the lane,
+a final stop op for EVERY fault runs (even after a start that was cut off), so
+the history shows every window closed and nothing is left injected.
+
+The ops are scheduled by time (the op's `time`), not by `sleep` ops, so the
+lane ends exactly `duration_s` after it started; its first op is a `log`
+marker that pins that start. Use it as the nemesis half of the main phase,
+next to (not inside) the clients' `time_limit`:
+
+    nem = nemesis_generator(faults, interval_s=5, duration_s=test.time_limit, seed=test.seed)
+    gen.phases(gen.any_of(gen.time_limit(test.time_limit, gen.clients(workload)), nem), final_phase)
+
+Wrapping the lane in another `time_limit` could cut off the final stops.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lab.generator as gen
+from lab.generator.core import Generator, secs_to_nanos
+
+__all__ = ["Fault", "final_heal", "lane", "nemesis_generator", "plan"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault family as the schedule sees it: the `f`s that open its window and the one that closes it."""
+
+    name: str
+    starts: tuple[str, ...]
+    stop: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"Fault.name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.starts, str) or not self.starts or not all(isinstance(f, str) and f for f in self.starts):
+            raise ValueError(f"Fault {self.name}: starts must be a non-empty tuple of f names, got {self.starts!r}")
+        if not isinstance(self.stop, str) or not self.stop:
+            raise ValueError(f"Fault {self.name}: stop must be an f name, got {self.stop!r}")
+
+
+def _seconds(param: str, value: Any) -> float:
+    """A finite number of seconds > 0, or ValueError naming `param`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise ValueError(f"{param} must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+def _faults(faults: Any) -> tuple[Fault, ...]:
+    """A non-empty tuple of Faults with distinct names, or ValueError."""
+    if isinstance(faults, Fault):
+        faults = (faults,)
+    if not isinstance(faults, Sequence) or not faults or not all(isinstance(f, Fault) for f in faults):
+        raise ValueError(f"faults must be a non-empty list of nemesis.schedule.Fault, got {faults!r}")
+    names = [f.name for f in faults]
+    if len(set(names)) != len(names):
+        raise ValueError(f"faults must have distinct names, got {names}")
+    return tuple(faults)
+
+
+def plan(faults: Sequence[Fault], *, interval_s: float, hold_s: float | None = None, duration_s: float,
+         seed: int) -> tuple[tuple[int, str], ...]:
+    """The lane's ops as (ns after the lane's start, f), every one due before `duration_s`."""
+    faults = _faults(faults)
+    interval = secs_to_nanos(_seconds("interval_s", interval_s))
+    hold = secs_to_nanos(_seconds("hold_s", hold_s if hold_s is not None else interval_s))
+    end = secs_to_nanos(_seconds("duration_s", duration_s))
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    rng = random.Random(seed)
+    steps: list[tuple[int, str]] = []
+    t, deck = 0, []
+    while True:
+        if not deck:
+            deck = list(faults)
+            rng.shuffle(deck)
+        fault = deck.pop()
+        t += interval
+        if t >= end:
+            break
+        steps.append((t, rng.choice(fault.starts)))
+        t += hold
+        if t >= end:
+            break
+        steps.append((t, fault.stop))
+    return tuple(steps)
+
+
+class _Lane(Generator):
+    """The planned ops at their times, measured from the lane's first op (a log marker)."""
+
+    __slots__ = ("steps", "i", "start")
+
+    def __init__(self, steps: tuple[tuple[int, str], ...], i: int, start: int | None) -> None:
+        self.steps, self.i, self.start = steps, i, start
+
+    def op(self, test, ctx):
+        if self.start is None:  # the marker's time becomes the lane's start once it is dispatched
+            o = gen.op(gen.log(f"nemesis lane: {len(self.steps)} ops planned"), test, ctx)
+            if o is None or o is gen.PENDING:
+                return o
+            return o[0], _Lane(self.steps, 0, o[0]["time"])
+        if self.i >= len(self.steps):
+            return None
+        offset, f = self.steps[self.i]
+        r = gen.op({"f": f, "value": None}, test, ctx)
+        if r is None or r is gen.PENDING:
+            return r
+        return {**r[0], "time": max(r[0]["time"], self.start + offset)}, _Lane(self.steps, self.i + 1, self.start)
+
+
+def lane(faults: Sequence[Fault], *, interval_s: float, hold_s: float | None = None, duration_s: float,
+         seed: int) -> Generator:
+    """The timed start/stop ops of `plan(...)` (no final heal; see `nemesis_generator`)."""
+    return _Lane(plan(faults, interval_s=interval_s, hold_s=hold_s, duration_s=duration_s, seed=seed), 0, None)
+
+
+def final_heal(faults: Sequence[Fault]) -> list[dict]:
+    """One stop op per fault, in order: every window closed, whatever the lane did."""
+    return [{"f": f.stop, "value": None} for f in _faults(faults)]
+
+
+def nemesis_generator(faults: Sequence[Fault], *, interval_s: float, hold_s: float | None = None,
+                      duration_s: float, seed: int) -> Any:
+    """The whole nemesis lane for the nemesis thread: the timed faults, then the final heal."""
+    faults = _faults(faults)
+    return gen.nemesis(gen.concat(lane(faults, interval_s=interval_s, hold_s=hold_s, duration_s=duration_s,
+                                       seed=seed), final_heal(faults)))

@@ -1,0 +1,254 @@
+"""The clock nemesis: bump / strobe / reset of libfaketime clocks on the real stack, and client clocks.
+
+On the real stack (Valkey and a lease server under libfaketime): Valkey's
+clock is backend time, so a +20 s jump expires a 10 s lease early, and the
+next holder gets a strictly greater token; the lease server's own clock, 30 s
+ahead or behind, changes nothing a lease depends on (C20). Every skew is first
+shown to have taken effect (Valkey's TIME, the server's Date header), so
+"nothing changed" is never vacuous.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import time
+
+import httpx
+import pytest
+import redis
+
+from lab.client import LeaseClient
+from lab.stack.clock import FakeClock
+from lab.stack.local import LocalStack, StackOptions
+from nemesis.clock import ClientClocks, clock
+from nemesis.core import NemesisUnavailable
+from workloads.common import identity_for, pick_credential
+
+
+def op(f, value=None):
+    """A nemesis invocation as the interpreter hands it over."""
+    return {"type": "info", "process": "nemesis", "f": f, "value": value}
+
+
+async def wait_for(pred, timeout=5.0):
+    """Poll `pred` until it holds or `timeout` passes (libfaketime notices an offset file a few ms late)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        await asyncio.sleep(0.01)
+    return pred()
+
+
+@pytest.fixture
+def stack(tmp_path):
+    """One lease server over Valkey, both under libfaketime; always downed."""
+    s = LocalStack(name="t", root=tmp_path / "stack")
+    try:
+        s.up(StackOptions(servers=1, store=False, fake_clocks=True))
+        yield s
+    finally:
+        s.down()
+
+
+def api_key(stack):
+    return pick_credential(json.loads(stack.credentials_file.read_text()))["api_key"]
+
+
+def valkey_skew_s(conn) -> float:
+    """Valkey's clock minus ours, in seconds."""
+    secs, micros = conn.time()
+    return secs + micros / 1e6 - time.time()
+
+
+def server_skew_s(url) -> float:
+    """The lease server's clock minus ours, from its Date header (1 s resolution, refreshed every second)."""
+    date = httpx.get(url + "/healthz", timeout=2.0).headers["date"]
+    return email.utils.parsedate_to_datetime(date).timestamp() - time.time()
+
+
+def valkey_ms(conn) -> int:
+    """Backend time: Valkey's TIME in Unix ms."""
+    secs, micros = conn.time()
+    return secs * 1000 + micros // 1000
+
+
+async def test_valkey_clock_jump_expires_a_lease_early(stack):
+    url = stack.process("lease-1").url
+    nem = clock(stack.info["clocks"], rng=1)
+    assert set(nem.targets) == {"valkey", "lease-1"}
+    await nem.setup(None)
+    conn = redis.Redis.from_url(stack.info["valkey"])
+    ident = identity_for("k1")
+    async with LeaseClient(url, api_key(stack), service_instance_id="holder") as holder, \
+            LeaseClient(url, api_key(stack), service_instance_id="rival") as rival:
+        first = await holder.acquire(ident, ttl_ms=10_000)
+        assert first.outcome == "ok", first
+        blocked = await rival.acquire(ident, ttl_ms=10_000)
+        assert blocked.code == "lease_conflict", "before the jump the lease is held"
+        bumped = await nem.invoke(None, op("bump-clock", {"targets": ["valkey"], "delta_s": 20}))
+        assert bumped["value"] == {"fault": "clock", "phase": "start", "kind": "bump", "targets": ["valkey"],
+                                   "delta_s": 20.0, "offsets": {"valkey": 20.0}}
+        assert await wait_for(lambda: abs(valkey_skew_s(conn) - 20) < 2), "Valkey's TIME follows the bump"
+        lost = await holder.renew(first.lease)
+        assert (lost.outcome, lost.code) == ("fail", "lease_lost"), "backend time passed the lease's expiry"
+        second = await rival.acquire(ident, ttl_ms=10_000)
+        assert second.outcome == "ok", second
+        assert second.lease.fencing_token > first.lease.fencing_token
+        assert second.lease.lease_id != first.lease.lease_id
+        reset = await nem.invoke(None, op("reset-clock"))
+        assert reset["value"] == {"fault": "clock", "phase": "end", "offsets_before": {"valkey": 20.0}}
+        assert await wait_for(lambda: abs(valkey_skew_s(conn)) < 2)
+        assert (await nem.invoke(None, op("reset-clock")))["value"]["phase"] == "none"
+
+        # strobe: Valkey's clock is seen both ways while it runs, and is back at 0 when it ends
+        strobe = await nem.invoke(None, op("strobe-clock", {"targets": ["valkey"], "delta_s": -20, "period_ms": 50,
+                                                            "duration_s": 1.0}))
+        assert strobe["value"] == {"fault": "clock", "phase": "start", "kind": "strobe", "targets": ["valkey"],
+                                   "delta_s": -20.0, "period_ms": 50, "duration_s": 1.0}
+        changes = [0]  # Valkey's skew in units of 20 s, each time it changes
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and len(changes) < 4:
+            skew = round(valkey_skew_s(conn) / 20)
+            if skew != changes[-1]:
+                changes.append(skew)
+            await asyncio.sleep(0.005)
+        assert changes == [0, -1, 0, -1], f"Valkey's clock flips between 0 and -20 s and back, saw {changes}"
+        reset = await nem.invoke(None, op("reset-clock"))
+        assert reset["value"]["phase"] == "end" and reset["value"]["strobe_flips"] >= 3
+    assert await wait_for(lambda: abs(valkey_skew_s(conn)) < 2)
+    conn.close()
+    await nem.teardown(None)
+
+
+async def test_lease_server_clock_skew_changes_nothing_a_lease_depends_on(stack):
+    url = stack.process("lease-1").url
+    clients = ClientClocks(concurrency=2)
+    nem = clock(stack.info["clocks"], rng=1, client_clocks=clients)
+    await nem.setup(None)
+    conn = redis.Redis.from_url(stack.info["valkey"])
+    ident = identity_for("k2")
+    async with LeaseClient(url, api_key(stack), service_instance_id="holder") as holder:
+        got = await holder.acquire(ident, ttl_ms=10_000)
+        assert got.outcome == "ok", got
+        lease = got.lease
+        for delta in (30, -30):
+            await nem.invoke(None, op("bump-clock", {"targets": ["lease-1"], "delta_s": delta}))
+            assert await wait_for(lambda: abs(server_skew_s(url) - delta) < 3), f"the server's clock is {delta:+} s off"
+            t0 = valkey_ms(conn)
+            # a deadline far enough out that the server's skewed clock still sees it in the future
+            renewed = await holder.renew(lease, deadline_s=120)
+            t1 = valkey_ms(conn)
+            assert renewed.outcome == "ok", renewed
+            assert renewed.lease.fencing_token == lease.fencing_token
+            assert t0 <= renewed.lease.expires_at_ms - 10_000 <= t1, "expiry = backend time + ttl, skew or not"
+            assert renewed.lease.renewed_at_ms is not None and t0 <= renewed.lease.renewed_at_ms <= t1
+            if delta > 0:
+                # the one thing the server's clock decides: deadlines. A server ahead by more than the
+                # caller's budget refuses the call before doing anything (fail closed, nothing renewed).
+                late = await holder.renew(lease, deadline_s=5)
+                assert (late.outcome, late.code) == ("fail", "deadline_exceeded")
+            assert (await nem.invoke(None, op("reset-clock")))["value"]["offsets_before"] == {"lease-1": float(delta)}
+            assert await wait_for(lambda: abs(server_skew_s(url)) < 3)
+            lease = renewed.lease
+
+        # a client clock 30 s behind: its deadline_at lies in the server's past; the call is refused,
+        # and nothing the client's clock says extends the lease (C20)
+        await nem.invoke(None, op("bump-clock", {"targets": ["client-1"], "delta_s": -30}))
+        assert abs(clients.now_ms(3) - time.time() * 1000 + 30_000) < 1000, "process 3 runs on thread 1"
+        async with LeaseClient(url, api_key(stack), service_instance_id="holder",
+                               clock_ms=clients.clock_for(3)) as behind:
+            refused = await behind.renew(lease)
+            assert (refused.outcome, refused.code) == ("fail", "deadline_exceeded")
+        still = await holder.inspect(ident)
+        assert still.outcome == "ok" and still.lease.expires_at_ms == lease.expires_at_ms
+    await nem.teardown(None)
+    assert clients.offsets() == {}
+    conn.close()
+
+
+def test_client_clocks():
+    clocks = ClientClocks(concurrency=3)
+    assert clocks.names == ["client-0", "client-1", "client-2"]
+    clocks.set_offset("client-2", 1.5)
+    assert clocks.offset("client-2") == 1.5 and clocks.offsets() == {"client-2": 1.5}
+    now = time.time_ns() // 1_000_000
+    assert 1400 <= clocks.now_ms(5) - now <= 1600, "process 5 runs on thread 5 mod 3 = 2"
+    assert abs(clocks.now_ms(0) - now) < 100
+    read = clocks.clock_for(2)
+    clocks.set_offset("client-2", -1)
+    assert -1100 <= read() - time.time_ns() // 1_000_000 <= -900, "clock_for follows later offsets"
+    clocks.set_offset("client-2", 0)
+    assert clocks.offsets() == {}
+    with pytest.raises(ValueError, match="unknown client clock 'client-3'"):
+        clocks.set_offset("client-3", 1)
+    with pytest.raises(ValueError, match="offset must be a number"):
+        clocks.set_offset("client-0", float("nan"))
+    with pytest.raises(ValueError, match="client process is an int >= 0"):
+        clocks.now_ms("nemesis")
+
+
+async def test_bump_strobe_reset_on_offset_files_and_client_clocks(tmp_path):
+    files = {"lease-1": tmp_path / "lease-1.rc", "valkey": tmp_path / "valkey.rc"}
+    clients = ClientClocks(concurrency=2)
+    nem = clock(files, rng=42, client_clocks=clients, bump_s=(5, 10))
+    with pytest.raises(NemesisUnavailable, match="cannot use lease-1's offset file"):
+        await nem.setup(None)  # no offset file: no process reads one (the stack has no fake clocks)
+    for p in files.values():
+        FakeClock(p).set_offset(7)
+    await nem.setup(None)
+    assert FakeClock(files["valkey"]).offset() == 0
+    drawn = await nem.invoke(None, op("bump-clock"))
+    v = drawn["value"]
+    assert v["phase"] == "start" and 5 <= abs(v["delta_s"]) <= 10 and v["targets"]
+    for t in v["targets"]:
+        got = FakeClock(files[t]).offset() if t in files else clients.offset(t)
+        assert got == v["delta_s"], f"{t} moved by exactly the recorded step"
+    busy = await nem.invoke(None, op("bump-clock"))
+    assert busy["value"]["phase"] == "none" and "already active" in busy["error"]
+    reset = await nem.invoke(None, op("reset-clock"))
+    assert reset["value"]["offsets_before"] == {t: v["delta_s"] for t in v["targets"]}
+    assert all(FakeClock(p).offset() == 0 for p in files.values()) and clients.offsets() == {}
+
+    strobe = await nem.invoke(None, op("strobe-clock", {"targets": ["lease-1", "client-0"], "delta_s": 3,
+                                                        "period_ms": 20, "duration_s": 30}))
+    assert strobe["value"]["phase"] == "start"
+    seen = set()
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and len(seen) < 2:
+        seen.add((FakeClock(files["lease-1"]).offset(), clients.offset("client-0")))
+        await asyncio.sleep(0.003)
+    assert seen == {(3.0, 3.0), (0.0, 0.0)}, seen
+    await nem.teardown(None)  # stops the 30 s strobe at once
+    assert nem._strobe is None
+    assert FakeClock(files["lease-1"]).offset() == 0 and clients.offsets() == {}
+
+    # a strobe that ran out by itself leaves every clock at 0; the window stays open until reset
+    await nem.invoke(None, op("strobe-clock", {"targets": ["valkey"], "delta_s": 2, "period_ms": 10,
+                                               "duration_s": 0.05}))
+    await asyncio.sleep(0.2)
+    assert FakeClock(files["valkey"]).offset() == 0
+    assert (await nem.invoke(None, op("reset-clock")))["value"]["phase"] == "end"
+
+
+def test_clock_nemesis_validates(tmp_path):
+    f = {"valkey": tmp_path / "v.rc"}
+    with pytest.raises(ValueError, match="no clocks to move: start the stack with fake_clocks=True"):
+        clock({}, rng=1)
+    with pytest.raises(ValueError, match=r"clock targets \['lease-1'\] are unknown; known: valkey"):
+        clock(f, rng=1, targets=["lease-1"])
+    with pytest.raises(ValueError, match=r"bump_s max must be a number in \[5"):
+        clock(f, rng=1, bump_s=(5, 1))
+    with pytest.raises(ValueError, match="strobe_period_ms must be a number in"):
+        clock(f, rng=1, strobe_period_ms=1)
+    nem = clock(f, rng=1)
+    with pytest.raises(ValueError, match="delta_s must be a non-zero number of seconds"):
+        asyncio.run(nem.invoke(None, op("bump-clock", {"delta_s": 0})))
+    with pytest.raises(ValueError, match=r"bump-clock value must be null or an object with keys"):
+        asyncio.run(nem.invoke(None, op("bump-clock", {"offset": 3})))
+    with pytest.raises(ValueError, match="not configured"):
+        asyncio.run(nem.invoke(None, op("bump-clock", {"targets": ["lease-1"]})))
+    with pytest.raises(ValueError, match="does not handle f 'start-clock'"):
+        asyncio.run(nem.invoke(None, op("start-clock")))

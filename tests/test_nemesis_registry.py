@@ -1,0 +1,251 @@
+"""Nemesis names, the stack options they need, the nemesis lane, and a full schedule on the real stack.
+
+The schedule test runs every fault the local stack supports through the real
+interpreter (`lab.generator.run`) against real Valkey, a lease server,
+Toxiproxy and fake clocks, with a client that passes the client-pause gate and
+reads its client clock; the history must show a start and an end of every
+fault, each with its exact targets and parameters, and nothing may be left
+injected afterwards (no toxic, no stopped or dead process, no clock offset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import pytest
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+import lab.generator as gen
+from lab.history import HistoryWriter
+from lab.stack.clock import FakeClock
+from lab.stack.local import LocalStack, StackOptions
+from lab.testmap import Test
+from nemesis import registry
+from nemesis.process import is_stopped, stack_targets
+from nemesis.schedule import Fault, final_heal, nemesis_generator, plan
+from nemesis.toxiproxy import ToxiproxyClient
+
+LOCAL = [n for n in registry.known_names() if n != "netns"]  # everything the local stack can run
+
+
+# -- names ------------------------------------------------------------------------------
+def test_validate_names_accepts_the_known_ones_in_either_form():
+    assert registry.validate_names("partition,clock,kill") == ["partition", "clock", "kill"]
+    assert registry.validate_names(["partition", " latency , pause"]) == ["partition", "latency", "pause"]
+    assert set(registry.known_names()) >= {"partition", "latency", "bandwidth", "reset-peer", "slicer", "clock",
+                                           "kill", "pause", "client-pause", "valkey-crash", "valkey-restore", "netns"}
+
+
+@pytest.mark.parametrize("names, message", [
+    ("partition,chaos", "--nemesis: unknown nemesis chaos; known: partition, latency, bandwidth, reset-peer"),
+    ("kill,,pause", "--nemesis: empty name in 'kill,,pause'; known: partition"),
+    ("kill,kill", "--nemesis: kill given more than once"),
+    ("netns,partition", "--nemesis: netns and partition are two ways to partition"),
+    (42, "--nemesis takes comma-separated names, got 42"),
+])
+def test_validate_names_messages(names, message):
+    with pytest.raises(ValueError) as e:
+        registry.validate_names(names)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_netns_needs_root(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(ValueError, match=r"^--nemesis netns: netns nemesis needs root .* running as uid 1000$"):
+        registry.validate_names("netns")
+
+
+def test_clock_needs_libfaketime(monkeypatch, tmp_path):
+    monkeypatch.setenv("FENCELAB_LIBFAKETIME", str(tmp_path / "missing.so"))
+    with pytest.raises(ValueError, match=r"^--nemesis clock: libfaketime is not installed: run `make install`"):
+        registry.validate_names("kill,clock")
+    assert registry.validate_names("kill") == ["kill"], "only clock needs it"
+
+
+def test_stack_options_merge_what_the_nemeses_need():
+    assert registry.stack_options([]) == {}
+    assert registry.stack_options("partition,latency") == {"toxiproxy": True}
+    assert registry.stack_options("clock") == {"fake_clocks": True}
+    assert registry.stack_options("kill,pause,client-pause") == {"persistence": "always"}
+    assert registry.stack_options("valkey-restore,valkey-crash,slicer") == {"persistence": "everysec",
+                                                                            "toxiproxy": True}
+    StackOptions(**registry.stack_options(LOCAL)).validate()  # they are StackOptions fields
+    with pytest.raises(ValueError, match="unknown nemesis"):
+        registry.stack_options("kil")
+
+
+def test_build_refuses_a_stack_without_what_the_nemesis_needs(tmp_path):
+    test = Test(time_limit=5)
+    with pytest.raises(ValueError, match=r"needs the running stack in test.live\['stack'\]"):
+        registry.build(test, "kill", interval_s=1, seed=1)
+    test.live["stack"] = LocalStack(name="t", root=tmp_path, info={"clocks": {}})
+    with pytest.raises(ValueError, match="started without fake clocks"):
+        registry.build(test, "clock", interval_s=1, seed=1)
+    with pytest.raises(ValueError, match=r"--nemesis latency: the stack was started without Toxiproxy"):
+        registry.build(test, "latency", interval_s=1, seed=1)
+
+
+# -- the lane ------------------------------------------------------------------------------
+FAULTS = [Fault("a", ("start-a",), "stop-a"), Fault("b", ("b1", "b2"), "stop-b"), Fault("c", ("start-c",), "stop-c")]
+
+
+def test_plan_is_seeded_rounds_of_every_fault_within_the_duration():
+    steps = plan(FAULTS, interval_s=1, hold_s=0.5, duration_s=9.6, seed=3)
+    assert steps == plan(FAULTS, interval_s=1, hold_s=0.5, duration_s=9.6, seed=3), "a seed replays the plan"
+    assert plan(FAULTS, interval_s=1, hold_s=0.5, duration_s=9.6, seed=4) != steps
+    times = [t for t, _ in steps]
+    assert times == sorted(times) and times[-1] < 9.6e9
+    assert [t for t, _ in steps[:4]] == [1_000_000_000, 1_500_000_000, 2_500_000_000, 3_000_000_000]
+    starts, stops = [f for _, f in steps[0::2]], [f for _, f in steps[1::2]]
+    owner = {"start-a": "stop-a", "b1": "stop-b", "b2": "stop-b", "start-c": "stop-c"}
+    assert [owner[s] for s in starts] == stops, "every start is followed by its own stop"
+    assert sorted(owner[s] for s in starts[:3]) == ["stop-a", "stop-b", "stop-c"], "each fault once per round"
+    assert len(steps) == 12  # 6 windows of 1.5 s fit in 9.6 s
+    with pytest.raises(ValueError, match="interval_s must be a number of seconds > 0"):
+        plan(FAULTS, interval_s=0, duration_s=1, seed=1)
+    with pytest.raises(ValueError, match="faults must have distinct names"):
+        plan(FAULTS + FAULTS[:1], interval_s=1, duration_s=1, seed=1)
+    with pytest.raises(ValueError, match="starts must be a non-empty tuple"):
+        Fault("x", "start-x", "stop-x")
+
+
+def test_the_lane_runs_on_time_then_stops_every_fault():
+    g = nemesis_generator(FAULTS, interval_s=1, hold_s=0.5, duration_s=4, seed=3)
+    history = gen.simulate(g, nemesis=True, concurrency=1, latency=100_000_000)
+    assert all(o["process"] == "nemesis" and o["type"] == "info" for o in history)
+    invokes = history[0::2]  # one op at a time: invocation, completion, invocation, ...
+    planned = plan(FAULTS, interval_s=1, hold_s=0.5, duration_s=4, seed=3)
+    assert [(o["time"], o["f"]) for o in invokes[:len(planned)]] == list(planned), "each op at its planned time"
+    assert [o["f"] for o in invokes[len(planned):]] == ["stop-a", "stop-b", "stop-c"], "then the final heal"
+    assert final_heal(FAULTS) == [{"f": "stop-a", "value": None}, {"f": "stop-b", "value": None},
+                                  {"f": "stop-c", "value": None}]
+
+
+# -- a full schedule on the real stack ---------------------------------------------------
+class CounterClient:
+    """A trivial client: waits at its client-pause gate, reads its client clock, INCRs a Valkey counter."""
+
+    def __init__(self, conn=None):
+        self.conn = conn
+
+    async def open(self, test, node):
+        return CounterClient(aioredis.Redis.from_url(test.valkey, socket_timeout=0.5, socket_connect_timeout=0.5,
+                                                     retry=Retry(NoBackoff(), 0)))
+
+    async def invoke(self, test, op):
+        await test.live["client_pauses"].wait(op["process"])
+        clock_ms = test.live["client_clocks"].now_ms(op["process"])
+        try:
+            return {"type": "ok", "value": {"n": await self.conn.incr("ctr"), "clock_ms": clock_ms}}
+        except (RedisError, OSError) as e:
+            return {"type": "info", "error": f"{type(e).__name__}: {e}"}
+
+    async def close(self, test):
+        await self.conn.aclose()
+
+
+# what each start completion must say about its target and parameters
+START_KEYS = {
+    "partition": {"grudge", "direction", "links", "toxics"},
+    "latency": {"scope", "links", "params", "toxics"},
+    "bandwidth": {"scope", "links", "params", "toxics"},
+    "reset-peer": {"scope", "links", "params", "toxics"},
+    "slicer": {"scope", "links", "params", "toxics"},
+    "clock": {"kind", "targets", "delta_s"},
+    "kill": {"targets", "killed", "signal"},
+    "pause": {"targets", "paused", "signal"},
+    "client-pause": {"target", "thread"},
+    "valkey-crash": {"target", "pid", "persistence"},
+    "valkey-restore": {"target", "snapshot", "keys"},
+}
+
+
+async def leftovers(stack, clocks, test) -> list[str]:
+    """Anything a fault left behind: toxics or disabled proxies, stopped or dead processes, clock offsets, gates."""
+    found = []
+    async with ToxiproxyClient(stack.info["toxiproxy"]) as tp:
+        for name, proxy in (await tp.proxies()).items():
+            if proxy.get("toxics") or not proxy.get("enabled", True):
+                found.append(f"proxy {name}: {proxy.get('toxics')} enabled={proxy.get('enabled')}")
+    for name, proc in stack_targets(stack).items():
+        if not proc.alive() or is_stopped(proc):
+            found.append(f"process {name} alive={proc.alive()} stopped={is_stopped(proc)}")
+    found += [f"clock {n} at {FakeClock(p).offset()}" for n, p in clocks.items() if FakeClock(p).offset() != 0]
+    if test.live["client_clocks"].offsets():
+        found.append(f"client clocks {test.live['client_clocks'].offsets()}")
+    if test.live["client_pauses"].paused:
+        found.append(f"client pauses {test.live['client_pauses'].paused}")
+    return found
+
+
+def test_full_schedule_on_the_real_stack(tmp_path):
+    """Sync on purpose: like the runner, the stack comes up (it builds its Toxiproxy topology with its own
+    asyncio.run) before the run's event loop starts."""
+    names = registry.validate_names(LOCAL)
+    interval, hold = 0.25, 0.25
+    test = Test(name="nemesis-schedule", time_limit=len(names) * (interval + hold) + 0.2, concurrency=2, seed=11)
+    stack = LocalStack(name="t", root=tmp_path / "stack")
+    try:
+        stack.up(StackOptions(servers=1, store=False, client_groups=1, **registry.stack_options(names)))
+        test.live["stack"] = stack
+        test.valkey = stack.info["valkey"]
+        nemesis, nemesis_gen = registry.build(test, names, interval_s=interval, hold_s=hold, seed=test.seed)
+        assert nemesis.fs >= {"start-partition", "bump-clock", "strobe-clock", "reset-clock", "start-kill",
+                              "stop-valkey-restore", "start-client-pause"}
+        clients = gen.time_limit(test.time_limit, gen.clients(gen.stagger(0.02, gen.repeat({"f": "incr"}))))
+
+        async def run():
+            await asyncio.wait_for(gen.run(test, gen.any_of(clients, nemesis_gen), CounterClient(),
+                                           nemesis=nemesis, history_writer=writer, concurrency=2, seed=test.seed),
+                                   timeout=120)
+            return await leftovers(stack, stack.info["clocks"], test)
+
+        with HistoryWriter(tmp_path / "history.jsonl", keep=True) as writer:
+            left = asyncio.run(run())
+            history = writer.ops
+        done = [o for o in history if o["process"] == "nemesis" and o["type"] == "info" and isinstance(o["value"], dict)]
+        by_fault = {}
+        for o in done:
+            by_fault.setdefault(o["value"]["fault"], []).append(o)
+        problems = []
+        for name in names:
+            ops = by_fault.get(name, [])
+            phases = [o["value"]["phase"] for o in ops]
+            starts = [o for o in ops if o["value"]["phase"] == "start"]
+            if not starts:
+                problems.append(f"{name}: no start in {phases} ({[o.get('error') for o in ops]})")
+                continue
+            missing = START_KEYS[name] - set(starts[0]["value"])
+            if missing:
+                problems.append(f"{name}: start value lacks {missing}: {starts[0]['value']}")
+            if "end" not in phases[phases.index("start"):]:
+                problems.append(f"{name}: window never closed: {phases}")
+            if [p for p in phases if p != "none"][-1] != "end":
+                problems.append(f"{name}: last window left open: {phases}")
+        assert not problems, "\n".join(problems)
+        assert by_fault["clock"][0]["value"]["targets"], "the exact clock targets are recorded"
+        client_ops = [o for o in history if o["process"] != "nemesis"]
+        assert sum(o["type"] == "ok" for o in client_ops) > 20, "clients did work meanwhile"
+        # the paused client thread: an op it was invoked with during the window completed only after the stop
+        paused = next(o for o in by_fault["client-pause"] if o["value"]["phase"] == "start")
+        resumed = next(o for o in by_fault["client-pause"] if o["value"]["phase"] == "end")
+        thread = paused["value"]["thread"]
+        open_at, held = {}, []  # process -> index of its open invocation; ops invoked in the window, done after
+        for o in client_ops:
+            if o["type"] == "invoke":
+                open_at[o["process"]] = o["index"]
+                continue
+            invoked = open_at.pop(o["process"])
+            if (o["process"] % test.concurrency == thread and paused["index"] < invoked < resumed["index"]
+                    and o["index"] > resumed["index"]):
+                held.append(o)
+        assert held, "a client op of the paused thread waited at its gate until the stop"
+        assert left == []
+        json.dumps(history)  # the whole record is plain JSON
+    finally:
+        stack.down()
