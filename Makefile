@@ -3,7 +3,7 @@ VENV := .tools/venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow demo bench bench-server bench-checker down clean
+.PHONY: install test test-slow demo bench bench-server bench-checker bench-recording down clean
 
 install:
 	@bash scripts/install.sh all
@@ -20,7 +20,14 @@ demo: install
 bench-server: install
 	@$(PY) bench/server_throughput.py
 
-bench: bench-server
+bench-checker: install
+	@cd bench/checker/porcupine && go build -o ../porcupine-bench .
+	@$(PY) bench/checker/run.py
+
+bench-recording: install
+	@$(PY) bench/recording_overhead.py
+
+bench: bench-server bench-recording bench-checker
 
 down:
 	@$(VENV)/bin/fencelab down
