@@ -40,17 +40,43 @@ def main() -> None:
 @click.option("--persistence", default="none", show_default=True, type=click.Choice(["none", "everysec", "always"]),
               help="Valkey persistence: no AOF, AOF fsync every second, AOF fsync always.")
 @click.option("--no-store", is_flag=True, help="Do not start the CouchDB-API store (pouchdb-server).")
+@click.option("--toxiproxy", is_flag=True, help="Route every link through its own Toxiproxy proxy.")
+@click.option("--fake-clocks", is_flag=True, help="Run Valkey and the lease servers under libfaketime.")
+@click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "compose"]),
+              help="local: processes on loopback; compose: the Docker Compose stack in compose/ (needs Docker).")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-def up(name: str, home: Path | None, servers: int, persistence: str, no_store: bool, as_json: bool) -> None:
-    """Start a local stack: Valkey, the store and reference lease servers (loopback only)."""
-    opts = StackOptions(servers=servers, persistence=persistence, store=not no_store)
-    stack = LocalStack(name=name, home=home)
+def up(name: str, home: Path | None, servers: int, persistence: str, no_store: bool, toxiproxy: bool,
+       fake_clocks: bool, backend: str, as_json: bool) -> None:
+    """Start a named stack: Valkey, the store and reference lease servers (loopback only)."""
+    opts = StackOptions(servers=servers, persistence=persistence, store=not no_store, toxiproxy=toxiproxy,
+                        fake_clocks=fake_clocks)
     try:
         opts.validate()
+        if fake_clocks and backend == "local":
+            from lab.paths import libfaketime
+
+            libfaketime()
+        stack = _new_stack(backend, name, home)
         status = stack.up(opts)
     except (StackError, ProcessError, MissingTool) as e:
         fail(str(e))
     _print_status(status, as_json)
+
+
+def _new_stack(backend: str, name: str, home: Path | None):
+    """A stack object of the chosen backend."""
+    if backend == "compose":
+        from lab.stack.compose import ComposeStack
+
+        return ComposeStack(name=name, home=home)
+    return LocalStack(name=name, home=home)
+
+
+def _existing_stack(name: str, home: Path | None):
+    """The stack object matching what `up` recorded for `name` (local or compose)."""
+    from lab.stack.compose import stack_backend
+
+    return _new_stack(stack_backend(name, home) or "local", name, home)
 
 
 @main.command()
@@ -58,9 +84,9 @@ def up(name: str, home: Path | None, servers: int, persistence: str, no_store: b
 @home_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(name: str, home: Path | None, as_json: bool) -> None:
-    """Show what a local stack runs (exit 1 when it is not up)."""
-    stack = LocalStack(name=name, home=home)
+    """Show what a stack runs (exit 1 when it is not up)."""
     try:
+        stack = _existing_stack(name, home)
         found = stack.load_state()
     except StackError as e:
         fail(str(e))
@@ -80,9 +106,9 @@ def status(name: str, home: Path | None, as_json: bool) -> None:
 @name_option
 @home_option
 def down(name: str, home: Path | None) -> None:
-    """Stop every process of a local stack (by the pids `up` recorded)."""
-    stack = LocalStack(name=name, home=home)
+    """Stop every process of a stack (by the pids, or containers, `up` recorded)."""
     try:
+        stack = _existing_stack(name, home)
         if stack.load_state() is None:
             click.echo(f"stack {name!r} is not up")
             return
@@ -201,3 +227,64 @@ def analyze(run_dir: Path | None, store_dir: Path) -> None:
         click.echo(f"history: {problem}", err=True)
     click.echo(f"{run_dir}: valid={json.dumps(results['valid'])} ops={results['ops']}")
     sys.exit(VERDICT_EXIT.get(results["valid"], 3))
+
+
+# -- reports ----------------------------------------------------------------------------------
+
+
+@main.command("report")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+def report_cmd(run_dir: Path) -> None:
+    """Write a run's report (report.html, plots, plots.json, junit.xml) into RUN_DIR; prints its path."""
+    from lab.report import ReportError, write_report
+
+    try:
+        path = write_report(run_dir)
+    except ReportError as e:
+        fail(str(e))
+    click.echo(str(path))
+
+
+@main.command("serve")
+@click.option("--store-dir", default="store", show_default=True, type=click.Path(path_type=Path),
+              help="The store to browse.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--port", default=8080, show_default=True, type=int, help="Port (0: any free port, printed).")
+def serve_cmd(store_dir: Path, host: str, port: int) -> None:
+    """Browse the store in a browser: runs and their reports, campaigns, evidence (read-only)."""
+    from lab.report.serve import ServeError, serve_store
+
+    try:
+        serve_store(store_dir, host=host, port=port, echo=click.echo)
+    except ServeError as e:
+        fail(str(e))
+
+
+# -- campaigns --------------------------------------------------------------------------------
+
+
+@main.command("campaign")
+@click.argument("spec", type=click.Path(path_type=Path))
+@click.option("--store-dir", default="store", show_default=True, type=click.Path(path_type=Path),
+              help="Where runs are stored; the campaign goes to STORE/campaigns/<name>/.")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="Go on from campaign.json (finished runs are not redone), or start over (the old state is kept aside).")
+@click.option("--dry-run", is_flag=True, help="Validate the spec and print the plan; run nothing, write nothing.")
+def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool) -> None:
+    """Run a campaign: every combination of a spec's axes, resumably; writes campaign.json and campaign.html.
+
+    Exit code: 0 all valid, 1 any invalid, 2 bad spec, 3 any unknown or failed run, 130 interrupted.
+    """
+    from lab.campaign import CampaignError, format_plan, load_spec, run_campaign, validate_plan
+
+    try:
+        campaign = load_spec(spec)
+        plan = validate_plan(campaign)
+        if dry_run:
+            for line in format_plan(campaign, plan):
+                click.echo(line)
+            return
+        outcome = run_campaign(campaign, store_dir, resume=resume, echo=click.echo, plan=plan)
+    except CampaignError as e:
+        fail(str(e))
+    sys.exit(outcome.exit_code)

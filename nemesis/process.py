@@ -142,7 +142,10 @@ def _check_targets(param: str, targets: Any, known: Sequence[str]) -> list[str]:
 
 # -- process primitives -------------------------------------------------------
 def is_stopped(proc: ManagedProcess) -> bool:
-    """Is the process alive but stopped (SIGSTOP)?"""
+    """Is the process alive but stopped (SIGSTOP; for a container, paused)?"""
+    paused = getattr(proc, "paused", None)
+    if callable(paused):  # a compose ContainerProcess knows it through the Docker API
+        return paused()
     if not proc.alive():
         return False
     try:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the lab needs into .tools/ (and Debian packages system-wide).
 # Idempotent: each step is skipped when its stamp or binary is already there.
-# Usage: scripts/install.sh [all|python|valkey|toxiproxy|pouchdb|faketime]...
+# Usage: scripts/install.sh [all|python|valkey|toxiproxy|pouchdb|faketime|compose-tools|chromium]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -77,16 +77,49 @@ install_faketime() {
   fi
 }
 
+install_compose_tools() {
+  # Debian's docker-compose (no engine needed): tests/test_compose_file.py validates
+  # compose/docker-compose.yml with `docker-compose config`.
+  if command -v docker-compose >/dev/null 2>&1; then
+    return
+  fi
+  if [ "$(id -u)" != 0 ]; then
+    say "skipping compose-tools: installing Debian's docker-compose needs root (run 'sudo apt-get install -y docker-compose'); until then the 'docker-compose config' test is skipped"
+    return
+  fi
+  need_cmd apt-get "install Debian's docker-compose package by hand"
+  say "installing Debian docker-compose"
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
+}
+
+install_chromium() {
+  # Debian's chromium + chromium-driver: tests/test_serve.py loads the reports in headless Chromium.
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    return
+  fi
+  if [ "$(id -u)" != 0 ]; then
+    say "skipping chromium: installing Debian's chromium and chromium-driver needs root (run 'sudo apt-get install -y chromium chromium-driver'); until then the browser checks of the reports are skipped"
+    return
+  fi
+  need_cmd apt-get "install Debian's chromium and chromium-driver packages by hand"
+  say "installing Debian chromium + chromium-driver"
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+}
+
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
 for s in "${steps[@]}"; do
   case "$s" in
-    all) install_python; install_valkey; install_toxiproxy; install_pouchdb; install_faketime ;;
+    all) install_python; install_valkey; install_toxiproxy; install_pouchdb; install_faketime; install_compose_tools; install_chromium ;;
     python) install_python ;;
     valkey) install_valkey ;;
     toxiproxy) install_toxiproxy ;;
     pouchdb) install_pouchdb ;;
     faketime) install_faketime ;;
-    *) die "unknown install step '$s' (steps: all python valkey toxiproxy pouchdb faketime)" ;;
+    compose-tools) install_compose_tools ;;
+    chromium) install_chromium ;;
+    *) die "unknown install step '$s' (steps: all python valkey toxiproxy pouchdb faketime compose-tools chromium)" ;;
   esac
 done
