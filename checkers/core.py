@@ -48,6 +48,7 @@ __all__ = [
     "lease_index",
     "merge_valid",
     "nemesis_phase",
+    "nemesis_ops",
     "nemesis_windows",
     "op_lease_id",
     "pair_ops",
@@ -275,7 +276,7 @@ def nemesis_phase(op: Mapping) -> tuple[str, str] | None:
     f = str(op.get("f"))
     value = op.get("value")
     if isinstance(value, dict) and value.get("phase") in _PHASES:
-        return f, _PHASES[value["phase"]]
+        return str(value.get("fault") or f), _PHASES[value["phase"]]
     if f in _PHASES:
         return NEMESIS, _PHASES[f]
     head, sep, tail = f.partition("-")
@@ -285,6 +286,38 @@ def nemesis_phase(op: Mapping) -> tuple[str, str] | None:
     if sep and tail in _PHASES and head:
         return head, _PHASES[tail]
     return None
+
+
+def nemesis_ops(history: list[dict]) -> list[dict]:
+    """The nemesis ops, named by the fault they report and without the operations that changed nothing.
+
+    The nemesis's completions carry the fault in `value.fault` while `f` is the
+    operation (`start-partition`): such ops are renamed to their fault, so the
+    invocation and the completion of one start mark one window; an operation
+    whose completion says
+    `"phase": "none"` (a start while already active, a stop with nothing
+    active, an error that was rolled back) is dropped with its invocation.
+    Ops pair as docs/history-format.md says: one starts, the next one ends.
+    """
+    out: list[dict] = []
+    opened: int | None = None  # position in `out` of the nemesis op that started the open operation
+    for op in history:
+        if op.get("process") != NEMESIS:
+            continue
+        v = op.get("value")
+        phase = v.get("phase") if isinstance(v, dict) else None
+        if phase in ("start", "end", "none") and v.get("fault"):
+            op = dict(op, f=str(v["fault"]))
+        if opened is None and op.get("type") in ("invoke", "info"):
+            opened = len(out)
+            out.append(op)
+            continue
+        if phase == "none" and opened is not None:
+            del out[opened]  # nothing changed: neither op marks a fault window
+        else:
+            out.append(op)
+        opened = None
+    return out
 
 
 def nemesis_windows(history: list[dict]) -> list[dict]:
@@ -297,7 +330,7 @@ def nemesis_windows(history: list[dict]) -> list[dict]:
     windows: list[dict] = []
     opened: dict[str, dict] = {}
     closing: dict[str, dict] = {}  # fault -> window whose end op may still get a completion
-    for pos, op in enumerate(history):
+    for pos, op in enumerate(nemesis_ops(history)):
         if op.get("process") != NEMESIS:
             continue
         cls = nemesis_phase(op)

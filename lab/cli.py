@@ -171,8 +171,14 @@ VERDICT_EXIT = {True: 0, False: 1, "unknown": 3}
 @click.option("--name", default=None, help="Test name (the store sub-directory) [default: the workload].")
 @click.option("--store-dir", default="store", show_default=True, type=click.Path(path_type=Path),
               help="Where runs are stored.")
+@click.option("--sut", default="reference", show_default=True,
+              help="System under test: reference, starintel, a registered name or module:Factory "
+                   "(docs/plugging-in-a-system.md).")
+@click.option("--url", "urls", multiple=True, help="An external lease server (repeatable); no local stack is started.")
+@click.option("--api-key-file", type=click.Path(path_type=Path), default=None,
+              help="File with the API key for an external system (else $FENCELAB_API_KEY).")
 def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
-             servers, name, store_dir) -> None:
+             servers, name, store_dir, sut, urls, api_key_file) -> None:
     """Run a workload against a fresh local stack; record, check, and store the run.
 
     Exit code: 0 valid, 1 invalid, 2 bad options, 3 unknown (any run).
@@ -185,7 +191,8 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
     nemeses = [n.strip() for n in nemesis.split(",") if n.strip()]
     tests = [Test(name=name or workload, workload=workload, time_limit=time_limit, concurrency=concurrency,
                   rate=rate, keys=keys, ttl_ms=ttl_ms, seed=seed + i, nemesis=nemeses,
-                  nemesis_interval=nemesis_interval, extra={"servers": servers}) for i in range(test_count)]
+                  nemesis_interval=nemesis_interval, extra=_test_extra(servers, sut, urls, api_key_file))
+             for i in range(test_count)]
     try:
         validate(tests[0])
         if not 1 <= servers <= 16:
@@ -200,10 +207,24 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
             fail(str(e))
         verdicts.append(results["valid"])
         click.echo(f"{t.run_dir}: valid={json.dumps(results['valid'])} ops={results['ops']}")
+        if results.get("report"):
+            click.echo(f"  report: {results['report']}")
         click.echo(f"  replay: {results['replay']}")
     from checkers.core import merge_valid
 
     sys.exit(VERDICT_EXIT.get(merge_valid(verdicts), 3))
+
+
+def _test_extra(servers: int, sut: str, urls: tuple[str, ...], api_key_file: Path | None) -> dict:
+    """Test.extra for the CLI's options (the API key file's path only, never the key)."""
+    extra: dict = {"servers": servers}
+    if sut != "reference":
+        extra["sut"] = sut
+    if urls:
+        extra["urls"] = list(urls)
+    if api_key_file is not None:
+        extra["api_key_file"] = str(api_key_file)
+    return extra
 
 
 @main.command()

@@ -51,6 +51,16 @@ def validate(test: Test) -> None:
     for ok, msg in checks:
         if not ok:
             raise RunError(msg)
+    from lab.sut import SutError, validate_test
+
+    try:
+        validate_test(test)
+    except SutError as e:
+        raise RunError(str(e)) from None
+    if is_external(test):
+        if test.nemesis:
+            raise RunError("--nemesis needs a stack the lab runs (faults act on its processes and links); "
+                           "against an external system under test, run without --nemesis")
     if test.nemesis:
         from nemesis.registry import validate_names
 
@@ -63,6 +73,11 @@ def validate(test: Test) -> None:
                            "backend on namespace hosts (docs/ssh-backend.md); the local stack runs on loopback")
         if not test.nemesis_interval > 0:
             raise RunError(f"--nemesis-interval must be > 0 seconds, not {test.nemesis_interval}")
+
+
+def is_external(test: Test) -> bool:
+    """Is the system under test outside the lab (another SUT, or a reference server at a given URL)?"""
+    return test.sut_name() != "reference" or bool(test.extra.get("urls"))
 
 
 def new_run_dir(store_dir: Path, name: str) -> Path:
@@ -89,6 +104,12 @@ def replay_command(test: Test) -> str:
             "--ttl-ms", str(test.ttl_ms), "--seed", str(test.seed), "--name", test.name]
     if test.nemesis:
         args += ["--nemesis", ",".join(test.nemesis), "--nemesis-interval", str(test.nemesis_interval)]
+    if test.sut_name() != "reference":
+        args += ["--sut", test.sut_name()]
+    for url in test.extra.get("urls", []):
+        args += ["--url", url]
+    if test.extra.get("api_key_file"):
+        args += ["--api-key-file", str(test.extra["api_key_file"])]
     return shlex.join(args)
 
 
@@ -141,6 +162,8 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     test.run_dir = new_run_dir(store_dir, test.name)
     write_test_json(test)
     wl = get_workload(test.workload)(test)
+    if is_external(test):
+        return _run_external(test, wl)
     stack = LocalStack(name="stack", root=test.run_dir / "stack", die_with_parent=True)
     writer = HistoryWriter(test.run_dir / "history.jsonl")
     try:
@@ -156,6 +179,24 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     finally:
         writer.close()
         stack.down()
+    return analyze(test.run_dir, checker=wl.checker, test=test)
+
+
+def _run_external(test: Test, wl) -> dict[str, Any]:
+    """Run against a system the lab does not start: the given URLs (or an in-process SUT)."""
+    from lab.history import HistoryWriter
+
+    urls = list(test.extra.get("urls", []))
+    test.lease_servers = urls
+    test.client_nodes = urls
+    test.nodes = urls or ["in-process"]
+    test.credentials_file, test.store = None, None
+    write_test_json(test)
+    writer = HistoryWriter(test.run_dir / "history.jsonl")
+    try:
+        asyncio.run(_run(test, wl, writer))
+    finally:
+        writer.close()
     return analyze(test.run_dir, checker=wl.checker, test=test)
 
 
@@ -180,6 +221,13 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
     results["ops"] = len(history)
     results["replay"] = replay_command(test)
     (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    from lab.report import ReportError, write_report
+
+    try:
+        results["report"] = str(write_report(run_dir))
+    except ReportError as e:  # the verdict stands without its report; say why there is none
+        results["history_problems"].append(f"report: {e}")
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
     return results
 
 

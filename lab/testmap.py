@@ -46,6 +46,10 @@ class Test:
         d["run_dir"] = str(self.run_dir) if self.run_dir else None
         return d
 
+    def sut_name(self) -> str:
+        """The system under test's registered name (`reference`: our server)."""
+        return str(self.extra.get("sut", "reference"))
+
     def credentials(self) -> list[dict[str, Any]]:
         """The demo principals (with API keys) of the stack under test; never written to the history."""
         import json

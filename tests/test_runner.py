@@ -104,3 +104,26 @@ def test_sigkill_mid_run_leaves_an_analyzable_history(tmp_path):
     results = json.loads((hist.parent / "results.json").read_text())
     assert results["ops"] > 100
     assert "valid" in results
+
+
+def test_external_server_by_url_starts_no_stack_and_keeps_the_key_out(tmp_path):
+    from workloads.common import pick_credential
+
+    stack = LocalStack(name="ext", root=tmp_path / "ext")
+    st = stack.up()
+    try:
+        key = pick_credential(json.loads(open(st["credentials"]).read()))["api_key"]
+        key_file = tmp_path / "key.txt"
+        key_file.write_text(key + "\n")
+        r = fencelab("test", "--workload", "lease", "--time-limit", "2", "--url", st["lease_servers"][0],
+                     "--api-key-file", str(key_file), "--store-dir", str(tmp_path / "store"))
+        assert r.returncode == 0, r.stdout + r.stderr
+        run = (tmp_path / "store" / "lease" / "latest").resolve()
+        assert not (run / "stack").exists(), "no stack is started for an external system"
+        for name in ("test.json", "history.jsonl", "results.json", "report.html"):
+            assert key not in (run / name).read_text(), f"the API key leaked into {name}"
+        assert "--url" in json.loads((run / "test.json").read_text())["replay"]
+    finally:
+        stack.down()
+    bad = fencelab("test", "--url", "http://127.0.0.1:9", "--nemesis", "kill", "--store-dir", str(tmp_path / "s2"))
+    assert bad.returncode == 2 and "external system" in bad.stderr

@@ -36,21 +36,20 @@ def pick_credential(credentials: list[dict[str, Any]], capability: str = "target
                     actor: str = WORKLOAD_ACTOR) -> dict[str, Any]:
     """The first credential with `capability` whose scopes allow tenant/program/actor."""
 
-    def allows(scopes: Any, kind: str, value: str) -> bool:
-        if isinstance(scopes, dict):
-            vals = scopes.get(kind, scopes.get(f"{kind}s", ["*"]))
-            vals = [vals] if isinstance(vals, str) else list(vals)
-            return "*" in vals or value in vals
-        if isinstance(scopes, (list, tuple)):  # ["tenant:tenant-a", "program:*", ...]
-            mine = [s.split(":", 1)[1] for s in scopes if isinstance(s, str) and s.startswith(kind + ":")]
-            return not mine or "*" in mine or value in mine
-        return False
+    def scope_allows(scope: dict[str, Any], kind: str, value: str) -> bool:
+        v = scope.get(kind, "*")
+        vals = [v] if isinstance(v, str) else list(v)
+        return "*" in vals or value in vals
+
+    def allows(scopes: Any, wanted: dict[str, str]) -> bool:
+        # the server's principals carry a list of scope objects: one of them must cover the whole identity
+        scopes = [scopes] if isinstance(scopes, dict) else list(scopes or [])
+        return any(isinstance(s, dict) and all(scope_allows(s, k, v) for k, v in wanted.items()) for s in scopes)
 
     for c in credentials:
         caps = c.get("capabilities", [])
         scopes = c.get("scopes", {})
-        if capability in caps and all(allows(scopes, k, v) for k, v in
-                                      (("tenant", tenant), ("program", program), ("actor", actor))):
+        if capability in caps and allows(scopes, {"tenant": tenant, "program": program, "actor": actor}):
             return c
     raise ValueError(f"no credential with {capability} for {tenant}/{program}/{actor} among "
                      f"{[c.get('principal_id') for c in credentials]}")
@@ -70,8 +69,12 @@ def completion(result: Result, value: Any, **extra: Any) -> dict[str, Any]:
     return op
 
 
-def lease_client(test, node: str, *, instance: str | None = None, timeout_s: float = 5.0) -> LeaseClient:
-    """A LeaseClient for one worker against server `node`."""
-    cred = pick_credential(test.credentials())
-    return LeaseClient(node, cred["api_key"], service_instance_id=instance or new_instance_id(),
-                       timeout_s=timeout_s)
+def lease_client(test, node: str, *, instance: str | None = None, timeout_s: float = 5.0):
+    """The system under test's client for one worker against `node` (a `lab.sut.LeaseSystem`).
+
+    The system is `test.extra["sut"]` (default `reference`: a LeaseClient with the
+    stack's credentials); a workload needing an ability the system lacks is refused here.
+    """
+    from lab.sut import open_system
+
+    return open_system(test, node, instance or new_instance_id(), timeout_s=timeout_s)

@@ -1,0 +1,324 @@
+"""The registry of systems under test: a name -> a factory `(test, node, service_instance_id) -> LeaseSystem`.
+
+Built in: `reference` (our server, `LeaseClient`) and `starintel` (the
+StarIntel dialect, `StarIntelClient`). A third-party package registers its
+own with an entry point in the `fencelab.suts` group
+
+    [project.entry-points."fencelab.suts"]
+    mysystem = "mypkg.sut:MyLeaseSystem"
+
+or at import time with `register_sut("mysystem", MyLeaseSystem)`; a name of
+the form `module.path:Factory` is imported directly (a system in a loose
+file on `sys.path`, no packaging needed). `test.extra["sut"]` names the
+system a run uses (default `reference`).
+
+A factory declares the optional abilities it has (`capabilities`, a subset
+of `commit`, `force_release`, `revoke`) as an attribute or at registration;
+a workload that needs one the system lacks refuses before anything starts.
+Systems from outside the lab are wrapped so that every result is checked
+(`check_result`): a malformed one is an error naming the method.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+from lab.sut.protocol import OPTIONAL_CAPABILITIES, SutError, check_capabilities, check_result, check_system
+
+ENTRY_POINT_GROUP = "fencelab.suts"
+DEFAULT_SUT = "reference"
+API_KEY_ENV = "FENCELAB_API_KEY"
+# what each workload needs beyond the core operations (a workload module may also declare NEEDS_CAPABILITIES)
+WORKLOAD_NEEDS: dict[str, frozenset[str]] = {"fenced-append": frozenset({"commit"})}
+# workloads that test the lab's own stack (Valkey itself), not a lease system: reference SUT only
+LAB_ONLY_WORKLOADS = frozenset({"register"})
+_CHECKED_OPS = frozenset({"acquire", "renew", "release", "inspect", "commit", "force_release", "revoke"})
+
+
+@dataclass(frozen=True)
+class SutEntry:
+    """One registered system under test."""
+
+    name: str
+    factory: Callable[..., Any]
+    capabilities: frozenset[str]
+    doc: str = ""
+    check: Callable[[Any], None] | None = None  # validates a Test before anything starts (keys, URLs)
+    trusted: bool = False  # built-ins are not wrapped in result checks
+    accepts_timeout: bool = False  # the factory takes a `timeout_s` keyword
+
+    @property
+    def where(self) -> str:
+        """How error messages name this system."""
+        qual = getattr(self.factory, "__qualname__", type(self.factory).__name__)
+        return f"SUT {self.name!r} ({getattr(self.factory, '__module__', '?')}.{qual})"
+
+
+_REGISTRY: dict[str, SutEntry] = {}
+_BY_SPEC: dict[str, SutEntry] = {}  # systems named as module.path:Factory, imported once
+
+
+def register_sut(name: str, factory: Callable[..., Any], *, capabilities: Any = None, doc: str | None = None,
+                 check: Callable[[Any], None] | None = None, replace: bool = False,
+                 _trusted: bool = False) -> SutEntry:
+    """Register `factory(test, node, service_instance_id) -> LeaseSystem` as system `name`.
+
+    `capabilities` defaults to the factory's `capabilities` attribute (none
+    when absent: a system claims only what it declares).
+    """
+    if not isinstance(name, str) or not name or ":" in name or name != name.strip():
+        raise SutError(f"a SUT name is a non-empty word without ':' or surrounding spaces, not {name!r}")
+    if name in _REGISTRY and not replace:
+        raise SutError(f"SUT {name!r} is already registered (by {_REGISTRY[name].where}); pass replace=True "
+                       "to replace it")
+    entry = _make_entry(name, factory, capabilities, doc, check, _trusted)
+    _REGISTRY[name] = entry
+    return entry
+
+
+def _make_entry(name: str, factory: Callable[..., Any], capabilities: Any = None, doc: str | None = None,
+                check: Callable[[Any], None] | None = None, trusted: bool = False) -> SutEntry:
+    """A validated registry entry (capabilities default to the factory's `capabilities` attribute, else none)."""
+    if not callable(factory):
+        raise SutError(f"SUT {name!r}: the factory must be callable as factory(test, node, service_instance_id), "
+                       f"not {factory!r}")
+    if capabilities is None:
+        capabilities = getattr(factory, "capabilities", ())
+    return SutEntry(name=name, factory=factory, capabilities=check_capabilities(capabilities, f"SUT {name!r}"),
+                    doc=doc if doc is not None else (inspect.getdoc(factory) or "").split("\n", 1)[0],
+                    check=check, trusted=trusted, accepts_timeout=_accepts(factory, "timeout_s"))
+
+
+def unregister_sut(name: str) -> None:
+    """Forget a registered system (tests use it to clean up)."""
+    _REGISTRY.pop(name, None)
+    _BY_SPEC.pop(name, None)
+
+
+def sut_names() -> list[str]:
+    """Registered names plus the names installed packages offer through the entry point group."""
+    return sorted(set(_REGISTRY) | {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def get_sut(name: str) -> SutEntry:
+    """The system registered (or installed, or importable as `module:Factory`) under `name`."""
+    if not isinstance(name, str) or not name:
+        raise SutError(f"a SUT is named by a non-empty string, not {name!r}")
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if name in _BY_SPEC:
+        return _BY_SPEC[name]
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            try:
+                factory = ep.load()
+            except Exception as e:  # noqa: BLE001 - any import failure becomes one clear message
+                raise SutError(f"SUT {name!r}: cannot load entry point {ep.value!r} ({ENTRY_POINT_GROUP}): "
+                               f"{type(e).__name__}: {e}") from None
+            return register_sut(name, factory)
+    if ":" in name:
+        _BY_SPEC[name] = _make_entry(name, _import_factory(name))
+        return _BY_SPEC[name]
+    raise SutError(f"unknown SUT {name!r}; known: {', '.join(sut_names())} "
+                   f"(or name a factory as module.path:Factory)")
+
+
+def needed_capabilities(workload: str) -> frozenset[str]:
+    """The optional abilities a workload needs from the system under test."""
+    try:
+        from workloads import WORKLOADS
+
+        declared = getattr(WORKLOADS.get(workload), "NEEDS_CAPABILITIES", None)
+    except ImportError:  # pragma: no cover - the lab without its workloads package
+        declared = None
+    return frozenset(declared) if declared is not None else WORKLOAD_NEEDS.get(workload, frozenset())
+
+
+def require_capabilities(entry: SutEntry, workload: str) -> None:
+    """Refuse a workload that needs an ability the system lacks, saying what to do instead."""
+    if workload in LAB_ONLY_WORKLOADS and entry.name != DEFAULT_SUT:
+        raise SutError(f"workload {workload!r} tests the lab's own Valkey, not a lease system: it runs only with "
+                       f"SUT {DEFAULT_SUT!r}; use a lease-API workload (lease, idempotency) with SUT {entry.name!r}")
+    missing = sorted(needed_capabilities(workload) - entry.capabilities)
+    if missing:
+        able = [n for n in sut_names() if n in _REGISTRY and not set(missing) - _REGISTRY[n].capabilities]
+        raise SutError(f"workload {workload!r} needs {', '.join(missing)}, which SUT {entry.name!r} does not "
+                       f"have (its capabilities: {', '.join(sorted(entry.capabilities)) or 'none'}); run a "
+                       f"workload without it (e.g. lease, idempotency) or a SUT that has it "
+                       f"({', '.join(able) or 'none registered'})")
+
+
+def sut_of(test: Any) -> SutEntry:
+    """The system a test runs against: `test.extra["sut"]`, default `reference`."""
+    return get_sut((getattr(test, "extra", None) or {}).get("sut", DEFAULT_SUT))
+
+
+def validate_test(test: Any) -> SutEntry:
+    """Check, before anything starts, that the test's system exists, can run its workload and has what it needs."""
+    entry = sut_of(test)
+    require_capabilities(entry, test.workload)
+    if entry.check is not None:
+        entry.check(test)
+    return entry
+
+
+def open_system(test: Any, node: Any, service_instance_id: str, *, timeout_s: float | None = None) -> Any:
+    """A fresh system client for one worker: the test's SUT factory called as (test, node, service_instance_id)."""
+    entry = sut_of(test)
+    require_capabilities(entry, test.workload)
+    kwargs = {"timeout_s": timeout_s} if timeout_s is not None and entry.accepts_timeout else {}
+    system = entry.factory(test, node, service_instance_id, **kwargs)
+    if inspect.isawaitable(system):
+        if hasattr(system, "close"):
+            system.close()  # never awaited: close it so Python does not warn
+        raise SutError(f"{entry.where}: the factory returned an awaitable; it must return the system itself "
+                       "(do async setup lazily, in the first call)")
+    check_system(system, entry.capabilities, entry.where)
+    return system if entry.trusted else CheckedSystem(system, entry.where)
+
+
+class CheckedSystem:
+    """A third-party system whose every result is checked (`check_result`); attributes pass through."""
+
+    __slots__ = ("_system", "_where")
+
+    def __init__(self, system: Any, where: str):
+        object.__setattr__(self, "_system", system)
+        object.__setattr__(self, "_where", where)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._system, name)
+        if name not in _CHECKED_OPS or not callable(attr):
+            return attr
+
+        async def checked(*args: Any, **kw: Any) -> Any:
+            return check_result(name, await attr(*args, **kw), self._where)
+
+        return checked
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._system, name, value)  # e.g. clock_ms, set by the client-clock nemesis
+
+    def __repr__(self) -> str:
+        return f"CheckedSystem({self._system!r})"
+
+
+# -- credentials and findings for the built-in HTTP systems --------------------------------------------------
+
+def api_key_for(test: Any, capability: str = "targets:lease") -> str:
+    """The run's API key: `test.extra["api_key_file"]`, else the stack's credentials, else $FENCELAB_API_KEY."""
+    live = test.live
+    if "sut_api_key" in live:
+        return live["sut_api_key"]
+    path = (test.extra or {}).get("api_key_file")
+    if path:
+        try:
+            key = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise SutError(f"--api-key-file {path}: cannot read it ({e.strerror or e})") from None
+        if not key or "\n" in key:
+            raise SutError(f"--api-key-file {path}: it must hold exactly one API key on one line")
+    elif test.credentials_file:
+        from workloads.common import pick_credential
+
+        try:
+            key = pick_credential(test.credentials(), capability)["api_key"]
+        except (ValueError, KeyError, OSError) as e:
+            raise SutError(f"no usable API key in {test.credentials_file}: {e}") from None
+    elif os.environ.get(API_KEY_ENV):
+        key = os.environ[API_KEY_ENV].strip()
+    else:
+        raise SutError("no API key for the system under test: pass --api-key-file FILE (one key on one line) "
+                       f"or set {API_KEY_ENV}")
+    live["sut_api_key"] = key
+    return key
+
+
+def findings_for(test: Any):
+    """The run's StarIntel findings log (one per test, written to <run_dir>/findings.jsonl when there is one)."""
+    from lab.client.starintel import new_findings_log
+    from lab.sut.findings import FINDINGS_FILE
+
+    log = test.live.get("sut_findings")
+    if log is None:
+        run_dir = getattr(test, "run_dir", None)
+        log = test.live["sut_findings"] = new_findings_log(Path(run_dir) / FINDINGS_FILE if run_dir else None)
+    return log
+
+
+def _check_urls(test: Any) -> None:
+    """Every node a run's clients talk to is an http(s) URL."""
+    for url in list(test.nodes or []) + list(test.lease_servers or []):
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise SutError(f"--url must be an http(s) URL, not {url!r}")
+
+
+def _check_reference(test: Any) -> None:
+    """An external reference server needs URLs and a key (a local stack provides both later)."""
+    _check_urls(test)
+    if test.lease_servers and not test.credentials_file:
+        api_key_for(test)
+
+
+def _check_starintel(test: Any) -> None:
+    """A StarIntel server needs http(s) URLs and a well-formed `star_sk_v1_...` key."""
+    from lab.client.starintel import check_api_key
+
+    _check_urls(test)
+    try:
+        check_api_key(api_key_for(test))
+    except ValueError as e:
+        raise SutError(str(e)) from None
+
+
+def reference_system(test: Any, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
+    """Our reference lease server (LeaseClient, the contract's wire API)."""
+    from lab.client import LeaseClient
+
+    return LeaseClient(node, api_key_for(test), service_instance_id=service_instance_id, timeout_s=timeout_s)
+
+
+def starintel_system(test: Any, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
+    """The StarIntel server's dialect (StarIntelClient); differences from the contract become findings."""
+    from lab.client.starintel import StarIntelClient
+
+    return StarIntelClient(node, api_key_for(test), service_instance_id=service_instance_id, timeout_s=timeout_s,
+                           findings=findings_for(test))
+
+
+def _accepts(factory: Callable[..., Any], keyword: str) -> bool:
+    """Does the factory take this keyword argument?"""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _import_factory(spec: str) -> Callable[..., Any]:
+    """The object named by `module.path:Attribute`."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SutError(f"a SUT given as a factory is written module.path:Factory, not {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - any import failure becomes one clear message
+        raise SutError(f"SUT {spec!r}: cannot import {module_name!r}: {type(e).__name__}: {e}") from None
+    obj = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise SutError(f"SUT {spec!r}: module {module_name!r} has no {attr!r}") from None
+    return obj
+
+
+register_sut("reference", reference_system, capabilities=OPTIONAL_CAPABILITIES, check=_check_reference,
+             _trusted=True)
+register_sut("starintel", starintel_system, capabilities={"revoke"}, check=_check_starintel, _trusted=True)

@@ -1,0 +1,186 @@
+"""The SUT registry: names, entry points, module:Factory specs, capabilities, result checks, credentials."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+import lab.sut as sut
+from lab.client import Identity, Lease, LeaseClient, Result
+from lab.client.starintel import StarIntelClient
+from lab.sut import SutError, get_sut, open_system, register_sut, sut_names, unregister_sut, validate_test
+from lab.testmap import Test
+from workloads.common import lease_client
+
+ID = Identity("t", "p", "ns", "k", "a", "wf")
+GOOD_KEY = "star_sk_v1_cred1_" + "ab" * 32
+
+
+class TinySystem:
+    """A minimal system: every call succeeds with one lease."""
+
+    capabilities = frozenset({"revoke"})
+
+    def __init__(self, test, node, service_instance_id):
+        self.node, self.instance = node, service_instance_id
+
+    async def acquire(self, identity, *, ttl_ms, request_id=None, deadline_s=None):
+        return Result("ok", "lease_acquired", lease=Lease("l1", 1, "active", 0, 0, ttl_ms, ttl_ms))
+
+    async def renew(self, lease, **kw):
+        return Result("ok", "lease_renewed")  # malformed on purpose: an ok renew without its lease
+
+    async def release(self, lease, **kw):
+        return "released"  # malformed on purpose: not a Result
+
+    async def inspect(self, target, **kw):
+        return Result("fail", "lease_not_found")
+
+    async def revoke(self, lease, reason, **kw):
+        return Result("maybe", "lease_revoked")  # malformed on purpose: not an outcome
+
+    async def aclose(self):
+        return None
+
+
+@pytest.fixture
+def tiny():
+    register_sut("tiny", TinySystem)
+    yield
+    unregister_sut("tiny")
+
+
+def test_builtins_and_unknown_names():
+    assert {"reference", "starintel"} <= set(sut_names())
+    assert get_sut("starintel").capabilities == {"revoke"}
+    assert get_sut("reference").capabilities == {"commit", "force_release", "revoke"}
+    with pytest.raises(SutError, match=r"unknown SUT 'nope'; known: .*reference.*starintel.*module\.path:Factory"):
+        get_sut("nope")
+    with pytest.raises(SutError, match="already registered"):
+        register_sut("reference", TinySystem)
+    with pytest.raises(SutError, match="unknown capabilities \\['fly'\\]"):
+        register_sut("flying", TinySystem, capabilities={"fly"})
+    with pytest.raises(SutError, match="callable"):
+        register_sut("broken", 42)
+    assert sut.__all__ and all(hasattr(sut, name) for name in sut.__all__)
+
+
+async def test_third_party_results_are_checked(tiny):
+    test = Test(workload="lease", extra={"sut": "tiny"})
+    system = open_system(test, "n1", "w-1")
+    assert system.instance == "w-1" and (await system.acquire(ID, ttl_ms=5)).ok
+    lease = (await system.acquire(ID, ttl_ms=5)).lease
+    with pytest.raises(SutError, match=r"'tiny'.*TinySystem\)\.renew returned ok without a Lease"):
+        await system.renew(lease)
+    with pytest.raises(SutError, match=r"release returned str, not a lab.client.Result"):
+        await system.release(lease)
+    with pytest.raises(SutError, match=r"revoke returned outcome 'maybe'"):
+        await system.revoke(lease, "why")
+    system.clock_ms = lambda: 7  # attributes pass through to the system (the clock nemesis sets this)
+    assert system._system.clock_ms() == 7
+
+
+def test_capabilities_are_enforced(tiny):
+    with pytest.raises(SutError, match="fenced-append.*needs commit.*'tiny'"):
+        open_system(Test(workload="fenced-append", extra={"sut": "tiny"}), "n", "w")
+
+    class Liar(TinySystem):
+        capabilities = frozenset({"commit"})
+
+    register_sut("liar", Liar)
+    try:
+        with pytest.raises(SutError, match="lacks commit"):
+            open_system(Test(workload="lease", extra={"sut": "liar"}), "n", "w")
+    finally:
+        unregister_sut("liar")
+
+
+def test_factories_must_return_the_system():
+    async def factory(test, node, sid):
+        return TinySystem(test, node, sid)
+
+    register_sut("async-factory", factory)
+    try:
+        with pytest.raises(SutError, match="returned an awaitable"):
+            open_system(Test(extra={"sut": "async-factory"}), "n", "w")
+    finally:
+        unregister_sut("async-factory")
+
+
+def test_module_factory_specs(tmp_path, monkeypatch):
+    (tmp_path / "my_lease_lib.py").write_text(textwrap.dedent('''
+        from test_sut_registry import TinySystem
+
+        class Plugged(TinySystem):
+            capabilities = frozenset()
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry = get_sut("my_lease_lib:Plugged")
+    assert entry.capabilities == frozenset() and get_sut("my_lease_lib:Plugged") is entry
+    assert type(open_system(Test(extra={"sut": "my_lease_lib:Plugged"}), "n", "w")._system).__name__ == "Plugged"
+    with pytest.raises(SutError, match="has no 'Nope'"):
+        get_sut("my_lease_lib:Nope")
+    with pytest.raises(SutError, match="cannot import 'no_such_module_xyz'"):
+        get_sut("no_such_module_xyz:X")
+    unregister_sut("my_lease_lib:Plugged")
+
+
+def test_entry_point_group(tmp_path, monkeypatch):
+    """A package installed with a `fencelab.suts` entry point is found by name."""
+    (tmp_path / "ep_lease_pkg.py").write_text("from test_sut_registry import TinySystem as System\n")
+    dist = tmp_path / "ep_lease_pkg-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-lease-pkg\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[fencelab.suts]\nep-tiny = ep_lease_pkg:System\n"
+                                           "ep-broken = ep_lease_pkg:Missing\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert {"ep-tiny", "ep-broken"} <= set(sut_names())
+        assert get_sut("ep-tiny").capabilities == {"revoke"}
+        with pytest.raises(SutError, match="cannot load entry point 'ep_lease_pkg:Missing'"):
+            get_sut("ep-broken")
+    finally:
+        unregister_sut("ep-tiny")
+        sys.modules.pop("ep_lease_pkg", None)
+
+
+def test_lease_client_goes_through_the_registry(tmp_path, monkeypatch):
+    key_file = tmp_path / "key"
+    key_file.write_text(GOOD_KEY + "\n")
+    test = Test(workload="lease", extra={"sut": "starintel", "api_key_file": str(key_file)})
+    c = lease_client(test, "http://127.0.0.1:9", instance="w-9", timeout_s=1.5)
+    assert isinstance(c, StarIntelClient) and (c.service_instance_id, c.timeout_s) == ("w-9", 1.5)
+    assert c.findings is test.live["sut_findings"], "one findings log per run"
+    creds = tmp_path / "credentials.json"
+    creds.write_text('[{"principal_id": "p", "api_key": "ref-key", "capabilities": ["targets:lease"], "scopes": {}}]')
+    ref = lease_client(Test(workload="lease", credentials_file=str(creds)), "http://127.0.0.1:9")
+    assert type(ref) is LeaseClient and ref._headers[0][1] == b"Bearer ref-key"
+
+
+def test_api_keys_and_validation_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.delenv(sut.registry.API_KEY_ENV, raising=False)
+    external = dict(workload="lease", lease_servers=["http://10.0.0.1:8080"], nodes=["http://10.0.0.1:8080"])
+    with pytest.raises(SutError, match="no API key.*--api-key-file"):
+        validate_test(Test(**external, extra={"sut": "starintel"}))
+    with pytest.raises(SutError, match="--api-key-file .*missing: cannot read it"):
+        validate_test(Test(**external, extra={"sut": "starintel", "api_key_file": str(tmp_path / "missing")}))
+    bad = tmp_path / "bad"
+    bad.write_text("sk_live_secret\n")
+    with pytest.raises(SutError, match="star_sk_v1_<credential-id>_<hex-secret>") as e:
+        validate_test(Test(**external, extra={"sut": "starintel", "api_key_file": str(bad)}))
+    assert "sk_live_secret" not in str(e.value)
+    with pytest.raises(SutError, match="--url must be an http"):
+        validate_test(Test(workload="lease", lease_servers=["10.0.0.1:8080"], extra={"sut": "starintel"}))
+    monkeypatch.setenv(sut.registry.API_KEY_ENV, GOOD_KEY)
+    assert validate_test(Test(**external, extra={"sut": "starintel"})).name == "starintel"
+    assert validate_test(Test(workload="lease")).name == "reference", "a local stack provides URLs and keys later"
+    with pytest.raises(SutError, match="fenced-append"):
+        validate_test(Test(workload="fenced-append", extra={"sut": "starintel"}))
+
+
+def test_lab_only_workloads_need_the_reference_system():
+    with pytest.raises(SutError, match="'register' tests the lab's own Valkey.*only with SUT 'reference'"):
+        validate_test(Test(workload="register", extra={"sut": "starintel"}))
+    assert validate_test(Test(workload="register")).name == "reference"
