@@ -77,6 +77,9 @@ class Commit:
         val = p.inv.get("value")
         val = val if isinstance(val, dict) else {}
         res = p.result if p.type == "ok" and isinstance(p.result, dict) else {}
+        # the client may fill in what it sent (its lease, the entry) only in the completion's value
+        sent = p.comp.get("value") if p.comp is not None and isinstance(p.comp.get("value"), dict) else {}
+        val = {**sent, **{k: v for k, v in val.items() if v is not None}}
         self.p = p
         self.key = p.key
         self.carried = val.get("fencing_token")

@@ -2,9 +2,10 @@
 
 1. Bring a named stack up, acquire / renew / release one lease through the
    HTTP API with a demo principal, show the tokens, and shut the stack down.
-2. Run short real tests (fresh stacks of their own): the `lease` and
-   `fenced-append` workloads, record them, check them, and print where the runs
-   and their verdicts are.
+2. Run a short real campaign (`campaigns/demo.toml`: the `lease` and
+   `fenced-append` workloads under no faults, partitions and process kills, each
+   run on a fresh stack of its own), record and check every run, and print the
+   path of `campaign.html`.
 """
 
 from __future__ import annotations
@@ -49,9 +50,6 @@ async def _drive(stack_status: dict) -> list[str]:
 
 def run_demo(name: str = "demo", home: Path | None = None, store_dir: Path = Path("store")) -> None:
     """The whole demo; raises on any failure (make demo then exits non-zero)."""
-    from lab.runner import run_test
-    from lab.testmap import Test
-
     stack = LocalStack(name=name, home=home)
     if stack.load_state():
         stack.down()
@@ -65,15 +63,12 @@ def run_demo(name: str = "demo", home: Path | None = None, store_dir: Path = Pat
     finally:
         stack.down()
         click.echo(f"== stack {name!r} is down")
-    verdicts = {}
-    for wl in ("lease", "fenced-append"):
-        click.echo(f"== fencelab test --workload {wl} --time-limit 5")
-        t = Test(name=f"demo-{wl}", workload=wl, time_limit=5, concurrency=5, rate=50, keys=3)
-        results = run_test(t, store_dir)
-        verdicts[wl] = results["valid"]
-        click.echo(f"   {t.run_dir}: valid={json.dumps(results['valid'])} ops={results['ops']}")
-        for cname, r in results.get("results", {}).items():
-            click.echo(f"     {cname:<18} valid={json.dumps(r.get('valid'))}")
-    click.echo(f"== runs are in {store_dir.resolve()}")
-    if any(v is not True for v in verdicts.values()):
-        raise click.ClickException(f"demo verdicts: {verdicts}")
+    from lab.campaign import load_spec, run_campaign
+    from lab.paths import REPO_ROOT
+
+    spec_path = REPO_ROOT / "campaigns" / "demo.toml"
+    click.echo(f"== fencelab campaign {spec_path.relative_to(REPO_ROOT)}")
+    outcome = run_campaign(load_spec(spec_path), store_dir, resume=False, echo=click.echo)
+    click.echo(f"== campaign page: {Path(outcome.page).resolve()}")
+    if outcome.exit_code != 0:
+        raise click.ClickException(f"demo campaign verdicts: {outcome.counts}")

@@ -1,7 +1,9 @@
 """The reference lease server owner: one `python -m lab.server` process per instance.
 
 Several instances share one Valkey; each has its own port, instance id, audit
-log and process log under the run directory.
+log and process log under the run directory. `store_url` (the CouchDB-API store
+of the fenced-write boundary) becomes `--store-url`; mutant switches such as
+`--allow-mutants` go through `extra_args`.
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ class LeaseServerProcess(ManagedProcess):
 
     def __init__(self, run_dir: Path, *, valkey_url: str, principals_file: Path, name: str = "lease-1",
                  port: int | None = None, config_file: Path | None = None, env: dict[str, str] | None = None,
-                 extra_args: list[str] | None = None):
-        run_dir = Path(run_dir)
+                 extra_args: list[str] | None = None, store_url: str | None = None):
+        run_dir = Path(run_dir).resolve()  # the process runs with another cwd: relative paths would break
         port = port or free_port()
         self.valkey_url = valkey_url
+        self.store_url = store_url
         argv = [sys.executable, "-m", "lab.server", "--host", "127.0.0.1", "--port", str(port),
-                "--valkey-url", valkey_url, "--principals", str(principals_file), "--instance-id", name,
+                "--valkey-url", valkey_url, "--principals", str(Path(principals_file).resolve()), "--instance-id", name,
                 "--audit-log", str(run_dir / "audit" / f"{name}.jsonl")]
         if config_file is not None:
             argv += ["--config", str(config_file)]
+        if store_url is not None:
+            argv += ["--store-url", store_url]
         argv += list(extra_args or [])
         super().__init__(name=name, argv=argv, log_path=run_dir / "logs" / f"{name}.log",
                          ports={"http": port}, env=env)
@@ -45,5 +50,5 @@ class LeaseServerProcess(ManagedProcess):
 
     def state(self) -> dict:
         d = super().state()
-        d.update(url=self.url, valkey_url=self.valkey_url)
+        d.update(url=self.url, valkey_url=self.valkey_url, store_url=self.store_url)
         return d

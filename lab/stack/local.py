@@ -136,17 +136,21 @@ class LocalStack:
         names = [f"lease-{i}" for i in range(1, opts.servers + 1)]
         ports = {n: free_port() for n in names}
         valkey_urls = {n: valkey.url for n in names}
+        store_urls = {n: store.url if store else None for n in names}
         self.info["client_nodes"] = [f"http://127.0.0.1:{ports[n]}" for n in names]
         if opts.toxiproxy:
             topo = self._build_topology(opts, valkey, store, ports)
             valkey_urls = {n: f"redis://{topo.address(n, 'valkey')}/0" for n in names}
+            if store:
+                store_urls = {n: f"http://{topo.address(n, 'store')}" for n in names}
             # thread t of the interpreter talks to client_nodes[t % len]: group c(g) to server s via its own proxy
             self.info["client_nodes"] = [f"http://{topo.address(f'c{g}', n)}"
                                          for g in range(1, opts.client_groups + 1) for n in names]
         self.info["lease_servers"] = []
         for n in names:
             srv = self._start(LeaseServerProcess(self.dir, valkey_url=valkey_urls[n], principals_file=principals_file,
-                                                 name=n, port=ports[n], env=self._clock_env(n, opts)))
+                                                 name=n, port=ports[n], env=self._clock_env(n, opts),
+                                                 store_url=store_urls[n]))
             self.info["lease_servers"].append(srv.url)
             self.save_state()
 

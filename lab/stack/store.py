@@ -20,7 +20,7 @@ class PouchDBProcess(ManagedProcess):
 
     def __init__(self, run_dir: Path, *, name: str = "store", port: int | None = None,
                  in_memory: bool = False, env: dict[str, str] | None = None):
-        run_dir = Path(run_dir)
+        run_dir = Path(run_dir).resolve()  # the process runs with another cwd: relative paths would break
         self.data_dir = run_dir / name
         self.data_dir.mkdir(parents=True, exist_ok=True)
         port = port or free_port()

@@ -14,7 +14,7 @@ class ToxiproxyProcess(ManagedProcess):
     """Toxiproxy's API server on a free loopback port (proxies listen on ports the lab picks)."""
 
     def __init__(self, run_dir: Path, *, name: str = "toxiproxy", port: int | None = None):
-        run_dir = Path(run_dir)
+        run_dir = Path(run_dir).resolve()  # the process runs with another cwd: relative paths would break
         port = port or free_port()
         argv = [str(paths.toxiproxy_server()), "-host", "127.0.0.1", "-port", str(port)]
         super().__init__(name=name, argv=argv, log_path=run_dir / "logs" / f"{name}.log", ports={"api": port})

@@ -37,7 +37,7 @@ class ValkeyProcess(ManagedProcess):
 
     def __init__(self, run_dir: Path, *, name: str = "valkey", port: int | None = None,
                  persistence: str = "none", env: dict[str, str] | None = None):
-        run_dir = Path(run_dir)
+        run_dir = Path(run_dir).resolve()  # the process runs with another cwd: relative paths would break
         self.data_dir = run_dir / name
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.persistence = persistence

@@ -1,0 +1,253 @@
+"""Running a campaign: every pending run of the plan, one after the other, resumable at any point.
+
+Before each run its entry is marked `running` (with the time it started) and
+campaign.json is rewritten; after it, the verdict (or the error) is recorded
+and the file rewritten again, then campaign.html. So a campaign killed at any
+moment (Ctrl-C, SIGTERM, SIGKILL) loses nothing it finished, and the next
+`fencelab campaign` settles the interrupted run (`state.settle`) and goes on.
+A run that raises (the stack does not start, ...) is recorded `failed` with
+its error and the campaign goes on; a resume retries it.
+
+Progress is a rich progress bar on a terminal, plain lines otherwise (and
+whenever `CI=true`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from lab.campaign.spec import CampaignError, PlannedRun, Spec, validate_plan
+from lab.campaign.state import (STATE_FILE, CampaignLock, campaign_dir, counts, find_run_dir, iso_now, load_state,
+                                merge_plan, new_state, record_results, save_state, settle, stamp_now)
+
+__all__ = ["CampaignOutcome", "exit_code", "format_plan", "run_campaign"]
+
+EXIT_INTERRUPTED = 130  # the shell's convention for a SIGINT
+
+
+@dataclass
+class CampaignOutcome:
+    """What `run_campaign` leaves: the state file, the page, the exit code and the counts."""
+
+    name: str
+    state_path: Path
+    page: Path
+    exit_code: int
+    counts: dict[str, int]
+    interrupted: bool = False
+
+
+def exit_code(runs: list[dict[str, Any]]) -> int:
+    """0 every run valid, 1 any invalid, 3 any unknown, failed or unfinished run."""
+    if any(e["status"] == "done" and e["verdict"] is False for e in runs):
+        return 1
+    if all(e["status"] == "done" and e["verdict"] is True for e in runs):
+        return 0
+    return 3
+
+
+def format_plan(spec: Spec, plan: list[PlannedRun]) -> list[str]:
+    """The lines `--dry-run` prints: one per run with the options that differ from a default Test."""
+    from lab.testmap import Test
+
+    default = Test().to_json()
+    lines = [f"campaign {spec.name}: {len(plan)} runs ({spec.source})"]
+    for r in plan:
+        opts = r.test_options()
+        shown = {k: v for k, v in opts.items() if k not in ("name", "workload", "seed", "nemesis")
+                 and v != default.get(k)}
+        lines.append(f"  {r.test_name}  " + " ".join(f"{k}={v}" for k, v in shown.items()))
+    return lines
+
+
+def _fancy() -> bool:
+    """A rich progress bar only on a terminal, and never under CI."""
+    from rich.console import Console
+
+    return Console().is_terminal and os.environ.get("CI", "").lower() not in ("true", "1", "yes")
+
+
+class _Progress:
+    """A rich progress bar, or plain lines."""
+
+    def __init__(self, name: str, total: int, done: int, echo: Callable[[str], Any], fancy: bool):
+        self.name, self.total, self.k, self.echo, self.fancy = name, total, done, echo, fancy
+        self.bar = self.task = None
+
+    def __enter__(self) -> "_Progress":
+        if self.fancy:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                       TimeElapsedColumn)
+
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn())
+            self.bar.start()
+            self.task = self.bar.add_task(self.name, total=self.total, completed=self.k)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def start(self, entry: dict[str, Any]) -> None:
+        """A run begins."""
+        if self.bar is not None:
+            self.bar.update(self.task, description=f"{self.name}: {entry['id']}")
+        else:
+            self.echo(f"[{self.k + 1}/{self.total}] {entry['id']} ...")
+
+    def finish(self, entry: dict[str, Any]) -> None:
+        """A run ended (done or failed)."""
+        self.k += 1
+        line = f"[{self.k}/{self.total}] {describe(entry)}"
+        if self.bar is not None:
+            self.bar.console.print(line, markup=False, highlight=False)
+            self.bar.update(self.task, completed=self.k)
+        else:
+            self.echo(line)
+
+
+def describe(entry: dict[str, Any]) -> str:
+    """One line for a finished entry."""
+    import json
+
+    if entry["status"] == "failed":
+        return f"{entry['id']}: FAILED ({entry['error']})"
+    return (f"{entry['id']}: valid={json.dumps(entry['verdict'])} ops={entry['ops']} "
+            f"{entry['elapsed_s'] or 0:.1f}s {entry['run_dir']}")
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt (like Ctrl-C), so the running test stops its stack and the state is saved."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(f"{type(e).__name__}: {e}".split())[:500]
+
+
+def _write_report(entry: dict[str, Any], run_dir: Path) -> None:
+    """report.html for the run if `fencelab test` did not write one; a report that fails is only noted."""
+    if (run_dir / "report.html").exists():
+        return
+    try:
+        from lab.report import write_report
+
+        write_report(run_dir)
+    except Exception as e:  # noqa: BLE001 - the report is a convenience: the page links results.json instead
+        entry["note"] = f"no report.html ({_one_line(e)})"
+
+
+def execute_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Callable[[], None]) -> None:
+    """Run one planned test, recording it in `entry` before and after (KeyboardInterrupt propagates)."""
+    from lab import runner
+
+    entry.update(status="running", started=stamp_now(), run_dir=None, verdict=None, ops=None, elapsed_s=None,
+                 finished=None, error=None, note=None)
+    save()
+    test = run.to_test()
+    t0 = time.monotonic()
+
+    def where() -> str | None:
+        found = test.run_dir or find_run_dir(store_dir, run.test_name, entry["started"])
+        return os.path.relpath(found, store_dir) if found else None
+
+    try:
+        results = runner.run_test(test, store_dir)
+    except KeyboardInterrupt:
+        entry.update(status="pending", run_dir=where(), elapsed_s=time.monotonic() - t0,
+                     note="interrupted; settled when the campaign resumes")
+        save()
+        raise
+    except Exception as e:  # noqa: BLE001 - one run's failure (stack did not start, ...) must not end the campaign
+        entry.update(status="failed", run_dir=where(), error=_one_line(e))
+    else:
+        record_results(entry, results)
+        entry["run_dir"] = where()
+        _write_report(entry, test.run_dir)
+    entry.update(elapsed_s=round(time.monotonic() - t0, 3), finished=iso_now())
+    save()
+
+
+def _prepare_state(spec: Spec, plan: list[PlannedRun], store_dir: Path, path: Path, resume: bool,
+                   echo: Callable[[str], Any]) -> dict[str, Any]:
+    """The state to go on from: the saved one merged with the plan and settled, or a fresh one."""
+    if not resume and path.exists():
+        aside = path.with_name(f"campaign-{stamp_now()}.json")
+        os.replace(path, aside)
+        echo(f"campaign {spec.name}: starting over (the previous state is kept as {aside})")
+    old = load_state(path) if resume else None
+    if old is None:
+        return new_state(spec, plan, store_dir)
+    state = merge_plan(old, spec, plan, store_dir)
+    for entry in state["runs"]:
+        before = entry["status"]
+        settle(entry, store_dir)
+        if entry["status"] != before or (before == "pending" and entry.get("note")):
+            echo(f"resume: {entry['id']}: {entry['status']} ({entry.get('note')})")
+    return state
+
+
+def run_campaign(spec: Spec, store_dir: Path | str = "store", *, resume: bool = True,
+                 echo: Callable[[str], Any] = print, fancy: bool | None = None,
+                 plan: list[PlannedRun] | None = None) -> CampaignOutcome:
+    """Run (or resume) a campaign; writes store/campaigns/<name>/campaign.json and campaign.html.
+
+    `plan` is `validate_plan(spec)` when the caller has it already.
+    """
+    from lab.campaign.page import PageData, write_page
+
+    store_dir = Path(store_dir)
+    if store_dir.exists() and not store_dir.is_dir():
+        raise CampaignError(f"--store-dir {store_dir} exists and is not a directory")
+    plan = validate_plan(spec) if plan is None else plan
+    by_id = {r.id: r for r in plan}
+    cdir = campaign_dir(store_dir, spec.name)
+    cdir.mkdir(parents=True, exist_ok=True)
+    path = cdir / STATE_FILE
+    with CampaignLock(cdir), _sigterm_interrupts():
+        state = _prepare_state(spec, plan, store_dir, path, resume, echo)
+        save_state(path, state)
+        data = PageData(store_dir, cdir)
+        page = write_page(state, data)
+        todo = [e for e in state["runs"] if e["status"] != "done"]
+        echo(f"campaign {spec.name}: {len(state['runs'])} runs, {len(state['runs']) - len(todo)} already done; "
+             f"state {path}")
+        interrupted = False
+        with _Progress(spec.name, len(state["runs"]), len(state["runs"]) - len(todo), echo,
+                       _fancy() if fancy is None else fancy) as progress:
+            try:
+                for entry in todo:
+                    progress.start(entry)
+                    execute_run(entry, by_id[entry["id"]], store_dir, lambda: save_state(path, state))
+                    progress.finish(entry)
+                    page = write_page(state, data)
+            except KeyboardInterrupt:
+                interrupted = True
+        page = write_page(state, data)
+    c = counts(state["runs"])
+    tail = " (INTERRUPTED: resume by running the same command)" if interrupted else ""
+    echo(f"campaign {spec.name}: {c['done']}/{c['runs']} done: {c['valid']} valid, {c['invalid']} invalid, "
+         f"{c['unknown']} unknown; {c['failed']} failed; {c['ops']} ops{tail}")
+    echo(f"  page: {page}")
+    code = EXIT_INTERRUPTED if interrupted else exit_code(state["runs"])
+    return CampaignOutcome(spec.name, path, page, code, c, interrupted)

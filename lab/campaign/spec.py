@@ -1,0 +1,514 @@
+"""Campaign specs: a TOML (or YAML) file naming axes, validated eagerly and expanded into a plan of runs.
+
+A spec names the campaign, the `[defaults]` every run starts from (any Test
+option), and the axes whose product is the plan:
+
+    workloads x nemeses x scenarios x implementations x seeds x repetitions
+
+Every problem is found before anything runs and reported as one line that
+names the key and says what to change (Hypothesis' `InvalidDefinition`
+style). Each combination becomes a `PlannedRun`, whose `Test` is checked by
+`lab.runner.validate`, so one bad combination fails the whole campaign before
+its first run. See docs/campaigns.md for the format.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import itertools
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from lab.testmap import Test
+
+__all__ = ["CampaignError", "Implementation", "PlannedRun", "Scenario", "Spec", "expand", "load_spec",
+           "parse_spec", "validate_plan"]
+
+MAX_RUNS = 10_000
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+RESERVED_NAMES = {"campaigns", "latest"}
+TOP_KEYS = ("name", "description", "defaults", "workloads", "nemeses", "scenarios", "implementations", "seeds",
+            "repetitions")
+# the axes own these Test fields: setting them in [defaults] or a scenario is a mistake the error explains
+AXIS_FIELDS = {"workload": "workloads", "nemesis": "nemeses", "seed": "seeds", "name": "name"}
+REFERENCE = "reference"
+IMPL_KEYS = ("name", "sut", "url", "api_key_file")
+
+
+class CampaignError(ValueError):
+    """A campaign cannot run as specified; the one-line message names the key and what to change."""
+
+
+# -- option values ----------------------------------------------------------------------------
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# Test options a spec may set: key -> (predicate, what it must be)
+OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "time_limit": (_is_number, "a number of seconds (the main phase)"),
+    "concurrency": (_is_int, "an integer number of client processes"),
+    "rate": (_is_number, "a number of ops/s over all clients"),
+    "keys": (_is_int, "an integer number of independent keys"),
+    "ttl_ms": (_is_int, "an integer lease TTL in ms"),
+    "nemesis_interval": (_is_number, "a number of seconds between faults"),
+    "servers": (_is_int, "an integer number of reference lease servers (1-16)"),
+    "extra": (lambda v: isinstance(v, Mapping), "a table of extra test options (e.g. deadline_s = 1.0)"),
+}
+
+
+def _unknown_key(where: str, key: str, known: list[str] | tuple[str, ...], what: str = "keys") -> CampaignError:
+    """An 'unknown key' error with the closest known key suggested."""
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return CampaignError(f"{where}: unknown key {key!r}{hint}; known {what}: {', '.join(known)}")
+
+
+def _check_options(where: str, table: Any, allowed_extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A table of Test option overrides, each key known and of the right type."""
+    if not isinstance(table, Mapping):
+        raise CampaignError(f"{where} must be a table of Test options, not {table!r}")
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in allowed_extra:
+            continue
+        if key in AXIS_FIELDS:
+            raise CampaignError(f"{where}: {key!r} is an axis of the campaign, not an option: "
+                                f"list its values in the top-level {AXIS_FIELDS[key]!r} instead")
+        if key not in OPTIONS:
+            raise _unknown_key(where, key, list(OPTIONS) + list(allowed_extra), "Test options")
+        ok, kind = OPTIONS[key]
+        if not ok(value):
+            raise CampaignError(f"{where}: {key} must be {kind}, not {value!r}")
+        if key == "servers" and not 1 <= value <= 16:
+            raise CampaignError(f"{where}: servers must be between 1 and 16, not {value}")
+        out[key] = dict(value) if key == "extra" else value
+    return out
+
+
+def _merge_options(*layers: Mapping[str, Any]) -> dict[str, Any]:
+    """Later layers win; `extra` tables merge key by key."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for k, v in layer.items():
+            out[k] = {**out.get(k, {}), **v} if k == "extra" else v
+    return out
+
+
+# -- axes -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named bundle of Test option overrides (optionally a named scenario of `lab.scenarios`)."""
+
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    scenario: str | None = None  # a key of lab.scenarios.SCENARIOS
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """The system under test: the lab's reference servers, or a `lab.sut` system (`test.extra["sut"]`)."""
+
+    name: str
+    sut: str = REFERENCE
+    url: str | None = None  # -> test.extra["urls"] (the runner's external servers)
+    api_key_file: str | None = None  # -> test.extra["api_key_file"]
+
+    def extra(self) -> dict[str, Any]:
+        """What this implementation puts in `test.extra` (nothing for the reference servers)."""
+        if self.sut == REFERENCE and self.url is None:
+            return {}
+        out = {"sut": self.sut if self.sut != REFERENCE else None, "urls": [self.url] if self.url else None,
+               "api_key_file": self.api_key_file}
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A validated campaign spec."""
+
+    name: str
+    source: str
+    description: str
+    defaults: dict[str, Any]
+    workloads: list[str]
+    nemeses: dict[str, list[str]]  # column label -> nemesis names ([] for "none")
+    scenarios: list[Scenario]
+    implementations: list[Implementation]
+    seeds: list[int]
+    repetitions: int
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def _check_name(where: str, value: Any, what: str) -> str:
+    """A name usable as a directory and in a run id."""
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise CampaignError(f"{where}: {what} must be a non-empty string of letters, digits, '.', '_' or '-' "
+                            f"(starting with a letter or digit), not {value!r}")
+    return value
+
+
+def _check_list(where: str, value: Any, what: str) -> list:
+    """A non-empty list (a single string is accepted as a list of one)."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise CampaignError(f"{where} must be a non-empty list of {what}, not {value!r}")
+    return value
+
+
+def _workloads(where: str, value: Any) -> list[str]:
+    """Known workload names, each once."""
+    from workloads import WORKLOADS
+
+    names = _check_list(where, value, "workload names")
+    for i, n in enumerate(names):
+        if n not in WORKLOADS:
+            raise CampaignError(f"{where}[{i}]: unknown workload {n!r}; "
+                                f"known workloads: {', '.join(sorted(WORKLOADS))}")
+    _no_repeats(where, names)
+    return names
+
+
+def _no_repeats(where: str, names: list[str]) -> None:
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise CampaignError(f"{where}: {', '.join(map(str, repeated))} given more than once; list each once")
+
+
+def _nemeses(where: str, value: Any) -> dict[str, list[str]]:
+    """Column label -> validated nemesis names; "none" is the column without faults."""
+    from nemesis.registry import known_names, validate_names
+
+    out: dict[str, list[str]] = {}
+    for i, item in enumerate(_check_list(where, value, 'nemesis names, name lists or "none"')):
+        here = f"{where}[{i}]"
+        if item == "none" or item == ["none"]:
+            names: list[str] = []
+        else:
+            if isinstance(item, list) and "none" in item:
+                raise CampaignError(f'{here}: "none" cannot be combined with other nemeses; give it on its own')
+            names_list = isinstance(item, list) and item and all(isinstance(x, str) for x in item)
+            if not (isinstance(item, str) or names_list):
+                raise CampaignError(f'{here} must be a nemesis name, a list of names or "none", not {item!r}; '
+                                    f"known: none, {', '.join(known_names())}")
+            try:
+                names = validate_names(item)
+            except ValueError as e:
+                msg = str(e).removeprefix("--nemesis: ").removeprefix("--nemesis ")
+                raise CampaignError(f"{here}: {msg}") from None
+        label = "+".join(names) or "none"
+        if label in out:
+            raise CampaignError(f"{here}: nemesis {label!r} given more than once; list each once")
+        out[label] = names
+    return out
+
+
+def _named_scenarios() -> Mapping[str, Any] | None:
+    """`lab.scenarios.SCENARIOS` when that module exists, else None."""
+    try:
+        mod = importlib.import_module("lab.scenarios")
+    except ModuleNotFoundError as e:
+        if e.name in ("lab.scenarios",):
+            return None
+        raise CampaignError(f"cannot load lab.scenarios: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a broken module must be a one-line error, not a traceback
+        raise CampaignError(f"cannot load lab.scenarios: {type(e).__name__}: {e}") from None
+    found = getattr(mod, "SCENARIOS", None)
+    return found if isinstance(found, Mapping) else None
+
+
+def _scenario_options(obj: Any) -> Mapping[str, Any]:
+    """The Test option overrides a named scenario carries (a mapping, or its `options` / `overrides`)."""
+    if isinstance(obj, Mapping):
+        return obj
+    for attr in ("options", "overrides", "test_options"):
+        found = getattr(obj, attr, None)
+        if isinstance(found, Mapping):
+            return found
+    return {}
+
+
+def _scenarios(source: str, value: Any) -> list[Scenario]:
+    """Named option bundles; `scenario = "<name>"` refers to lab.scenarios.SCENARIOS."""
+    where = f"{source}: scenarios"
+    if value is None:
+        return [Scenario("default")]
+    if not isinstance(value, Mapping) or not value:
+        raise CampaignError(f"{where} must be a table of named scenarios, e.g. [scenarios.short-ttl] ttl_ms = 300, "
+                            f"not {value!r}")
+    out = []
+    for name, table in value.items():
+        _check_name(f"{where}.{name}", name, "a scenario name")
+        here = f"{source}: [scenarios.{name}]"
+        opts = _check_options(here, table, allowed_extra=("scenario", "description"))
+        named = table.get("scenario")
+        if named is not None:
+            known = _named_scenarios()
+            if not isinstance(named, str):
+                raise CampaignError(f"{here} scenario must be the name of a scenario, not {named!r}")
+            if known is None:
+                raise CampaignError(f"{here} scenario: unknown scenario {named!r}: this lab has no named "
+                                    "scenarios (lab.scenarios is not installed); set Test options in the table instead")
+            if named not in known:
+                raise CampaignError(f"{here} scenario: unknown scenario {named!r}; known scenarios: "
+                                    f"{', '.join(sorted(known)) or 'none'}")
+            base = _scenario_options(known[named])
+            inherited = {k: v for k, v in base.items() if k in OPTIONS}
+            extra = {k: v for k, v in base.items() if k not in OPTIONS and k not in AXIS_FIELDS}
+            opts = _merge_options(inherited, {"extra": {**extra, "scenario": named}}, opts)
+        description = table.get("description", "")
+        if not isinstance(description, str):
+            raise CampaignError(f"{here} description must be a string, not {description!r}")
+        out.append(Scenario(name, opts, named, description))
+    return out
+
+
+def _sut_registry() -> Any:
+    """The `lab.sut` package when it is installed and loads, else None (then only `reference` exists)."""
+    try:
+        mod = importlib.import_module("lab.sut")
+    except Exception:  # noqa: BLE001 - no usable lab.sut means only the reference implementation
+        return None
+    return mod if callable(getattr(mod, "get_sut", None)) and callable(getattr(mod, "sut_names", None)) else None
+
+
+def _check_sut(where: str, sut: Any) -> None:
+    """`sut` names a system lab.sut knows (registered, installed, or `module.path:Factory`)."""
+    registry = _sut_registry()
+    if sut == REFERENCE:
+        return
+    if registry is None:
+        raise CampaignError(f"{where}: unknown implementation {sut!r}; known: {REFERENCE} "
+                            "(other systems need the lab.sut package)")
+    try:
+        registry.get_sut(sut)
+    except ValueError as e:  # lab.sut.SutError
+        raise CampaignError(f"{where}: {e}".replace("unknown SUT", "unknown implementation")) from None
+
+
+def _implementation(where: str, name: Any, table: Mapping[str, Any]) -> Implementation:
+    """One implementation: `reference`, or a lab.sut system with its url and API key file."""
+    _check_name(where, name, "an implementation name")
+    for key in table:
+        if key not in IMPL_KEYS:
+            raise _unknown_key(where, key, IMPL_KEYS, "implementation keys")
+    sut = table.get("sut", name)
+    _check_sut(where, sut)
+    url, key_file = table.get("url"), table.get("api_key_file")
+    if sut == REFERENCE and (url is not None or key_file is not None):
+        raise CampaignError(f"{where}: the reference implementation runs the lab's own servers and takes no url "
+                            "or api_key_file; remove them, or set sut to the system the url serves")
+    if url is not None and (not isinstance(url, str) or not re.match(r"^https?://[^\s/]+", url)):
+        raise CampaignError(f"{where}: url must be an http(s) URL such as http://127.0.0.1:9000, not {url!r}")
+    if key_file is not None and not isinstance(key_file, str):
+        raise CampaignError(f"{where}: api_key_file must be a path (a string), not {key_file!r}")
+    return Implementation(name, sut, url, key_file)
+
+
+def _implementations(where: str, value: Any) -> list[Implementation]:
+    """A list of names or {name, sut, url} tables, or a table of named tables."""
+    if value is None:
+        return [Implementation(REFERENCE)]
+    if isinstance(value, Mapping):
+        items = [(f"{where}.{k}", k, v) for k, v in value.items()]
+    else:
+        items = []
+        for i, item in enumerate(_check_list(where, value, "implementation names or tables")):
+            if isinstance(item, Mapping):
+                items.append((f"{where}[{i}]", item.get("name", item.get("sut")), item))
+            else:
+                items.append((f"{where}[{i}]", item, {}))
+    if not items:
+        raise CampaignError(f"{where} must name at least one implementation, e.g. [\"reference\"]")
+    out = []
+    for here, name, table in items:
+        if not isinstance(table, Mapping):
+            raise CampaignError(f"{here} must be a table with sut and url, not {table!r}")
+        out.append(_implementation(here, name, table))
+    _no_repeats(where, [i.name for i in out])
+    return out
+
+
+def _seeds(where: str, value: Any) -> list[int]:
+    """A count (seeds 0..n-1) or a list of distinct integer seeds."""
+    if value is None:
+        return [0]
+    if _is_int(value):
+        if value < 1:
+            raise CampaignError(f"{where} must be a count >= 1 or a list of seeds, not {value}")
+        return list(range(value))
+    if not isinstance(value, list) or not value or not all(_is_int(s) for s in value):
+        raise CampaignError(f"{where} must be a count (e.g. 3: seeds 0, 1, 2) or a non-empty list of integers, "
+                            f"not {value!r}")
+    _no_repeats(where, value)
+    return list(value)
+
+
+def _repetitions(where: str, value: Any) -> int:
+    if value is None:
+        return 1
+    if not _is_int(value) or value < 1:
+        raise CampaignError(f"{where} must be an integer >= 1 (runs per seed), not {value!r}")
+    return value
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def load_spec(path: Path | str) -> Spec:
+    """Read and validate a spec file (TOML; YAML when pyyaml is installed)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CampaignError(f"{path}: no such spec file")
+    text = path.read_bytes()
+    if path.suffix == ".toml":
+        try:
+            data = tomllib.loads(text.decode("utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise CampaignError(f"{path}: invalid TOML: {e}") from None
+    elif path.suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError:
+            raise CampaignError(f"{path}: reading YAML specs needs pyyaml (pip install pyyaml); "
+                                "or write the spec as TOML") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise CampaignError(f"{path}: invalid YAML: {' '.join(str(e).split())}") from None
+    else:
+        raise CampaignError(f"{path}: a spec is a .toml file (or .yaml / .yml), not {path.suffix or 'no suffix'}")
+    return parse_spec(data, source=str(path))
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> Spec:
+    """Validate a parsed spec (a mapping) into a `Spec`; the plan itself is checked by `validate_plan`."""
+    if not isinstance(data, Mapping):
+        raise CampaignError(f"{source}: a spec is a table of keys ({', '.join(TOP_KEYS)}), not {type(data).__name__}")
+    for key in data:
+        if key not in TOP_KEYS:
+            if key in AXIS_FIELDS and key != "name":
+                raise CampaignError(f"{source}: unknown key {key!r}: the axis is {AXIS_FIELDS[key]!r} (a list)")
+            raise _unknown_key(source, key, TOP_KEYS)
+    if "name" not in data:
+        raise CampaignError(f"{source}: missing key 'name': name the campaign, e.g. name = \"demo\"")
+    name = _check_name(f"{source}: name", data["name"], "the campaign name")
+    if name in RESERVED_NAMES:
+        raise CampaignError(f"{source}: name {name!r} is reserved in the store; choose another campaign name")
+    if "workloads" not in data:
+        raise CampaignError(f"{source}: missing key 'workloads': list the workloads to run, "
+                            "e.g. workloads = [\"lease\"]")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise CampaignError(f"{source}: description must be a string, not {description!r}")
+    return Spec(
+        name=name, source=source, description=description,
+        defaults=_check_options(f"{source}: [defaults]", data.get("defaults", {})),
+        workloads=_workloads(f"{source}: workloads", data["workloads"]),
+        nemeses=_nemeses(f"{source}: nemeses", data.get("nemeses", ["none"])),
+        scenarios=_scenarios(source, data.get("scenarios")),
+        implementations=_implementations(f"{source}: implementations", data.get("implementations")),
+        seeds=_seeds(f"{source}: seeds", data.get("seeds")),
+        repetitions=_repetitions(f"{source}: repetitions", data.get("repetitions")),
+        raw=dict(data),
+    )
+
+
+# -- the plan ---------------------------------------------------------------------------------
+
+
+def sanitize(part: str) -> str:
+    """A run-id part safe as a directory name (letters, digits, '.', '_', '-', '+')."""
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", str(part)).strip("_") or "_"
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One combination of the axes: its id, coordinates and the options of its Test."""
+
+    campaign: str
+    workload: str
+    nemesis: str  # the column label ("none", "partition", "partition+kill")
+    nemesis_names: tuple[str, ...]
+    scenario: str
+    implementation: str
+    seed: int
+    rep: int
+    options: dict[str, Any]  # Test keyword arguments besides name, workload, nemesis and seed
+
+    @property
+    def id(self) -> str:
+        """`<workload>-<nemesis>-<scenario>-<impl>-s<seed>-r<rep>`, sanitized."""
+        parts = (self.workload, self.nemesis, self.scenario, self.implementation)
+        return "-".join(map(sanitize, parts)) + f"-s{self.seed}-r{self.rep}"
+
+    @property
+    def test_name(self) -> str:
+        """The Test name, and so the run's directory in the store: `<campaign>/<id>`."""
+        return f"{self.campaign}/{self.id}"
+
+    def to_test(self) -> Test:
+        """A fresh Test for this run."""
+        opts = {k: v for k, v in self.options.items() if k != "servers"}
+        extra = {"servers": self.options.get("servers", 2), **opts.pop("extra", {})}
+        return Test(name=self.test_name, workload=self.workload, seed=self.seed, nemesis=list(self.nemesis_names),
+                    extra=extra, **opts)
+
+    def test_options(self) -> dict[str, Any]:
+        """The Test's options as saved in campaign.json (what decides whether a finished run still matches)."""
+        t = self.to_test().to_json()
+        return {k: t[k] for k in ("name", "workload", "time_limit", "concurrency", "rate", "keys", "seed", "ttl_ms",
+                                  "nemesis", "nemesis_interval", "extra")}
+
+
+def expand(spec: Spec) -> list[PlannedRun]:
+    """Every combination, in matrix order: workload, scenario, implementation, nemesis, seed, repetition."""
+    runs = []
+    for wl, sc, impl, (label, names), seed, rep in itertools.product(
+            spec.workloads, spec.scenarios, spec.implementations, spec.nemeses.items(), spec.seeds,
+            range(spec.repetitions)):
+        impl_opts = {"extra": impl.extra()} if impl.extra() else {}
+        runs.append(PlannedRun(spec.name, wl, label, tuple(names), sc.name, impl.name, seed, rep,
+                               _merge_options(spec.defaults, sc.options, impl_opts)))
+    return runs
+
+
+def validate_plan(spec: Spec, runs: list[PlannedRun] | None = None) -> list[PlannedRun]:
+    """The plan, once every run's Test passes `lab.runner.validate` and every id is distinct."""
+    from lab.runner import RunError, validate
+
+    runs = expand(spec) if runs is None else runs
+    if len(runs) > MAX_RUNS:
+        raise CampaignError(f"{spec.source}: the spec expands to {len(runs)} runs, more than {MAX_RUNS}; "
+                            "use fewer seeds, repetitions or axis values")
+    seen: dict[str, PlannedRun] = {}
+    registry = _sut_registry()
+    for run in runs:
+        if run.id in seen:
+            raise CampaignError(f"{spec.source}: two combinations share the run id {run.id!r} once sanitized; "
+                                "rename a scenario or implementation so their ids differ")
+        seen[run.id] = run
+        try:
+            test = run.to_test()
+            validate(test)
+            if registry is not None and callable(getattr(registry, "validate_test", None)):
+                registry.validate_test(test)
+        except (RunError, ValueError) as e:
+            msg = re.sub(r"--([a-z-]+)", lambda m: m.group(1).replace("-", "_"), str(e))
+            raise CampaignError(f"{spec.source}: run {run.id}: {msg} (fix it in [defaults] or the scenario)") from None
+    return runs

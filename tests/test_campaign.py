@@ -1,0 +1,425 @@
+"""Campaign specs (eager validation, expansion) and the campaign machinery (state, resume, exit codes, page).
+
+The machinery tests swap `lab.runner.run_test` for a test double that writes a
+real run directory (test.json, history.jsonl, results.json) without starting a
+stack; tests/test_campaign_e2e.py runs real campaigns.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from lab import runner
+from lab.campaign import CampaignError, expand, load_spec, parse_spec, run_campaign, validate_plan
+from lab.campaign.state import CampaignLock, campaign_dir, settle
+from lab.cli import main
+
+GOOD = """
+name = "c1"
+workloads = ["lease"]
+[defaults]
+time_limit = 2
+"""
+
+
+def spec_file(tmp_path: Path, text: str, name: str = "spec.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, ["campaign", *args])
+
+
+# -- validation: one line, exit 2, nothing written -------------------------------------------
+
+BAD_SPECS = [
+    ("workloads = ['lease']", "missing key 'name'"),
+    ("name = 'c'", "missing key 'workloads'"),
+    ("name = 'a/b'\nworkloads = ['lease']", "name: the campaign name must be"),
+    ("name = 'campaigns'\nworkloads = ['lease']", "reserved"),
+    ("name = 'c'\nworkloads = ['lease']\nrepititions = 2", "unknown key 'repititions' (did you mean 'repetitions'?)"),
+    ("name = 'c'\nworkloads = ['lease']\nworkload = 'lease'", "the axis is 'workloads'"),
+    ("name = 'c'\nworkloads = ['nope']", "workloads[0]: unknown workload 'nope'; known workloads:"),
+    ("name = 'c'\nworkloads = []", "workloads must be a non-empty list"),
+    ("name = 'c'\nworkloads = ['lease', 'lease']", "lease given more than once"),
+    ("name = 'c'\nworkloads = ['lease']\nnemeses = ['none', 'partitoin']", "nemeses[1]: unknown nemesis partitoin"),
+    ("name = 'c'\nworkloads = ['lease']\nnemeses = [['none', 'kill']]", '"none" cannot be combined'),
+    ("name = 'c'\nworkloads = ['lease']\nnemeses = ['kill', ['kill']]", "nemesis 'kill' given more than once"),
+    ("name = 'c'\nworkloads = ['lease']\n[defaults]\ntime-limit = 2", "unknown key 'time-limit' (did you mean 'time_limit'?)"),
+    ("name = 'c'\nworkloads = ['lease']\n[defaults]\nseed = 3", "'seed' is an axis of the campaign"),
+    ("name = 'c'\nworkloads = ['lease']\n[defaults]\nrate = 'fast'", "rate must be a number of ops/s"),
+    ("name = 'c'\nworkloads = ['lease']\n[defaults]\nconcurrency = 2.5", "concurrency must be an integer"),
+    ("name = 'c'\nworkloads = ['lease']\n[defaults]\nservers = 40", "servers must be between 1 and 16"),
+    ("name = 'c'\nworkloads = ['lease']\n[scenarios.x]\nttl = 3", "[scenarios.x]: unknown key 'ttl' (did you mean 'ttl_ms'?)"),
+    ("name = 'c'\nworkloads = ['lease']\n[scenarios.x]\nscenario = 'no-such-race'", "unknown scenario 'no-such-race'"),
+    ("name = 'c'\nworkloads = ['lease']\nimplementations = ['acme']", "implementations[0]: unknown implementation 'acme'"),
+    ("name = 'c'\nworkloads = ['lease']\nimplementations = [{name = 'reference', url = 'http://x'}]", "takes no url"),
+    ("name = 'c'\nworkloads = ['lease']\nseeds = 0", "seeds must be a count >= 1"),
+    ("name = 'c'\nworkloads = ['lease']\nseeds = [1, true]", "seeds must be a count"),
+    ("name = 'c'\nworkloads = ['lease']\nseeds = [4, 4]", "4 given more than once"),
+    ("name = 'c'\nworkloads = ['lease']\nrepetitions = 0", "repetitions must be an integer >= 1"),
+    ("name = 'c'\nworkloads = ['lease']\n[defaults]\nrate = -5", "run lease-none-default-reference-s0-r0: rate must be > 0"),
+    ("name = 'c'\nworkloads = ['lease']\n[scenarios.slow]\ntime_limit = 0",
+     "run lease-none-slow-reference-s0-r0: time_limit must be > 0"),
+    ("name = 'c'\nworkloads = ['lease'", "invalid TOML"),
+]
+
+
+@pytest.mark.parametrize("text,needle", BAD_SPECS)
+def test_bad_spec_is_one_line_exit_2_and_writes_nothing(tmp_path, text, needle):
+    store = tmp_path / "store"
+    res = invoke(str(spec_file(tmp_path, text)), "--store-dir", str(store))
+    assert res.exit_code == 2, res.output
+    assert needle in res.output
+    assert res.output.count("\n") == 1 and res.output.startswith("fencelab: error: ")
+    assert "Traceback" not in res.output
+    assert not store.exists(), "nothing may be written before the spec is valid"
+
+
+def test_missing_file_and_wrong_suffix_are_refused(tmp_path):
+    res = invoke(str(tmp_path / "nope.toml"))
+    assert res.exit_code == 2 and "no such spec file" in res.output
+    res = invoke(str(spec_file(tmp_path, GOOD, "spec.json")))
+    assert res.exit_code == 2 and "a spec is a .toml file" in res.output
+
+
+def test_yaml_spec_is_read_like_toml(tmp_path):
+    pytest.importorskip("yaml")
+    p = spec_file(tmp_path, "name: y\nworkloads: [lease]\nnemeses: [none, partition]\ndefaults: {time_limit: 2}\n",
+                  "spec.yaml")
+    res = invoke(str(p), "--dry-run")
+    assert res.exit_code == 0, res.output
+    assert "y/lease-partition-default-reference-s0-r0" in res.output
+    assert "time_limit=2" in res.output
+
+
+# -- expansion --------------------------------------------------------------------------------
+
+FULL = """
+name = "matrix"
+workloads = ["lease", "idempotency"]
+nemeses = ["none", "partition", ["partition", "kill"]]
+seeds = [7, 11, 13]
+repetitions = 2
+[defaults]
+time_limit = 3
+rate = 20
+extra = { deadline_s = 1.5 }
+[scenarios.base]
+[scenarios.short-ttl]
+ttl_ms = 300
+extra = { hold = 1 }
+"""
+
+
+def test_expansion_is_the_product_of_the_axes(tmp_path):
+    spec = load_spec(spec_file(tmp_path, FULL))
+    plan = validate_plan(spec)
+    assert len(plan) == 2 * 3 * 2 * 1 * 3 * 2
+    ids = [r.id for r in plan]
+    assert len(set(ids)) == len(ids)
+    assert "idempotency-partition+kill-short-ttl-reference-s13-r1" in ids
+    run = next(r for r in plan if r.id == "lease-partition+kill-short-ttl-reference-s7-r0")
+    test = run.to_test()
+    assert test.name == "matrix/lease-partition+kill-short-ttl-reference-s7-r0"
+    assert (test.workload, test.seed, test.nemesis) == ("lease", 7, ["partition", "kill"])
+    assert (test.time_limit, test.rate, test.ttl_ms) == (3, 20, 300)  # the scenario overrides the defaults
+    assert test.extra == {"servers": 2, "deadline_s": 1.5, "hold": 1}  # extra tables merge
+    base = next(r for r in plan if r.id == "lease-none-base-reference-s7-r0").to_test()
+    assert base.ttl_ms == 2000 and base.nemesis == []
+    res = invoke(str(tmp_path / "spec.toml"), "--dry-run", "--store-dir", str(tmp_path / "store"))
+    assert res.exit_code == 0
+    assert res.output.splitlines()[0] == "campaign matrix: 72 runs (" + str(tmp_path / "spec.toml") + ")"
+    assert len(res.output.splitlines()) == 73
+    assert not (tmp_path / "store").exists(), "--dry-run writes nothing"
+
+
+def test_counts_of_seeds_and_defaults_of_the_axes():
+    spec = parse_spec({"name": "d", "workloads": ["lease"], "seeds": 3})
+    assert spec.seeds == [0, 1, 2] and spec.repetitions == 1
+    assert list(spec.nemeses) == ["none"] and [s.name for s in spec.scenarios] == ["default"]
+    assert [i.name for i in spec.implementations] == ["reference"]
+    assert [r.id for r in expand(spec)] == [f"lease-none-default-reference-s{i}-r0" for i in range(3)]
+
+
+def test_a_spec_must_be_a_table():
+    with pytest.raises(CampaignError, match="a spec is a table of keys"):
+        parse_spec(["name"], source="x")
+
+
+# -- the machinery, with a run_test double ------------------------------------------------------
+
+
+class FakeRunner:
+    """Stands in for lab.runner.run_test: a real run directory, a verdict chosen per run id, no stack."""
+
+    def __init__(self, verdicts: dict[str, object], report: bool = True):
+        self.verdicts = verdicts  # id -> True | False | "unknown" | an exception to raise
+        self.report = report  # write report.html, as `fencelab test` does
+        self.calls: list[str] = []
+
+    def __call__(self, test, store_dir, **kw):
+        run_id = test.name.split("/", 1)[1]
+        self.calls.append(run_id)
+        test.run_dir = runner.new_run_dir(store_dir, test.name)
+        runner.write_test_json(test)
+        outcome = self.verdicts.get(run_id, True)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        ops = [{"index": 0, "time": 0, "type": "invoke", "process": 0, "f": "write", "value": 1},
+               {"index": 1, "time": 2_000_000, "type": "ok", "process": 0, "f": "write", "value": 1},
+               {"index": 2, "time": 3_000_000, "type": "invoke", "process": 1, "f": "read", "value": None},
+               {"index": 3, "time": 9_000_000, "type": "fail", "process": 1, "f": "read", "value": None}]
+        (test.run_dir / "history.jsonl").write_text("".join(json.dumps(o) + "\n" for o in ops))
+        results = {"valid": outcome, "results": {}, "ops": len(ops)}
+        (test.run_dir / "results.json").write_text(json.dumps(results))
+        if self.report:
+            (test.run_dir / "report.html").write_text("<!doctype html><title>report</title>")
+        return results
+
+
+SMALL = """
+name = "m"
+workloads = ["lease"]
+nemeses = ["none", "partition"]
+seeds = 2
+[defaults]
+time_limit = 1
+"""
+
+
+def campaign(tmp_path, fake, monkeypatch, text=SMALL, resume=True):
+    monkeypatch.setattr(runner, "run_test", fake)
+    lines: list[str] = []
+    out = run_campaign(load_spec(spec_file(tmp_path, text)), tmp_path / "store", resume=resume,
+                       echo=lines.append, fancy=False)
+    return out, lines
+
+
+def state_of(tmp_path, name="m"):
+    return json.loads((campaign_dir(tmp_path / "store", name) / "campaign.json").read_text())
+
+
+def test_a_failing_run_is_recorded_and_the_campaign_goes_on_then_resume_retries_only_it(tmp_path, monkeypatch):
+    bad = "lease-partition-default-reference-s0-r0"
+    fake = FakeRunner({bad: RuntimeError("stack failed to start: port in use")})
+    out, lines = campaign(tmp_path, fake, monkeypatch)
+    assert out.exit_code == 3
+    assert len(fake.calls) == 4, "every run is attempted after one fails"
+    st = state_of(tmp_path)
+    by_id = {e["id"]: e for e in st["runs"]}
+    assert by_id[bad]["status"] == "failed"
+    assert by_id[bad]["error"] == "RuntimeError: stack failed to start: port in use"
+    assert by_id[bad]["run_dir"] and (tmp_path / "store" / by_id[bad]["run_dir"]).is_dir()
+    assert all(e["status"] == "done" and e["verdict"] is True for i, e in by_id.items() if i != bad)
+    assert any("FAILED (RuntimeError: stack failed to start" in line for line in lines)
+    page = out.page.read_text()
+    assert 'class="run failed"' in page and "stack failed to start" in page
+    done_dirs = {i: e["run_dir"] for i, e in by_id.items() if i != bad}
+
+    fake2 = FakeRunner({})
+    out2, _ = campaign(tmp_path, fake2, monkeypatch)
+    assert fake2.calls == [bad], "only the failed run is run again"
+    assert out2.exit_code == 0
+    st2 = {e["id"]: e for e in state_of(tmp_path)["runs"]}
+    assert all(st2[i]["run_dir"] == d for i, d in done_dirs.items())
+    assert st2[bad]["status"] == "done"
+
+
+@pytest.mark.parametrize("verdicts,code", [
+    ({}, 0),
+    ({"lease-none-default-reference-s1-r0": "unknown"}, 3),
+    ({"lease-none-default-reference-s1-r0": "unknown", "lease-partition-default-reference-s0-r0": False}, 1),
+    ({"lease-none-default-reference-s0-r0": RuntimeError("x"), "lease-none-default-reference-s1-r0": False}, 1),
+])
+def test_exit_code_follows_the_verdicts(tmp_path, monkeypatch, verdicts, code):
+    out, _ = campaign(tmp_path, FakeRunner(verdicts), monkeypatch)
+    assert out.exit_code == code
+
+
+def test_ctrl_c_saves_the_state_and_resume_settles_the_interrupted_run(tmp_path, monkeypatch):
+    victim = "lease-none-default-reference-s1-r0"
+    fake = FakeRunner({victim: KeyboardInterrupt()})
+    out, lines = campaign(tmp_path, fake, monkeypatch)
+    assert out.interrupted and out.exit_code == 130
+    assert fake.calls == ["lease-none-default-reference-s0-r0", victim], "nothing runs after Ctrl-C"
+    by_id = {e["id"]: e for e in state_of(tmp_path)["runs"]}
+    assert by_id[victim]["status"] == "pending" and by_id[victim]["run_dir"]
+    assert "INTERRUPTED" in lines[-2]
+    # the interrupted run has a run dir with test.json but no history: resume runs it again
+    fake2 = FakeRunner({})
+    out2, lines2 = campaign(tmp_path, fake2, monkeypatch)
+    assert fake2.calls == [victim, "lease-partition-default-reference-s0-r0", "lease-partition-default-reference-s1-r0"]
+    assert out2.exit_code == 0
+    assert any("interrupted before its history had ops" in line for line in lines2)
+
+
+def test_settle_running_entries(tmp_path):
+    store = tmp_path
+    base = {"id": "x", "test": {"name": "c/x"}, "status": "running", "run_dir": None, "started": "20200101T000000.000000Z",
+            "verdict": None, "ops": None, "note": None, "error": None}
+    e = dict(base)
+    settle(e, store)
+    assert e["status"] == "pending" and "before its run directory existed" in e["note"]
+    run_dir = store / "c" / "x" / "20200101T000001.000000Z"
+    run_dir.mkdir(parents=True)
+    (run_dir / "results.json").write_text(json.dumps({"valid": False, "ops": 12}))
+    e = dict(base)
+    settle(e, store)
+    assert (e["status"], e["verdict"], e["ops"], e["run_dir"]) == ("done", False, 12, "c/x/20200101T000001.000000Z")
+    e = dict(base, started="20200101T000002.000000Z")  # a directory older than the start is another attempt's
+    settle(e, store)
+    assert e["status"] == "pending"
+    done = dict(base, status="done", run_dir="c/x/gone", verdict=True)
+    settle(done, store)
+    assert done["status"] == "pending" and "gone" in done["note"]
+
+
+def test_a_changed_spec_keeps_matching_finished_runs_and_plans_the_rest(tmp_path, monkeypatch):
+    fake = FakeRunner({})
+    campaign(tmp_path, fake, monkeypatch)
+    more = SMALL.replace("seeds = 2", "seeds = 3").replace('nemeses = ["none", "partition"]', 'nemeses = ["none"]')
+    fake2 = FakeRunner({})
+    out, _ = campaign(tmp_path, fake2, monkeypatch, text=more)
+    assert fake2.calls == ["lease-none-default-reference-s2-r0"]
+    st = state_of(tmp_path)
+    assert len(st["runs"]) == 3 and st["dropped"] == ["lease-partition-default-reference-s0-r0",
+                                                      "lease-partition-default-reference-s1-r0"]
+    slower = more.replace("time_limit = 1", "time_limit = 2")
+    fake3 = FakeRunner({})
+    campaign(tmp_path, fake3, monkeypatch, text=slower)
+    assert len(fake3.calls) == 3, "runs whose options changed are run again"
+
+
+def test_no_resume_starts_over_and_keeps_the_old_state(tmp_path, monkeypatch):
+    campaign(tmp_path, FakeRunner({}), monkeypatch)
+    fake = FakeRunner({})
+    campaign(tmp_path, fake, monkeypatch, resume=False)
+    assert len(fake.calls) == 4
+    kept = list(campaign_dir(tmp_path / "store", "m").glob("campaign-*.json"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["name"] == "m"
+
+
+def test_one_process_per_campaign(tmp_path, monkeypatch):
+    cdir = campaign_dir(tmp_path / "store", "m")
+    cdir.mkdir(parents=True)
+    with CampaignLock(cdir):
+        with pytest.raises(CampaignError, match="is being run by pid"):
+            campaign(tmp_path, FakeRunner({}), monkeypatch)
+
+
+def test_page_matrix_links_and_availability(tmp_path, monkeypatch):
+    out, _ = campaign(tmp_path, FakeRunner({"lease-partition-default-reference-s1-r0": False}), monkeypatch)
+    page = out.page.read_text()
+    hrefs = re.findall(r'class="run (\w+)" href="([^"]+)"', page)
+    assert sorted(c for c, _ in hrefs) == ["invalid", "valid", "valid", "valid"]
+    for _, href in hrefs:
+        assert (out.page.parent / href).resolve().is_file(), href
+        assert href.endswith("/report.html")
+    assert "<script" not in page and "http" not in page, "self-contained, nothing fetched"
+    # two client ops per run: one ok (2 ms), one fail (6 ms): pooled over the two runs of each nemesis
+    row = re.search(r"<tr><td>partition</td>(.*?)</tr>", page, re.S).group(1)
+    cells = re.findall(r'<td class="num">([^<]*)', row)
+    assert cells[:4] == ["2", "4", "50.0%", "100.0%"]
+    assert cells[-4:] == ["4.0", "6.0", "6.0", "6.0"]
+
+
+def test_escaping_in_the_page(tmp_path, monkeypatch):
+    text = SMALL.replace('name = "m"', 'name = "m"\ndescription = "<b>bold</b> & co"')
+    out, _ = campaign(tmp_path, FakeRunner({}), monkeypatch, text=text)
+    page = out.page.read_text()
+    assert "&lt;b&gt;bold&lt;/b&gt; &amp; co" in page and "<b>bold</b>" not in page
+
+
+def test_without_a_report_the_badge_links_results_json(tmp_path, monkeypatch):
+    import lab.report
+
+    def broken(run_dir):
+        raise lab.report.ReportError("no plots today")
+
+    monkeypatch.setattr(lab.report, "write_report", broken)
+    out, _ = campaign(tmp_path, FakeRunner({}, report=False), monkeypatch)
+    hrefs = re.findall(r'class="run \w+" href="([^"]+)"', out.page.read_text())
+    assert len(hrefs) == 4 and all(h.endswith("/results.json") for h in hrefs)
+    assert all((out.page.parent / h).resolve().is_file() for h in hrefs)
+    assert all("no report.html (ReportError: no plots today)" == e["note"] for e in state_of(tmp_path)["runs"])
+
+
+def test_progress_bar_mode_reports_every_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "run_test", FakeRunner({}))
+    out = run_campaign(load_spec(spec_file(tmp_path, SMALL)), tmp_path / "store", echo=lambda s: None, fancy=True)
+    printed = capsys.readouterr().out
+    assert out.exit_code == 0
+    for k in range(1, 5):
+        assert f"[{k}/4] " in printed
+
+
+def test_other_implementations_come_from_lab_sut(tmp_path, monkeypatch):
+    monkeypatch.delenv("FENCELAB_API_KEY", raising=False)
+    key = tmp_path / "key"
+    key.write_text("star_sk_v1_cred1_00ff\n")
+    text = f"""
+        name = "impls"
+        workloads = ["lease"]
+        [implementations.reference]
+        [implementations.star]
+        sut = "starintel"
+        url = "http://127.0.0.1:9"
+        api_key_file = "{key}"
+    """
+    plan = validate_plan(load_spec(spec_file(tmp_path, text)))
+    assert [r.id for r in plan] == ["lease-none-default-reference-s0-r0", "lease-none-default-star-s0-r0"]
+    assert plan[0].to_test().extra == {"servers": 2}
+    assert plan[1].to_test().extra == {"servers": 2, "sut": "starintel", "url": "http://127.0.0.1:9",
+                                       "api_key_file": str(key)}
+    # lab.sut checks each run before anything starts: fenced-append needs `commit`, which starintel lacks
+    res = invoke(str(spec_file(tmp_path, text.replace('["lease"]', '["fenced-append"]'))), "--dry-run")
+    assert res.exit_code == 2 and "run fenced-append-none-default-star-s0-r0: workload 'fenced-append' needs commit" \
+        in res.output
+    res = invoke(str(spec_file(tmp_path, text.replace(f'api_key_file = "{key}"', ""))), "--dry-run")
+    assert res.exit_code == 2 and "no API key for the system under test: pass api_key_file" in res.output
+
+
+def test_named_scenarios_come_from_lab_scenarios(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    mod = types.ModuleType("lab.scenarios")
+    mod.SCENARIOS = {"lost-renewal": {"ttl_ms": 400, "hold_ms": 900}}
+    monkeypatch.setitem(sys.modules, "lab.scenarios", mod)
+    text = """
+        name = "races"
+        workloads = ["lease"]
+        [scenarios.race]
+        scenario = "lost-renewal"
+        rate = 5
+    """
+    (run,) = validate_plan(load_spec(spec_file(tmp_path, text)))
+    test = run.to_test()
+    assert (test.ttl_ms, test.rate) == (400, 5)
+    assert test.extra == {"servers": 2, "hold_ms": 900, "scenario": "lost-renewal"}
+    res = invoke(str(spec_file(tmp_path, text.replace('"lost-renewal"', '"nope"'))), "--dry-run")
+    assert res.exit_code == 2 and "unknown scenario 'nope'; known scenarios: lost-renewal" in res.output
+
+
+def test_the_demo_campaign_is_valid_and_small():
+    demo = Path(__file__).resolve().parent.parent / "campaigns" / "demo.toml"
+    spec = load_spec(demo)
+    plan = validate_plan(spec)
+    assert len(plan) == 6 and {r.workload for r in plan} == {"lease", "fenced-append"}
+    assert all(r.to_test().time_limit <= 5 for r in plan)
+
+
+def test_public_surface():
+    import lab.campaign
+
+    for name in lab.campaign.__all__:
+        assert hasattr(lab.campaign, name), name
