@@ -30,3 +30,20 @@ def test_idempotency_workload_retries_and_conflicts(tmp_path):
     assert all(len(v) == 1 for v in oks.values()), "a replay returned a different lease"
     results = json.loads((tmp_path / "idempotency" / "latest" / "results.json").read_text())
     assert results["results"]["idempotency"]["valid"] is True
+
+
+def test_fenced_append_commits_land_in_the_store_and_check_valid(tmp_path):
+    r = run(tmp_path, "--workload", "fenced-append", "--time-limit", "4", "--rate", "80", "--keys", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    hist = read_history(tmp_path / "fenced-append" / "latest" / "history.jsonl")
+    oks = [op for op in hist if op["f"] == "commit" and op["type"] == "ok"]
+    assert oks, "no commit was accepted: the fence was not exercised"
+    reads = {op["value"]["doc"]: op["value"] for op in hist if op["f"] == "read" and op["type"] == "ok"}
+    assert set(reads) == {"doc-k0", "doc-k1"}
+    landed = {tuple(e) for v in reads.values() for e in v["entries"]}
+    assert all(tuple(op["value"]["entry"]) in landed for op in oks), "an acknowledged commit is missing"
+    for v in reads.values():  # tokens along each document never go down
+        tokens = [e[1] for e in v["entries"]]
+        assert tokens == sorted(tokens)
+    results = json.loads((tmp_path / "fenced-append" / "latest" / "results.json").read_text())
+    assert results["valid"] is True and results["results"]["stale-commit"]["valid"] is True
