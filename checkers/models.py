@@ -16,8 +16,12 @@ model (they did not happen); an `info` operation may or may not have happened,
 so a model's step for it answers "could it take effect here, and how", and the
 engine is free never to linearize it.
 
-Beyond Porcupine's callbacks a model may give the engine three things that make
-it fast; all are optional and have safe defaults:
+`partition(ops)` receives the paired operations (`checkers.linear.Op`, with
+`key`, `input`, `output`, `call`, `ret`) and returns a list of lists of them;
+without it the engine partitions by the ops' `key`.
+
+Beyond Porcupine's callbacks a model may give the engine more, to make it
+fast; all of it is optional with safe defaults:
 
 - `compile(input, output)` returns a one-argument function `state -> new state`
   (or `ILLEGAL`) specialised for one operation, so the search never dispatches
@@ -47,7 +51,21 @@ Models (`MODELS`, `get_model(name)`):
   nothing. `read`: invoke `null`, ok value `{"value": v, "token": t}` (the last
   accepted write; `token` may be omitted to compare the value only) or a bare
   value. An `info` write may have been accepted (if its token was high enough).
-- `lease`: the contract's lease for one lock identity (see `_lease_*` below).
+- `lease`: the contract's lease for one lock identity (partition = `key`),
+  with the op values of docs/history-format.md. The state is the current
+  lease (id, token, expiry, status), the highest token allocated and the
+  commit high-water mark. Expiry is not a separate step: it is judged with the
+  ops' own backend times, so an answered `acquire` is legal iff the previous
+  lease is released, revoked, or expired at the new lease's `acquired_at_ms`
+  (`expires_at_ms <= acquired_at_ms`), and its token exceeds every earlier
+  one; `renew` needs the current active lease unexpired at `renewed_at_ms`;
+  `release` / `force-release` / `revoke` need the current active lease;
+  `inspect` must report the current active lease (`null` is always accepted:
+  it carries no time); `commit` needs the current active lease unexpired at
+  `validated_at_ms` and a token not below the high-water mark; the final
+  `read`'s `token` must be the high-water mark. Retries with the same
+  `request_id` are one operation, and a lease only an unanswered acquire can
+  have granted is accepted when first seen (rules L1, L2 in `prepare_lease`).
 - `kv`: Porcupine's key-value model: per-key string state, `get` (ok value the
   string, `null` read as `""`), `put v`, `append v`; partitioned by `key`.
 """
@@ -55,7 +73,7 @@ Models (`MODELS`, `get_model(name)`):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -114,7 +132,10 @@ _SCALARS = frozenset((type(None), int, str, float, bool))
 
 
 def freeze(value: Any) -> Any:
-    """Turn a JSON value into a hashable one: lists become tuples, objects FrozenDicts."""
+    """Turn a JSON value into a hashable one: lists become tuples, objects FrozenDicts.
+
+    Values keep Python equality, so JSON `true` equals `1` (as in most JSON tools).
+    """
     if value.__class__ in _SCALARS:
         return value
     if isinstance(value, list | tuple):
@@ -122,6 +143,11 @@ def freeze(value: Any) -> Any:
     if isinstance(value, dict):
         return FrozenDict((k, freeze(v)) for k, v in value.items())
     return value
+
+
+def _one_bucket(_state: Any) -> int:
+    """The hash used with a custom `equal` and no `hash`: every state in one bucket."""
+    return 0
 
 
 def _identity(ops: list) -> list:
@@ -159,13 +185,13 @@ class Model:
     read_only: Callable[[Any, Any], bool] | None = None
     prepare: Callable[[list], list] | None = None
     prune: Callable[[list], list] | None = None
-    native_states: bool = dataclasses.field(default=False, repr=False)
+    native_states: bool = dataclasses.field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         """Check the required callbacks and fill the optional ones (Porcupine's fillDefault)."""
         if not callable(self.init) or not callable(self.step):
             raise ModelError(f"model {self.name!r} needs callable init and step")
-        custom_eq = self.equal is not None or self.hash is not None
+        custom_eq = self.equal not in (None, _default_equal) or self.hash not in (None, hash)
         fill = object.__setattr__
         # States can be used directly as cache keys unless equality or hashing is custom.
         fill(self, "native_states", not custom_eq)
@@ -173,7 +199,7 @@ class Model:
             fill(self, "equal", _default_equal)
         if self.hash is None:
             # With a custom equal but no hash, all states share one bucket (always consistent).
-            fill(self, "hash", (lambda _s: 0) if custom_eq else hash)
+            fill(self, "hash", _one_bucket if custom_eq else hash)
         if self.describe_operation is None:
             fill(self, "describe_operation", _default_describe_operation)
         if self.describe_state is None:
@@ -282,34 +308,45 @@ def prune_register(ops: list) -> list:
     subsequence of a real-time-respecting order, so it is a valid
     linearization without W. []
     """
-    observed_until: dict[Any, int] = {}  # value -> latest return position of an observer (inf = never returns)
+    observed_until: dict[Any, float] = {}  # value -> latest return position of an observer (inf: never returns)
     inf = float("inf")
+    get = observed_until.get
+    crashed = []
     for op in ops:
-        inp, out = op.input, op.output
-        if inp.f == "read" and out.type == "ok":
-            v = out.value
-        elif inp.f == "cas" and isinstance(inp.value, tuple) and len(inp.value) == 2:
-            v = inp.value[0]
+        inp = op.input
+        f = inp.f
+        if f == "read":
+            if op.output.type != "ok":
+                continue
+            v = op.output.value
+        elif f == "cas":
+            cas = inp.value
+            if op.ret is None:
+                crashed.append(op)
+            if not (isinstance(cas, tuple) and len(cas) == 2):
+                continue
+            v = cas[0]
         else:
+            if op.ret is None:
+                crashed.append(op)
             continue
         r = inf if op.ret is None else op.ret
-        if r > observed_until.get(v, -1):
+        if r > get(v, -1):
             observed_until[v] = r
-    kept = []
-    for op in ops:
-        if op.ret is None and op.input.f in ("write", "cas"):
-            inp = op.input
-            if inp.f == "write":
-                v = inp.value
-            elif isinstance(inp.value, tuple) and len(inp.value) == 2:
-                v = inp.value[1]
-            else:
-                kept.append(op)  # malformed: let compile report it
-                continue
-            if observed_until.get(v, -1) < op.call:
-                continue
-        kept.append(op)
-    return kept
+    if not crashed:
+        return ops
+    drop = set()
+    for op in crashed:
+        inp = op.input
+        if inp.f == "write":
+            v = inp.value
+        elif isinstance(inp.value, tuple) and len(inp.value) == 2:
+            v = inp.value[1]
+        else:
+            continue  # malformed: let compile report it
+        if get(v, -1) < op.call:
+            drop.add(id(op))
+    return [op for op in ops if id(op) not in drop] if drop else ops
 
 
 def _describe_register_op(inp: Input, out: Output) -> str:
@@ -410,9 +447,8 @@ def _fenced_read_only(inp: Input, out: Output) -> bool:
     """Reads and rejected writes never change a fenced register."""
     if inp.f == "read":
         return True
-    return inp.f == "write" and out.type == "ok" and out.value in (False,) or (
-        inp.f == "write" and out.type == "ok" and isinstance(out.value, dict) and out.value.get("accepted") is False
-    )
+    v = out.value
+    return inp.f == "write" and out.type == "ok" and (v is False or (isinstance(v, dict) and v.get("accepted") is False))
 
 
 def _is_int(x: Any) -> bool:
@@ -785,7 +821,3 @@ def get_model(name: str) -> Model:
     except (KeyError, TypeError):
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODELS)}") from None
 
-
-def model_names() -> Iterable[str]:
-    """The registered model names."""
-    return MODELS.keys()

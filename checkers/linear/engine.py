@@ -9,7 +9,10 @@ unlinearized ops invoked before the earliest pending return (the
 it returned). Linearizing a candidate "lifts" it out of the lists; backtracking
 "unlifts" it (dancing links, undone in LIFO order). A cache of visited
 configurations -- the linearized set as a Python int bitset plus the state --
-stops the search from exploring one configuration twice.
+stops the search from exploring one configuration twice. The bitset is kept
+relative to the lowest unlinearized op (everything below it is linearized),
+so its size follows the history's concurrency, not its length, and hashing a
+cache key costs the same at op 10 and at op 100,000.
 
 Indeterminate ops (`info`, or never completed) have no return: they never
 block, may be linearized at any point after their call, and need not be
@@ -19,13 +22,17 @@ linearized.
 Rules beyond plain WGL. Each is sound: it never changes the verdict. The
 argument is one induction for all of them. Call a configuration *good* if
 some sequence of steps (a *completion*) takes it to success, and let m(C) be
-the length of C's shortest completion. Claim: if the search ends without
-success, no visited configuration is good. Suppose C is visited and good
-with the smallest m(C). The search tried C's children (it only stops early
-on success), and each rule below shows that some child C' with m(C') =
-m(C) - 1 was tried -- so C' (or a configuration D that dominates it, see R3,
-with m(D) <= m(C')) was visited, contradicting minimality (m = 0 is success
-itself). The rules:
+the length of C's shortest completion. Call C *plain* if it is the initial
+configuration or was reached by a determinate op. Claim: if the search ends
+without success, no visited plain configuration is good. Suppose C is, with
+the smallest m(C), and let c be a shortest completion of C. The search tried
+C's children (it only stops early on success). If c starts with a determinate
+op, the rules below show that some child C' with m(C') = m(C) - 1 was tried;
+if c starts with indeterminate ops X1..Xk and then a determinate D, the
+search followed that chain one step at a time (R6 shows each step is tried)
+to C' = C+X1..Xk+D with m(C') = m(C) - k - 1. Either way C' (or a
+configuration that dominates it, see R3, with no larger m) is plain and was
+visited, contradicting minimality (m = 0 is success itself). The rules:
 
 R0 (WGL cache) Configurations are compared by (linearized set, state);
    equal configurations have the same completions.
@@ -53,7 +60,9 @@ R3 (dominance over info sets) The cache is keyed by (determinate set,
    subset of I: every completion of the former is one of the latter (it
    uses ops outside L and I, all still available; indeterminate ops impose
    no real-time order on others, so L alone fixes which ops are
-   candidates). R0 is the special case I' = I.
+   candidates). R0 is the special case I' = I. Only the first few sets per
+   key are compared by subset (a long list would cost more than it saves);
+   later ones are matched exactly, which is R0.
 
 R4 (symmetry of identical info ops) Two indeterminate ops with equal
    input and output are interchangeable once both are invoked. An
@@ -65,12 +74,23 @@ R4 (symmetry of identical info ops) Two indeterminate ops with equal
    neither has a return).
 
 R5 (earliest deadline among identical ops) Of two determinate candidates
-   X, Y with equal input and output, only the one that returns first (say
-   X) is tried. Proof: in a shortest completion with Y before X, swap them.
+   X, Y with equal input and output, Y is not tried while X, which returns
+   first, is an unlinearized candidate. Proof: in a shortest completion with Y before X, swap them.
    Same steps, same states, same length. X may move earlier (it is a
    candidate). Y may move later to X's place: any op Z between the two
    places that was invoked after Y returned was also invoked after X
    returned (X returns first), so Z followed X already, and still follows Y.
+
+R6 (info ops must matter at once) Right after an indeterminate op X took
+   the state from P to S, a child Y is tried only if its step from S differs
+   from its step from P (legality or next state). Proof: in a shortest
+   completion the op after X always differs so -- otherwise deleting X
+   leaves every later state unchanged (Y reaches the same state from P) and
+   gives a shorter completion (X constrains nobody); the same holds for
+   each op of a chain X1..Xk, D. Such a configuration is cached with P in
+   its key, since its set of children depends on P (so a dominating one has
+   the same children), and R1 is not applied there (the moved read might
+   not depend on X).
 
 Candidate order (never affects the verdict): read-only ops first (R1), then
 other determinate ops in call order, then indeterminate ops -- so a valid
@@ -93,6 +113,7 @@ __all__ = ["PartitionResult", "SearchInput", "prepare_partition", "search"]
 
 _INF = 1 << 62  # a position later than any event
 _CHECK_EVERY = 4096  # pushes between budget checks
+_DOMINANCE_SCAN = 8  # info sets per cache key compared by subset (R3); more are compared exactly (R0)
 
 # Per-entry cache cost estimate (dict slot, key tuple, window bitset, info set) for the memory budget.
 _ENTRY_BYTES = 200
@@ -164,20 +185,24 @@ def prepare_partition(ops: list, model: Model) -> SearchInput:
     ops = model.prune(model.prepare(list(ops)))
     native = model.native_states
     classes: dict[Any, int] = {}
-    for op in sorted(ops, key=lambda o: o.call):
+    if any(ops[i].call > ops[i + 1].call for i in range(len(ops) - 1)):
+        ops = sorted(ops, key=lambda o: o.call)
+    compile_, read_only = model.compile, model.read_only
+    dops, dfns, dro = si.ops, si.fns, si.ro
+    for op in ops:
         try:
-            fn = model.compile(op.input, op.output)
-            ro = bool(model.read_only(op.input, op.output))
+            fn = compile_(op.input, op.output)
+            ro = read_only(op.input, op.output)
         except ModelError as e:
             raise ModelError(f"{e} at index {op.index}") from None
-        if fn is None or (op.ret is None and ro):
+        if fn is None or (ro and op.ret is None):
             continue  # no effect and no constraint (or an info op that cannot change the state)
         if not native:
             fn = _wrap_fn(fn, model)
         if op.ret is not None:
-            si.ops.append(op)
-            si.fns.append(fn)
-            si.ro.append(ro)
+            dops.append(op)
+            dfns.append(fn)
+            dro.append(bool(ro))
         else:
             try:
                 cls = (op.input, op.output)
@@ -189,7 +214,14 @@ def prepare_partition(ops: list, model: Model) -> SearchInput:
             si.iops.append(op)
             si.ifns.append(fn)
     si.twins = _twins(si)
-    si.init = model.init() if native else _Keyed(model.init(), model)
+    init = model.init()
+    if native:
+        try:
+            hash(init)
+        except TypeError:
+            raise ModelError(f"model {model.name!r}: states must be hashable (got {type(init).__name__}); "
+                             "use tuples, or give the model equal and hash") from None
+    si.init = init if native else _Keyed(init, model)
     si.dropped = n_in - len(si.ops) - len(si.iops)
     return si
 
@@ -273,8 +305,9 @@ def search(si: SearchInput, *, deadline: float | None = None,
 
     if max_cache_entries is None:
         max_cache_entries = default_max_cache_entries(n)
-    cache: dict = {}
+    cache: dict = {}  # (lo, w, state[, predecessor state]) -> info set, or a list of up to _DOMINANCE_SCAN of them
     cache_get = cache.get
+    overflow: set = set()  # further (key, info set) pairs, matched exactly (R0) rather than by subset (R3)
     entries = 0
     state = si.init
     # The linearized determinate set, compactly: every op below `lo` is linearized, and bit i of `w`
@@ -307,142 +340,176 @@ def search(si: SearchInput, *, deadline: float | None = None,
             if entries > max_cache_entries:
                 return PartitionResult("unknown", f"cache limit ({max_cache_entries} entries)", entries, [], [],
                                        monotonic() - t0)
-        # R1: a legal read-only candidate is the only child.
-        x = cnext[QH]
+        post = frame is not None and frame[1] == 2  # R6: right after an info op, only dependent children
         forced = 0  # 0: none, 1: pushed, 2: dominated (this configuration fails)
-        while cpos[x] < p:
-            if fns[x](state) is not ILLEGAL:
-                if x == lo:
-                    nw = w | 1
-                    t = (nw ^ (nw + 1)).bit_length() - 1  # trailing ones
-                    nlo = lo + t
-                    nw >>= t
-                else:
-                    nlo = lo
-                    nw = w | (1 << (x - lo))
-                key = (nlo, nw, state)
-                prev = cache_get(key)
-                if prev is None:
-                    cache[key] = ilin
-                    entries += 1
-                elif prev.__class__ is int:
-                    if prev | ilin == ilin:
+        if post:
+            prev = frame[2]  # type: ignore[index]
+            xr = cnext[QH]
+        else:
+            prev = None
+            xr = QT
+            # R1: a legal read-only candidate is the only child.
+            x = cnext[QH]
+            while cpos[x] < p:
+                if fns[x](state) is not ILLEGAL:
+                    if x == lo:
+                        nw = w | 1
+                        t = (nw ^ (nw + 1)).bit_length() - 1  # trailing ones
+                        nlo = lo + t
+                        nw >>= t
+                    else:
+                        nlo = lo
+                        nw = w | (1 << (x - lo))
+                    key = (nlo, nw, state)
+                    old = cache_get(key)
+                    if old is None:
+                        cache[key] = ilin
+                        entries += 1
+                    elif old.__class__ is int:
+                        if old | ilin == ilin:
+                            forced = 2
+                            break
+                        cache[key] = [old, ilin]
+                    elif any(q | ilin == ilin for q in old):
                         forced = 2
                         break
-                    cache[key] = [prev, ilin]
-                else:
-                    if any(q | ilin == ilin for q in prev):
+                    elif len(old) < _DOMINANCE_SCAN:
+                        old.append(ilin)
+                    elif (key, ilin) in overflow:
                         forced = 2
                         break
-                    prev.append(ilin)
-                depth += 1
-                frame = (x, 0, state, lo, w, ilin, depth, frame)
-                if depth > best_depth:
-                    best_depth, best = depth, frame
-                a = cprev[x]
-                b = cnext[x]
-                cnext[a] = b
-                cprev[b] = a
-                a = rprev[x]
-                b = rnext[x]
-                rnext[a] = b
-                rprev[b] = a
-                lo = nlo
-                w = nw
-                remaining -= 1
-                forced = 1
-                break
-            x = cnext[x]
-        if forced == 1:
-            continue
+                    else:
+                        overflow.add((key, ilin))
+                        entries += 1
+                    depth += 1
+                    frame = (x, 0, state, lo, w, ilin, depth, frame)
+                    if depth > best_depth:
+                        best_depth, best = depth, frame
+                    a = cprev[x]
+                    b = cnext[x]
+                    cnext[a] = b
+                    cprev[b] = a
+                    a = rprev[x]
+                    b = rnext[x]
+                    rnext[a] = b
+                    rprev[b] = a
+                    lo = nlo
+                    w = nw
+                    remaining -= 1
+                    forced = 1
+                    break
+                x = cnext[x]
+            if forced == 1:
+                continue
         if forced == 0:
             x = cnext[MH]
             y = inext[IH]
         else:
             x = MT
             y = IT
-        # ---- scan candidates; backtrack when exhausted
+        # ---- scan candidates (read-only ones only after an info op), then backtrack when exhausted
         while True:
             pushed = False
-            while cpos[x] < p:
-                ns = fns[x](state)
-                if ns is not ILLEGAL:
-                    tw = twins[x]
-                    if tw:  # R5: skip x while an identical op that returns earlier is a candidate
-                        skip = False
-                        for z in tw:
-                            if z >= lo and cpos[z] < p and not (w >> (z - lo)) & 1:
-                                skip = True
-                                break
-                        if skip:
-                            x = cnext[x]
-                            continue
-                    if x == lo:
-                        nw = w | 1
-                        t = (nw ^ (nw + 1)).bit_length() - 1
-                        nlo = lo + t
-                        nw >>= t
-                    else:
-                        nlo = lo
-                        nw = w | (1 << (x - lo))
-                    key = (nlo, nw, ns)
-                    prev = cache_get(key)
-                    ok = True
-                    if prev is None:
-                        cache[key] = ilin
-                        entries += 1
-                    elif prev.__class__ is int:
-                        if prev | ilin == ilin:
-                            ok = False
-                        else:
-                            cache[key] = [prev, ilin]
-                    elif any(q | ilin == ilin for q in prev):
-                        ok = False
-                    else:
-                        prev.append(ilin)
-                    if ok:
-                        depth += 1
-                        frame = (x, 1, state, lo, w, ilin, depth, frame)
-                        if depth > best_depth:
-                            best_depth, best = depth, frame
-                        a = cprev[x]
-                        b = cnext[x]
-                        cnext[a] = b
-                        cprev[b] = a
-                        a = rprev[x]
-                        b = rnext[x]
-                        rnext[a] = b
-                        rprev[b] = a
-                        state = ns
-                        lo = nlo
-                        w = nw
-                        remaining -= 1
-                        pushed = True
-                        break
-                x = cnext[x]
+            while cpos[xr] < p or cpos[x] < p:
+                if cpos[xr] < p:
+                    z = xr
+                    xr = cnext[xr]
+                else:
+                    z = x
+                    x = cnext[x]
+                ns = fns[z](state)
+                if ns is ILLEGAL:
+                    continue
+                if post:
+                    ps = fns[z](prev)
+                    if ps is not ILLEGAL and ps == ns:
+                        continue  # R6: same outcome without the info op just taken
+                tw = twins[z]
+                if tw:  # R5: skip z while an identical op that returns earlier is a candidate
+                    skip = False
+                    for u in tw:
+                        if u >= lo and cpos[u] < p and not (w >> (u - lo)) & 1:
+                            skip = True
+                            break
+                    if skip:
+                        continue
+                if z == lo:
+                    nw = w | 1
+                    t = (nw ^ (nw + 1)).bit_length() - 1
+                    nlo = lo + t
+                    nw >>= t
+                else:
+                    nlo = lo
+                    nw = w | (1 << (z - lo))
+                key = (nlo, nw, ns)
+                old = cache_get(key)
+                if old is None:
+                    cache[key] = ilin
+                    entries += 1
+                elif old.__class__ is int:
+                    if old | ilin == ilin:
+                        continue
+                    cache[key] = [old, ilin]
+                elif any(q | ilin == ilin for q in old):
+                    continue
+                elif len(old) < _DOMINANCE_SCAN:
+                    old.append(ilin)
+                elif (key, ilin) in overflow:
+                    continue
+                else:
+                    overflow.add((key, ilin))
+                    entries += 1
+                depth += 1
+                frame = (z, 1, state, lo, w, ilin, depth, frame)
+                if depth > best_depth:
+                    best_depth, best = depth, frame
+                a = cprev[z]
+                b = cnext[z]
+                cnext[a] = b
+                cprev[b] = a
+                a = rprev[z]
+                b = rnext[z]
+                rnext[a] = b
+                rprev[b] = a
+                state = ns
+                lo = nlo
+                w = nw
+                remaining -= 1
+                pushed = True
+                break
             if pushed:
                 break
             while ipos[y] < p:
-                s = isym[y]
-                if s < 0 or ilin & ibits[s]:  # R4
+                u = isym[y]
+                if u < 0 or ilin & ibits[u]:  # R4
                     ns = ifns[y](state)
                     if ns is not ILLEGAL and ns != state:  # R2
+                        if post:
+                            ps = ifns[y](prev)
+                            if ps is not ILLEGAL and ps == ns:  # R6
+                                y = inext[y]
+                                continue
                         nil = ilin | ibits[y]
-                        key = (lo, w, ns)
-                        prev = cache_get(key)
+                        key = (lo, w, ns, state)  # a post-info configuration: keyed with its predecessor state
+                        old = cache_get(key)
                         ok = True
-                        if prev is None:
+                        if old is None:
                             cache[key] = nil
                             entries += 1
-                        elif prev.__class__ is int:
-                            if prev | nil == nil:
+                        elif old.__class__ is int:
+                            if old | nil == nil:
                                 ok = False
                             else:
-                                cache[key] = [prev, nil]
-                        elif any(q | nil == nil for q in prev):
+                                cache[key] = [old, nil]
+                        elif any(q | nil == nil for q in old):
+                            ok = False
+                        elif len(old) < _DOMINANCE_SCAN:
+                            old.append(nil)
+                        elif (key, nil) in overflow:
                             ok = False
                         else:
-                            prev.append(nil)
+                            overflow.add((key, nil))
+                            entries += 1
                         if ok:
                             depth += 1
                             frame = (y, 2, state, lo, w, ilin, depth, frame)
@@ -467,20 +534,30 @@ def search(si: SearchInput, *, deadline: float | None = None,
                 if kind == 2:
                     inext[iprev[z]] = z
                     iprev[inext[z]] = z
-                    p = rpos[rnext[RH]]
+                else:
+                    cnext[cprev[z]] = z
+                    cprev[cnext[z]] = z
+                    rnext[rprev[z]] = z
+                    rprev[rnext[z]] = z
+                    remaining += 1
+                    if kind == 0:
+                        continue
+                p = rpos[rnext[RH]]
+                post = frame is not None and frame[1] == 2
+                prev = frame[2] if post else None  # type: ignore[index]
+                if kind == 2:
+                    xr = QT
                     x = MT
                     y = inext[z]
-                    break
-                cnext[cprev[z]] = z
-                cprev[cnext[z]] = z
-                rnext[rprev[z]] = z
-                rprev[rnext[z]] = z
-                remaining += 1
-                if kind == 1:
-                    p = rpos[rnext[RH]]
+                elif ro[z]:  # an unforced read-only child (after an info op): go on with the read-only list
+                    xr = cnext[z]
+                    x = cnext[MH]
+                    y = inext[IH]
+                else:
+                    xr = QT
                     x = cnext[z]
                     y = inext[IH]
-                    break
+                break
 
 
 def default_max_cache_entries(n: int, budget_bytes: int = 2 << 30) -> int:

@@ -78,6 +78,8 @@ def pair_history(history: Iterable[dict]) -> list[Op]:
             raise HistoryError(f"{_where(pos, op)} is a {type(op).__name__}, not an object") from None
         if proc == "nemesis":
             continue
+        if proc.__class__ is not int and not isinstance(proc, int | str):
+            raise HistoryError(f"{_where(pos, op)} has process {proc!r}; expected an integer or \"nemesis\"")
         if typ == "invoke":
             if proc in open_:
                 raise HistoryError(f"{_where(pos, op)}: process {proc!r} invoked {f!r} while its op at line "
@@ -87,7 +89,7 @@ def pair_history(history: Iterable[dict]) -> list[Op]:
             continue
         try:
             ipos, inv, i = open_.pop(proc)
-        except (KeyError, TypeError):
+        except KeyError:
             if typ not in _COMPLETIONS:
                 raise HistoryError(f"{_where(pos, op)} has type {typ!r}; expected invoke, ok, fail or info") from None
             raise HistoryError(f"{_where(pos, op)}: {typ!r} completion for process {proc!r}, "
@@ -113,6 +115,17 @@ def pair_history(history: Iterable[dict]) -> list[Op]:
     for ipos, inv, i in open_.values():  # never completed: indeterminate
         slots[i] = _make(inv, None, ipos, None)
     return [o for o in slots if o is not None]
+
+
+def _make(inv: dict, comp: dict | None, call: int, ret: int | None) -> Op:
+    """Build an Op from an invocation and its completion (None: never completed)."""
+    key = inv.get("key")
+    if key is None and comp is not None:
+        key = comp.get("key")
+    f = inv["f"]
+    out = _INFO if ret is None else _new_tuple(Output, ("ok", freeze(comp.get("value"))))
+    return Op(inv.get("index", call), inv["process"], f, key, _new_tuple(Input, (f, freeze(inv.get("value")))),
+              out, call, ret)
 
 
 def partition_ops(ops: list[Op], model: Model) -> list[tuple[Any, list[Op]]]:
