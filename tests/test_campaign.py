@@ -378,7 +378,7 @@ def test_other_implementations_come_from_lab_sut(tmp_path, monkeypatch):
     plan = validate_plan(load_spec(spec_file(tmp_path, text)))
     assert [r.id for r in plan] == ["lease-none-default-reference-s0-r0", "lease-none-default-star-s0-r0"]
     assert plan[0].to_test().extra == {"servers": 2}
-    assert plan[1].to_test().extra == {"servers": 2, "sut": "starintel", "url": "http://127.0.0.1:9",
+    assert plan[1].to_test().extra == {"servers": 2, "sut": "starintel", "urls": ["http://127.0.0.1:9"],
                                        "api_key_file": str(key)}
     # lab.sut checks each run before anything starts: fenced-append needs `commit`, which starintel lacks
     res = invoke(str(spec_file(tmp_path, text.replace('["lease"]', '["fenced-append"]'))), "--dry-run")
