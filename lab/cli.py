@@ -42,14 +42,32 @@ def main() -> None:
 @click.option("--no-store", is_flag=True, help="Do not start the CouchDB-API store (pouchdb-server).")
 @click.option("--toxiproxy", is_flag=True, help="Route every link through its own Toxiproxy proxy.")
 @click.option("--fake-clocks", is_flag=True, help="Run Valkey and the lease servers under libfaketime.")
-@click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "compose"]),
-              help="local: processes on loopback; compose: the Docker Compose stack in compose/ (needs Docker).")
+@click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "compose", "ssh"]),
+              help="local: processes on loopback; compose: the Docker Compose stack in compose/ (needs Docker); "
+                   "ssh: remote nodes over SSH (docs/ssh-backend.md).")
+@click.option("--node", "nodes", multiple=True, help="ssh: a node [user@]host[:port] (repeatable, in order n1, n2...).")
+@click.option("--ssh-user", default="root", show_default=True, help="ssh: default user.")
+@click.option("--ssh-port", default=22, show_default=True, type=int, help="ssh: default port.")
+@click.option("--ssh-key", default=None, help="ssh: private key file.")
+@click.option("--known-hosts", default=None, help="ssh: known_hosts file (unknown hosts are refused).")
+@click.option("--remote-root", default=None, help="ssh: the fencelab checkout on every node [default: this one's path].")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def up(name: str, home: Path | None, servers: int, persistence: str, no_store: bool, toxiproxy: bool,
-       fake_clocks: bool, backend: str, as_json: bool) -> None:
-    """Start a named stack: Valkey, the store and reference lease servers (loopback only)."""
+       fake_clocks: bool, backend: str, nodes: tuple[str, ...], ssh_user: str, ssh_port: int, ssh_key: str | None,
+       known_hosts: str | None, remote_root: str | None, as_json: bool) -> None:
+    """Start a named stack: Valkey, the store and reference lease servers (loopback only for local)."""
     opts = StackOptions(servers=servers, persistence=persistence, store=not no_store, toxiproxy=toxiproxy,
                         fake_clocks=fake_clocks)
+    if backend == "ssh":
+        from lab.stack.ssh import SshOptions
+
+        if toxiproxy:
+            fail("--toxiproxy is for the local and compose backends; on SSH nodes partitions use iptables")
+        opts = SshOptions(nodes=list(nodes), user=ssh_user, port=ssh_port, key_file=ssh_key, known_hosts=known_hosts,
+                          servers=servers, persistence=persistence, store=not no_store, fake_clocks=fake_clocks,
+                          **({"remote_root": remote_root} if remote_root else {}))
+    elif nodes:
+        fail("--node is for --backend ssh")
     try:
         opts.validate()
         if fake_clocks and backend == "local":
@@ -69,6 +87,10 @@ def _new_stack(backend: str, name: str, home: Path | None):
         from lab.stack.compose import ComposeStack
 
         return ComposeStack(name=name, home=home)
+    if backend == "ssh":
+        from lab.stack.ssh import SshStack
+
+        return SshStack(name=name, home=home)
     return LocalStack(name=name, home=home)
 
 

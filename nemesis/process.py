@@ -146,6 +146,9 @@ def is_stopped(proc: ManagedProcess) -> bool:
     paused = getattr(proc, "paused", None)
     if callable(paused):  # a compose ContainerProcess knows it through the Docker API
         return paused()
+    stopped = getattr(proc, "stopped", None)
+    if callable(stopped):  # a remote process (SSH backend) knows it from the remote host
+        return stopped()
     if not proc.alive():
         return False
     try:

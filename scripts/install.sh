@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the lab needs into .tools/ (and Debian packages system-wide).
 # Idempotent: each step is skipped when its stamp or binary is already there.
-# Usage: scripts/install.sh [all|python|valkey|toxiproxy|pouchdb|faketime|compose-tools|chromium]...
+# Usage: scripts/install.sh [all|python|valkey|toxiproxy|pouchdb|faketime|compose-tools|chromium|ssh]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -108,11 +108,27 @@ install_chromium() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
 }
 
+install_ssh() {
+  # Debian's OpenSSH server and client: tests/test_ssh.py runs a real sshd (on loopback and inside
+  # network namespaces) for the SSH backend (lab/stack/ssh.py, which speaks SSH with paramiko).
+  if [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null 2>&1; then
+    return
+  fi
+  if [ "$(id -u)" != 0 ]; then
+    say "skipping ssh: installing Debian's openssh-server and openssh-client needs root (run 'sudo apt-get install -y openssh-server openssh-client'); until then the SSH backend tests are skipped"
+    return
+  fi
+  need_cmd apt-get "install Debian's openssh-server and openssh-client packages by hand"
+  say "installing Debian openssh-server + openssh-client"
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null
+}
+
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
 for s in "${steps[@]}"; do
   case "$s" in
-    all) install_python; install_valkey; install_toxiproxy; install_pouchdb; install_faketime; install_compose_tools; install_chromium ;;
+    all) install_python; install_valkey; install_toxiproxy; install_pouchdb; install_faketime; install_compose_tools; install_chromium; install_ssh ;;
     python) install_python ;;
     valkey) install_valkey ;;
     toxiproxy) install_toxiproxy ;;
@@ -120,6 +136,7 @@ for s in "${steps[@]}"; do
     faketime) install_faketime ;;
     compose-tools) install_compose_tools ;;
     chromium) install_chromium ;;
-    *) die "unknown install step '$s' (steps: all python valkey toxiproxy pouchdb faketime compose-tools chromium)" ;;
+    ssh) install_ssh ;;
+    *) die "unknown install step '$s' (steps: all python valkey toxiproxy pouchdb faketime compose-tools chromium ssh)" ;;
   esac
 done

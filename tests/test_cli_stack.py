@@ -57,3 +57,12 @@ def test_compose_backend_without_an_engine_says_so(tmp_path):
     r = fencelab(tmp_path, "up", "--backend", "compose", "--name", "c")
     assert r.returncode == 2
     assert "Docker engine" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ssh_backend_options_are_checked_before_connecting(tmp_path):
+    r = fencelab(tmp_path, "up", "--backend", "ssh")
+    assert r.returncode == 2 and "at least one --node" in r.stderr
+    r = fencelab(tmp_path, "up", "--backend", "ssh", "--node", "10.255.0.1", "--ssh-key", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "no such file" in r.stderr
+    r = fencelab(tmp_path, "up", "--node", "10.255.0.1")
+    assert r.returncode == 2 and "--node is for --backend ssh" in r.stderr

@@ -25,8 +25,10 @@ import secrets
 import shlex
 import signal
 import socket
+import stat
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -172,7 +174,7 @@ class SshHost:
         self.target = target
         self._client: paramiko.SSHClient | None = None
         self._shell: _ControlShell | None = None
-        self._sftp: paramiko.SFTPClient | None = None
+        self._sftp_session: paramiko.SFTPClient | None = None
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
@@ -231,14 +233,14 @@ class SshHost:
         with self._lock:
             if self._shell is not None:
                 self._shell.close()
-            if self._sftp is not None:
+            if self._sftp_session is not None:
                 try:
-                    self._sftp.close()
+                    self._sftp_session.close()
                 except Exception:  # closing a dead session: nothing to do
                     pass
             if self._client is not None:
                 self._client.close()
-            self._shell = self._sftp = self._client = None
+            self._shell = self._sftp_session = self._client = None
 
     # -- commands --------------------------------------------------------------
     def run(self, command: str, *, timeout: float = 30.0, check: bool = True) -> RemoteResult:
@@ -269,50 +271,47 @@ class SshHost:
         return words[0], words[2]
 
     # -- files -----------------------------------------------------------------
-    def _sftp_client(self) -> paramiko.SFTPClient:
-        self.connect()
-        if self._sftp is None:
-            self._sftp = self._client.open_sftp()
-        return self._sftp
+    @contextmanager
+    def _sftp(self, what: str):
+        """An SFTP session (opened on first use) under the host lock; a failure is a RemoteError naming `what`
+        and drops the session, so the next call opens a fresh one."""
+        with self._lock:
+            try:
+                self.connect()
+                if self._sftp_session is None:
+                    self._sftp_session = self._client.open_sftp()
+                yield self._sftp_session
+            except (OSError, paramiko.SSHException, EOFError) as e:
+                if not isinstance(e, FileNotFoundError) and self._sftp_session is not None:
+                    self._sftp_session.close()
+                    self._sftp_session = None
+                raise RemoteError(f"{self.target.label}: cannot {what}: {e}") from None
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
         """Write a remote file atomically (write a temporary file, chmod, rename over)."""
         data = data.encode() if isinstance(data, str) else data
         tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-        with self._lock:
-            try:
-                sftp = self._sftp_client()
-                with sftp.open(tmp, "wb") as f:
-                    f.write(data)
-                sftp.chmod(tmp, mode)
-                sftp.posix_rename(tmp, path)
-            except (OSError, paramiko.SSHException, EOFError) as e:
-                raise RemoteError(f"{self.target.label}: cannot write {path}: {e}") from None
+        with self._sftp(f"write {path}") as sftp:
+            with sftp.open(tmp, "wb") as f:
+                f.write(data)
+            sftp.chmod(tmp, mode)
+            sftp.posix_rename(tmp, path)
 
     def read_file(self, path: str) -> bytes:
         """The contents of a remote file."""
-        with self._lock:
-            try:
-                with self._sftp_client().open(path, "rb") as f:
-                    return f.read()
-            except (OSError, paramiko.SSHException, EOFError) as e:
-                raise RemoteError(f"{self.target.label}: cannot read {path}: {e}") from None
+        with self._sftp(f"read {path}") as sftp, sftp.open(path, "rb") as f:
+            return f.read()
 
     def fetch_tree(self, remote_dir: str, local_dir: Path, *, subdirs: tuple[str, ...]) -> list[Path]:
         """Copy the regular files of `remote_dir/<subdir>` (one level) into `local_dir/<subdir>`; the copies."""
-        import stat
-
         got = []
-        with self._lock:
-            sftp = self._sftp_client()
-            for sub in subdirs:
-                src = f"{remote_dir}/{sub}"
+        for sub in subdirs:
+            src = f"{remote_dir}/{sub}"
+            with self._sftp(f"copy {src}") as sftp:
                 try:
                     entries = sftp.listdir_attr(src)
                 except FileNotFoundError:
-                    continue
-                except (OSError, paramiko.SSHException) as e:
-                    raise RemoteError(f"{self.target.label}: cannot list {src}: {e}") from None
+                    continue  # this node has no such directory (e.g. no audit logs on the Valkey node)
                 for e in entries:
                     if stat.S_ISREG(e.st_mode or 0):
                         dst = Path(local_dir) / sub / e.filename

@@ -249,7 +249,8 @@ class SshStack:
             where = f"{label} ({host.target.host})"
             cmd = (f"cd {shlex.quote(opts.remote_root)} 2>/dev/null || {{ echo 'no directory'; exit 3; }}; "
                    f"test -x {shlex.quote(py)} || {{ echo 'no python'; exit 4; }}; "
-                   f"FENCELAB_TOOLS={shlex.quote(opts.remote_root + '/.tools')} {shlex.quote(py)} -c {shlex.quote(_CHECK)} "
+                   f"FENCELAB_TOOLS={shlex.quote(opts.remote_root + '/.tools')} {shlex.quote(py)} "
+                   f"-c {shlex.quote(_CHECK)} "
                    f"{','.join(sorted(need)) or ','} {1 if servers and opts.store else 0}")
             try:
                 r = host.run(cmd, timeout=120.0, check=False)
@@ -336,7 +337,8 @@ class SshStack:
             self.info["client_nodes"] = list(self.info["lease_servers"])
             self.save_state()
 
-    def _clock_env(self, name: str, node: str, opts: SshOptions, tools: dict[str, dict[str, Any]]) -> dict[str, str] | None:
+    def _clock_env(self, name: str, node: str, opts: SshOptions,
+                   tools: dict[str, dict[str, Any]]) -> dict[str, str] | None:
         """libfaketime settings (those of lab.stack.clock.faketime_env) with a remote offset file, created at +0."""
         if not opts.fake_clocks:
             return None
@@ -394,7 +396,8 @@ class SshStack:
         except (OSError, ValueError) as e:
             raise StackError(f"cannot read {self.state_file}: {e}") from e
         if data.get("backend") != "ssh":
-            raise StackError(f"{self.state_file} is not an ssh stack's state (backend {data.get('backend', 'local')!r})")
+            raise StackError(f"{self.state_file} is not an ssh stack's state "
+                             f"(backend {data.get('backend', 'local')!r})")
         self.info = {k: v for k, v in data.items() if k != "processes"}
         self.hosts = {label: SshHost(SshTarget(host=n["host"], port=n["port"], user=n["user"], key_file=n["key_file"],
                                                known_hosts=n["known_hosts"], connect_timeout=n["connect_timeout"]))
@@ -448,7 +451,8 @@ class SshStack:
     def clocks(self) -> dict[str, RemoteFakeClock]:
         """The remote libfaketime offset files (the stack was started with fake_clocks=True)."""
         nodes = self.info.get("clock_nodes", {})
-        return {name: RemoteFakeClock(self.hosts[nodes[name]], path) for name, path in self.info.get("clocks", {}).items()}
+        return {name: RemoteFakeClock(self.hosts[nodes[name]], path)
+                for name, path in self.info.get("clocks", {}).items()}
 
     def clock_nemesis(self, *, rng: Any, **kw: Any):
         """nemesis.clock's ClockNemesis writing the hosts' offset files over SFTP."""
