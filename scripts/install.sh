@@ -65,78 +65,73 @@ faketime_lib() {
   ls /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 /usr/lib/*/faketime/libfaketime.so.1 2>/dev/null | head -n 1
 }
 
-install_faketime() {
-  if [ -z "$(faketime_lib)" ] || ! command -v faketime >/dev/null 2>&1; then
-    if [ "$(id -u)" != 0 ]; then
-      die "libfaketime is missing and installing it needs root: run 'sudo apt-get install -y faketime libfaketime' (the clock nemesis needs it)"
-    fi
-    need_cmd apt-get "install Debian's faketime and libfaketime packages by hand"
-    say "installing Debian faketime + libfaketime"
+# Debian packages, per step: what is checked, and what installs it. One `apt-get update` per run, and
+# `all` installs every missing package in one apt transaction (much faster on a fresh machine).
+debian_missing() {  # debian_missing STEP: the packages of STEP that are not installed yet
+  case "$1" in
+    faketime) { [ -n "$(faketime_lib)" ] && command -v faketime >/dev/null 2>&1; } || echo "faketime libfaketime" ;;
+    compose-tools) command -v docker-compose >/dev/null 2>&1 || echo "docker-compose" ;;   # validates compose/
+    chromium) { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } \
+                || echo "chromium chromium-driver" ;;                                   # report browser checks
+    ssh) { [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null 2>&1; } || echo "openssh-server openssh-client" ;;
+    netns) { command -v ip >/dev/null 2>&1 && command -v iptables >/dev/null 2>&1; } || echo "iproute2 iptables" ;;
+  esac
+}
+
+APT_UPDATED=0
+apt_install() {  # apt_install PKG...: as root; else say what to run and fail
+  [ $# -gt 0 ] || return 0
+  if [ "$(id -u)" != 0 ]; then
+    say "these Debian packages are missing and installing them needs root: run 'sudo apt-get install -y $*'"
+    return 1
+  fi
+  need_cmd apt-get "install Debian's $* by hand"
+  if [ "$APT_UPDATED" = 0 ]; then
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime libfaketime >/dev/null
+    APT_UPDATED=1
+  fi
+  say "installing Debian packages: $*"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+install_debian_step() {  # install_debian_step STEP REQUIRED(yes|no)
+  local pkgs
+  pkgs=$(debian_missing "$1")
+  [ -z "$pkgs" ] && return 0
+  # shellcheck disable=SC2086
+  if ! apt_install $pkgs; then
+    if [ "$2" = yes ]; then
+      die "step $1 needs: $pkgs"
+    fi
+    say "skipping $1: the tests that need it are skipped until it is installed"
   fi
 }
 
-install_compose_tools() {
-  # Debian's docker-compose (no engine needed): tests/test_compose_file.py validates
-  # compose/docker-compose.yml with `docker-compose config`.
-  if command -v docker-compose >/dev/null 2>&1; then
+install_all_debian() {
+  if [ "$(id -u)" != 0 ]; then  # not root: say what is missing; only libfaketime is required
+    install_debian_step faketime yes
+    for step in compose-tools chromium ssh netns; do install_debian_step "$step" no; done
     return
   fi
-  if [ "$(id -u)" != 0 ]; then
-    say "skipping compose-tools: installing Debian's docker-compose needs root (run 'sudo apt-get install -y docker-compose'); until then the 'docker-compose config' test is skipped"
-    return
-  fi
-  need_cmd apt-get "install Debian's docker-compose package by hand"
-  say "installing Debian docker-compose"
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null
-}
-
-install_chromium() {
-  # Debian's chromium + chromium-driver: tests/test_serve.py loads the reports in headless Chromium.
-  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
-    return
-  fi
-  if [ "$(id -u)" != 0 ]; then
-    say "skipping chromium: installing Debian's chromium and chromium-driver needs root (run 'sudo apt-get install -y chromium chromium-driver'); until then the browser checks of the reports are skipped"
-    return
-  fi
-  need_cmd apt-get "install Debian's chromium and chromium-driver packages by hand"
-  say "installing Debian chromium + chromium-driver"
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
-}
-
-install_ssh() {
-  # Debian's OpenSSH server and client: tests/test_ssh.py runs a real sshd (on loopback and inside
-  # network namespaces) for the SSH backend (lab/stack/ssh.py, which speaks SSH with paramiko).
-  if [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null 2>&1; then
-    return
-  fi
-  if [ "$(id -u)" != 0 ]; then
-    say "skipping ssh: installing Debian's openssh-server and openssh-client needs root (run 'sudo apt-get install -y openssh-server openssh-client'); until then the SSH backend tests are skipped"
-    return
-  fi
-  need_cmd apt-get "install Debian's openssh-server and openssh-client packages by hand"
-  say "installing Debian openssh-server + openssh-client"
-  apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client >/dev/null
+  local pkgs=""
+  for step in faketime compose-tools chromium ssh netns; do
+    pkgs="$pkgs $(debian_missing "$step")"
+  done
+  # shellcheck disable=SC2086
+  apt_install $pkgs
 }
 
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
 for s in "${steps[@]}"; do
   case "$s" in
-    all) install_python; install_valkey; install_toxiproxy; install_pouchdb; install_faketime; install_compose_tools; install_chromium; install_ssh ;;
+    all) install_all_debian; install_python; install_valkey; install_toxiproxy; install_pouchdb ;;
     python) install_python ;;
     valkey) install_valkey ;;
     toxiproxy) install_toxiproxy ;;
     pouchdb) install_pouchdb ;;
-    faketime) install_faketime ;;
-    compose-tools) install_compose_tools ;;
-    chromium) install_chromium ;;
-    ssh) install_ssh ;;
-    *) die "unknown install step '$s' (steps: all python valkey toxiproxy pouchdb faketime compose-tools chromium ssh)" ;;
+    faketime) install_debian_step faketime yes ;;
+    compose-tools | chromium | ssh | netns) install_debian_step "$s" no ;;
+    *) die "unknown install step '$s' (steps: all python valkey toxiproxy pouchdb faketime compose-tools chromium ssh netns)" ;;
   esac
 done
