@@ -2,10 +2,16 @@
 
     python -m lab.server --host H --port P --valkey-url URL --principals FILE
                          --instance-id NAME --audit-log PATH [--config FILE]
+                         [--store-url URL] [--allow-mutants]
 
 Everything is validated before the server starts; a bad argument prints one
 line `lab.server: error: ...` and exits with status 2. Command-line values
 override the same settings in the `--config` JSON file.
+
+`--store-url` names the CouchDB-API document store of the fenced-write
+boundary (`POST /api/v1/commits`) and of the recovery rule's durable epoch.
+`--allow-mutants` is a lab-run-only switch: without it the planted-bug
+settings (`commit_mode: unfenced`, `recovery: off`) are refused.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
     ap.add_argument("--instance-id", required=True)
     ap.add_argument("--audit-log", required=True, type=Path)
     ap.add_argument("--config", type=Path)
+    ap.add_argument("--store-url", help="CouchDB-API store of the fenced-write boundary")
+    ap.add_argument("--allow-mutants", action="store_true",
+                    help="lab runs only: accept planted-bug settings (commit_mode unfenced, recovery off)")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     args = ap.parse_args(argv)
     if not 1 <= args.port <= 65535:
@@ -63,9 +72,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
     except OSError as e:
         fail(f"--audit-log: cannot write {args.audit_log}: {e.strerror}")
     try:
-        base = load_settings(args.config) if args.config else Settings()
-        settings = base.replace(valkey_url=args.valkey_url, principals_file=str(args.principals),
-                                instance_id=args.instance_id, audit_log=str(args.audit_log))
+        seed = Settings(allow_mutants=args.allow_mutants)
+        base = load_settings(args.config, seed) if args.config else seed
+        overrides = dict(valkey_url=args.valkey_url, principals_file=str(args.principals),
+                         instance_id=args.instance_id, audit_log=str(args.audit_log))
+        if args.store_url is not None:
+            overrides["store_url"] = args.store_url
+        settings = base.replace(**overrides)
     except SettingsError as e:
         fail(f"--config: {e}" if args.config else str(e))
     return args, settings

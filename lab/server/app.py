@@ -10,6 +10,10 @@ safe id, otherwise one is generated); an unexpected exception becomes a 503
 `lease_backend_unavailable` envelope, never a bare 500 page. Every lease
 request, accepted or not, emits exactly one audit event.
 
+`POST /api/v1/commits` (the fenced-write boundary, commit.py) goes through the
+same checks; the recovery rule (recovery.py) may hold every mutation at 503
+while it re-establishes the fencing floor after a Valkey restart.
+
 `create_app(settings)` builds the app; tests run it in process with
 `httpx.ASGITransport` (see lab/server/testing.py) and `python -m lab.server`
 serves it with uvicorn.
@@ -35,11 +39,14 @@ from starlette.routing import Route
 from lab.server.audit import AuditLog
 from lab.server.auth import CAP_FORCE, CAP_LEASE, Authenticator, Principal
 from lab.server.backend import Backend
+from lab.server.commit import CommitService
 from lab.server.errors import LeaseError, invalid
 from lab.server.identity import IDENTITY_FIELDS, KEY_PREFIX, IdentityError, normalize_identifier, normalize_target_id
 from lab.server.openapi import openapi_document
+from lab.server.recovery import Recovery, RecoveryGate
 from lab.server.service import LeaseService, Outcome
 from lab.server.settings import Settings
+from lab.server.store import DocumentStore, StoreError
 from lab.server.wire import (
     INSPECT_QUERY_FIELDS,
     LIST_QUERY_FIELDS,
@@ -66,11 +73,12 @@ JSON = "application/json"
 EVENT_TYPE = {
     "acquire": "target_lease_acquire", "renew": "target_lease_renew", "release": "target_lease_release",
     "force_release": "target_lease_force_release", "revoke": "target_lease_revoke",
-    "inspect": "target_lease_inspect", "list": "target_lease_list",
+    "inspect": "target_lease_inspect", "list": "target_lease_list", "commit": "target_lease_commit",
 }
+COMMIT_REJECTED = "target_lease_commit_rejected"
 CAPABILITY = {"acquire": (CAP_LEASE,), "renew": (CAP_LEASE,), "release": (CAP_LEASE,),
               "force_release": (CAP_FORCE,), "revoke": (CAP_FORCE,),
-              "inspect": (CAP_LEASE, CAP_FORCE), "list": (CAP_LEASE, CAP_FORCE)}
+              "inspect": (CAP_LEASE, CAP_FORCE), "list": (CAP_LEASE, CAP_FORCE), "commit": (CAP_LEASE,)}
 
 
 def json_response(body: dict[str, Any], status: int, correlation_id: str, retry_after_ms: int | None = None) -> Response:
@@ -121,20 +129,33 @@ class LeaseServer:
         self.settings = settings.validate()
         self.auth = authenticator or Authenticator.from_file(settings.principals_file)
         self.backend = Backend(settings)
-        self.service = LeaseService(settings, self.backend)
+        self.store = DocumentStore(settings) if settings.store_url else None
+        self.gate = RecoveryGate(active=settings.recovery == "on" and self.store is not None)
+        self.service = LeaseService(settings, self.backend, self.gate)
+        self.commits = CommitService(settings, self.service, self.store, self.gate)
         self.audit = AuditLog(self.backend, settings.audit_log or None, stream_maxlen=settings.audit_stream_maxlen,
                               queue_max=settings.audit_queue_max)
+        self.recovery = Recovery(settings, self.backend, self.store, self.gate, on_revoked=self.recovery_revoked)
         self._openapi = orjson.dumps(openapi_document())
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        """Start the backend and the audit writer; close both at shutdown."""
+        """Start the backend, the audit writer, the store and the recovery rule; close them at shutdown."""
         await self.backend.start()
         await self.audit.start()
+        if self.store is not None:
+            try:
+                await self.store.prepare(_loop_time() + self.settings.max_backend_timeout_ms / 1000)
+            except StoreError as e:
+                log.warning("document store not ready at start-up (%s); commits will prepare it", e)
+        await self.recovery.start()
         try:
             yield
         finally:
+            await self.recovery.close()
             await self.audit.close()
+            if self.store is not None:
+                await self.store.close()
             await self.backend.close()
 
     def routes(self) -> list[Route]:
@@ -147,6 +168,7 @@ class LeaseServer:
             Route(p + "/{lease_id}/revoke", self.revoke, methods=["POST"]),
             Route(p + "/{lease_id}", self.inspect_by_id, methods=["GET"]),
             Route(p, self.list_or_inspect, methods=["GET"]),
+            Route("/api/v1/commits", self.commit, methods=["POST"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
         ]
@@ -167,6 +189,9 @@ class LeaseServer:
     async def revoke(self, request: Request) -> Response:
         return await self.mutation(request, "revoke")
 
+    async def commit(self, request: Request) -> Response:
+        return await self.mutation(request, "commit")
+
     async def inspect_by_id(self, request: Request) -> Response:
         return await self.read(request, "inspect")
 
@@ -184,11 +209,16 @@ class LeaseServer:
                 await self.backend.load_scripts(_loop_time() + 1.0)
             except Exception as e:  # noqa: BLE001 - reported as unhealthy, never raised
                 log.warning("script load failed: %s", type(e).__name__)
-        if ok and self.backend.scripts_loaded:
+        if ok and self.backend.scripts_loaded and self.gate.ready:
             return json_response({"status": "success", "code": "healthy", "correlation_id": cid,
                                   "instance_id": self.settings.instance_id, "backend": "ok",
-                                  "audit_dropped": self.audit.dropped}, 200, cid)
-        err = LeaseError("lease_backend_unavailable", "the lease store is not reachable", retry_after_ms=500)
+                                  "audit_dropped": self.audit.dropped, "recovery": self.gate.describe(),
+                                  "commit_mode": self.settings.commit_mode}, 200, cid)
+        if ok and self.backend.scripts_loaded:
+            err = LeaseError("lease_backend_unavailable", "recovering the fencing floor after a Valkey restart",
+                             retry_after_ms=200)
+        else:
+            err = LeaseError("lease_backend_unavailable", "the lease store is not reachable", retry_after_ms=500)
         return json_response(err.envelope(cid), err.status, cid, err.retry_after_ms)
 
     async def openapi(self, request: Request) -> Response:
@@ -211,14 +241,14 @@ class LeaseServer:
                 "observed_at_ms": now_ms(), "correlation_id": correlation_id}
 
     async def mutation(self, request: Request, op: str) -> Response:
-        """acquire / renew / release / force-release / revoke."""
+        """acquire / renew / release / force-release / revoke / commit."""
         started = time.perf_counter()
         cid = correlation_id_of(request)
         event = self.new_event(op, cid)
         admin = op in ("force_release", "revoke")
         try:
             principal = self.authenticate(request, op, event)
-            lease_id = "" if op == "acquire" else check_lease_id(request.path_params["lease_id"])
+            lease_id = "" if op in ("acquire", "commit") else check_lease_id(request.path_params["lease_id"])
             if lease_id:
                 event["lease_id"] = lease_id
             raw = await read_body(request, self.settings.max_body_bytes)
@@ -237,6 +267,8 @@ class LeaseServer:
             if admin:
                 event["admin_reason"] = f["reason"]
                 event["incident_id"] = f.get("incident_id") or None
+            if op == "commit":  # the caller's own claim: the lease it commits under
+                event.update(lease_id=req.lease_id, fencing_token=f["fencing_token"])
             if op in ("acquire", "renew"):
                 self.service.call_deadline(req.deadline_ms)  # 408 before spending a rate token
                 self.service.check_rate(principal, identity.lock_key())
@@ -246,14 +278,20 @@ class LeaseServer:
                 outcome = await self.service.renew(principal, req)
             elif op == "release":
                 outcome = await self.service.release(principal, req)
+            elif op == "commit":
+                outcome = await self.commits.commit(principal, req)
             else:
                 partial = {k: v for k, v in event.items() if k != "lease_id"}
                 partial.update(http_status=200, replayed=False)
                 outcome = await self.service.end_by_admin(principal, req, event["event_type"], orjson.dumps(partial))
         except LeaseError as e:
+            if op == "commit":
+                event["event_type"] = COMMIT_REJECTED
             return self.refuse(e, cid, event, started)
         except Exception:  # noqa: BLE001 - the envelope, never a bare 500
             log.exception("unhandled error in %s", op)
+            if op == "commit":
+                event["event_type"] = COMMIT_REJECTED
             return self.refuse(LeaseError("lease_backend_unavailable", "internal error; nothing is assumed"),
                                cid, event, started)
         event.update(outcome.audit)
@@ -308,6 +346,20 @@ class LeaseServer:
         except Exception:  # noqa: BLE001 - never turn a read into an error after the fact
             log.exception("audit write failed after %s", op)
         return json_response(success_body(outcome, cid), 200, cid)
+
+    def recovery_revoked(self, flat: list[str], backend_now: int) -> None:
+        """Audit one restored lease the recovery sweep ended (a system revoke, not an HTTP request)."""
+        try:
+            rec = dict(zip(flat[0::2], flat[1::2]))
+            event = self.new_event("revoke", "recovery-" + uuid.uuid4().hex)
+            event.update(zip(IDENTITY_FIELDS, orjson.loads(rec["identity"])))
+            event.update(principal_id="lease-server:recovery", backend_time_ms=backend_now, lease_id=rec["lease_id"],
+                         fencing_token=int(rec["fencing_token"]), service_instance_id=rec["service_instance_id"],
+                         previous_state="active", resulting_state="revoked", result_code="lease_revoked",
+                         retryable=False, backend_health="ok", admin_reason=rec.get("admin_reason"))
+            self.audit.emit(event)
+        except Exception:  # noqa: BLE001 - the sweep is what matters; its audit line is best effort
+            log.exception("audit of a recovery revocation failed")
 
     def refuse(self, err: LeaseError, cid: str, event: dict[str, Any], started: float) -> Response:
         """Audit and render an error envelope."""

@@ -34,7 +34,9 @@ from lab.server.backend import AUDIT_STREAM, Backend, BackendError
 log = logging.getLogger("lab.server.audit")
 
 EVENT_TYPES = ("target_lease_acquire", "target_lease_renew", "target_lease_release", "target_lease_force_release",
-               "target_lease_revoke", "target_lease_inspect", "target_lease_list", "target_lease_commit_rejected")
+               "target_lease_revoke", "target_lease_inspect", "target_lease_list", "target_lease_commit_rejected",
+               # accepted commits: an extension of section 11's closed set, which names only the rejection
+               "target_lease_commit")
 
 AUDIT_FIELDS = (
     "event_type", "server_instance_id", "observed_at_ms", "backend_time_ms", "latency_ms",
@@ -84,12 +86,10 @@ class AuditLog:
             await asyncio.wait_for(self.flush(), 2.0)
         except (TimeoutError, asyncio.TimeoutError):
             log.warning("audit: %d stream events not sent at shutdown", len(self._queue))
-        if self._task is not None:
+        # re-cancel until done: Python 3.11's timeout blocks (in backend calls) can swallow one cancellation
+        while self._task is not None and not self._task.done():
             self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await asyncio.wait([self._task], timeout=0.5)
         if self._file is not None:
             self._file.flush()
             self._file.close()

@@ -19,14 +19,19 @@ Key layout (L = the lock key of C3, `starintel:target-lease:v1:<b64>`):
   L                 hash: the current lease record (deleted on release/revoke;
                     PEXPIREAT expires_at + retention; treated as expired from expires_at)
   L:fence           string: the durable fencing counter (INCR; never a TTL, never reset)
-  L:hwm             string: reserved for the commit high-water mark (C26)
+  L:hwm             string: the commit high-water mark (C26): the highest token validated for a commit
   L:history         list: terminal evidence, newest first, capped
   P:lease:<id>      hash {k: L, i: identity json, s: state}: lease_id -> identity and end state
   P:idem:<b64>      string: idempotency record {d: digest, c: code, r: result}
   P:active          zset (score 0, lexicographic): lock keys with a record, for list
   P:quota:<principal> zset lock key -> expires_at: the principal's active leases
   P:audit           stream: audit events (XADD MAXLEN ~)
+  P:recovery        string: the epoch, floor and run_id of the last recovery (informational)
 where P = `starintel:target-lease:v1:`.
+
+`connect_hook`, when set, runs on every new connection after its handshake and
+before any command is written on it (the recovery rule compares Valkey's
+`run_id` there, see recovery.py); a failure in it is still "not submitted".
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ import asyncio
 import base64
 import hashlib
 import logging
-from typing import Any, Sequence
+import re
+from typing import Any, Awaitable, Callable, Sequence
 
 import orjson
 import redis.asyncio as aioredis
@@ -54,6 +60,8 @@ log = logging.getLogger("lab.server.backend")
 
 ACTIVE_INDEX = KEY_PREFIX + "active"
 AUDIT_STREAM = KEY_PREFIX + "audit"
+RECOVERY_KEY = KEY_PREFIX + "recovery"
+_RUN_ID_RE = re.compile(r"^run_id:([0-9a-f]+)\r?$", re.MULTILINE)
 
 
 # -- key layout -------------------------------------------------------------
@@ -63,7 +71,7 @@ def fence_key(lock_key: str) -> str:
 
 
 def hwm_key(lock_key: str) -> str:
-    """The per-identity commit high-water mark (reserved for the fenced commit boundary, C26)."""
+    """The per-identity commit high-water mark of the fenced-write boundary (C26)."""
     return lock_key + ":hwm"
 
 
@@ -107,6 +115,16 @@ class BackendFault(BackendError):
     """Valkey answered with an error (a script error, a wrong-type key): fail closed."""
 
 
+def run_id_of(info: Any) -> str:
+    """Valkey's `run_id` from an `INFO server` reply (raw text); ValueError when it has none."""
+    if isinstance(info, bytes):
+        info = info.decode("utf-8", "replace")
+    m = _RUN_ID_RE.search(info) if isinstance(info, str) else None
+    if m is None:
+        raise ValueError("INFO server reply without a run_id")
+    return m.group(1)
+
+
 def pack_command(args: Sequence[Any]) -> bytes:
     """One command in RESP2 (hand-written: redis-py's generic encoder was a tenth of the request CPU)."""
     parts = [b"*%d\r\n" % len(args)]
@@ -145,6 +163,7 @@ class Backend:
         self._slots = asyncio.Semaphore(settings.valkey_max_connections)
         self._closed = False
         self.scripts_loaded = False
+        self.connect_hook: Callable[[Connection], Awaitable[None]] | None = None
 
     # -- lifecycle --------------------------------------------------------
     async def start(self) -> None:
@@ -189,6 +208,20 @@ class Backend:
                     replies.append(e)
             return replies
         return await self._call(deadline, go)
+
+    async def command(self, deadline: float, *args: Any) -> Any:
+        """One plain command (recovery's INFO / SCAN / GET); an error reply is a BackendFault."""
+        (reply,) = await self.pipeline([args], deadline)
+        if isinstance(reply, ResponseError):
+            raise BackendFault(f"{args[0]}: {reply}")
+        return reply
+
+    async def run_id(self, deadline: float) -> str:
+        """The run_id of the Valkey incarnation answering now."""
+        try:
+            return run_id_of(await self.command(deadline, "INFO", "server"))
+        except ValueError as e:
+            raise BackendFault(str(e)) from None
 
     async def ping(self, deadline: float) -> bool:
         """Does Valkey answer PING before `deadline`?"""
@@ -264,3 +297,5 @@ class Backend:
             except (RedisConnectionError, OSError):
                 await conn.disconnect(nowait=True)
         await conn.connect()
+        if self.connect_hook is not None:
+            await self.connect_hook(conn)

@@ -7,7 +7,11 @@ backend key, backend detail or a stack trace.
 
 from __future__ import annotations
 
-SUCCESS_CODES = ("lease_acquired", "lease_renewed", "lease_released", "lease_inspected", "lease_listed", "lease_revoked")
+LEASE_SUCCESS_CODES = ("lease_acquired", "lease_renewed", "lease_released", "lease_inspected", "lease_listed",
+                       "lease_revoked")
+# `commit_accepted` extends section 9's 200 codes: the table lists none for the commit boundary (section 7).
+COMMIT_ACCEPTED = "commit_accepted"
+SUCCESS_CODES = LEASE_SUCCESS_CODES + (COMMIT_ACCEPTED,)
 
 HTTP_STATUS = {
     **{code: 200 for code in SUCCESS_CODES},
@@ -44,7 +48,7 @@ class LeaseError(Exception):
     """A typed failure: the contract code, a safe message and retry advice."""
 
     def __init__(self, code: str, msg: str, *, retryable: bool | None = None, retry_after_ms: int | None = None,
-                 backend_health: str | None = None):
+                 backend_health: str | None = None, submitted: bool | None = None):
         super().__init__(msg)
         if code not in HTTP_STATUS or code in SUCCESS_CODES:
             raise ValueError(f"not an error code: {code!r}")
@@ -53,6 +57,8 @@ class LeaseError(Exception):
         self.retryable = RETRYABLE[code] if retryable is None else retryable
         self.retry_after_ms = retry_after_ms
         self.backend_health = backend_health
+        # False = the server knows nothing was executed (the client then reads a 503 as a definite failure)
+        self.submitted = submitted
 
     @property
     def status(self) -> int:
@@ -64,6 +70,8 @@ class LeaseError(Exception):
                 "retryable": self.retryable}
         if self.retry_after_ms is not None:
             body["retry_after_ms"] = int(self.retry_after_ms)
+        if self.submitted is False:
+            body["submitted"] = False
         return body
 
 

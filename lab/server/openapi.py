@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lab.server.errors import HTTP_STATUS, SUCCESS_CODES
+from lab.server.errors import COMMIT_ACCEPTED, HTTP_STATUS, LEASE_SUCCESS_CODES, SUCCESS_CODES
 from lab.server.identity import IDENTITY_FIELDS, OPERATION_CLASSES
 
 _ID = {"type": "string", "pattern": r"^[A-Za-z0-9._:@+-]{1,128}$"}
@@ -59,10 +59,12 @@ def _lease_schema() -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": ["lease_id", "lock_key", "state"]}
 
 
+_RESULT_SCHEMA = {"lease_listed": "ListResult", COMMIT_ACCEPTED: "CommitResult"}
+
+
 def _responses(success: str, codes: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"200": {"description": success, "content": {"application/json": {
-        "schema": {"$ref": "#/components/schemas/ListResult" if success == "lease_listed"
-                   else "#/components/schemas/LeaseResult"}}}}}
+        "schema": {"$ref": "#/components/schemas/" + _RESULT_SCHEMA.get(success, "LeaseResult")}}}}}
     by_status: dict[int, list[str]] = {}
     for code in codes:
         by_status.setdefault(HTTP_STATUS[code], []).append(code)
@@ -97,15 +99,16 @@ def openapi_document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "fencelab reference lease server", "version": "1",
-                 "description": "Target leases and fencing tokens (docs/server.md, "
-                                "the lease contract rules C1-C23)."},
+                 "description": "Target leases, fencing tokens and the fenced-write boundary (docs/server.md, "
+                                "the lease contract rules C1-C29). `commit_accepted` extends section 9's "
+                                "200 codes, which list none for commits."},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "API key flk.<credential_id>.<secret>"}},
             "schemas": {
                 "Lease": _lease_schema(),
                 "LeaseResult": {"type": "object", "required": ["status", "code", "correlation_id"], "properties": {
-                    "status": {"const": "success"}, "code": {"type": "string", "enum": list(SUCCESS_CODES)},
+                    "status": {"const": "success"}, "code": {"type": "string", "enum": list(LEASE_SUCCESS_CODES)},
                     "correlation_id": {"type": "string"}, "lease": {"$ref": "#/components/schemas/Lease"},
                     "replayed": {"type": "boolean", "description": "an idempotent retry: the original result, "
                                                                    "with the lease's current state"},
@@ -117,12 +120,31 @@ def openapi_document() -> dict[str, Any]:
                                    "leases": {"type": "array", "items": {"$ref": "#/components/schemas/Lease"}},
                                    "next_cursor": {"type": ["string", "null"]},
                                    "backend_time_ms": {"type": "integer"}}},
+                "CommitResult": {"type": "object", "required": ["status", "code", "correlation_id", "commit"],
+                                 "properties": {
+                                     "status": {"const": "success"}, "code": {"const": COMMIT_ACCEPTED},
+                                     "correlation_id": {"type": "string"},
+                                     "commit": {"$ref": "#/components/schemas/Commit"},
+                                     "replayed": {"type": "boolean"}, "backend_time_ms": {"type": "integer"}}},
+                "Commit": {"type": "object",
+                           "required": ["doc", "db", "rev", "accepted_token", "lease_id", "validated_at_ms"],
+                           "properties": {
+                               "doc": {"type": "string"}, "db": {"type": "string", "description": "the store "
+                                                                "database written (store_db)"},
+                               "rev": {"type": "string", "description": "the document revision this commit "
+                                       "wrote (on a replay found only in the document: its current revision)"},
+                               "accepted_token": _TOKEN, "lease_id": {"type": "string"},
+                               "validated_at_ms": {"type": "integer", "description": "backend time of the "
+                                                   "lease validation (the linearization point)"},
+                               "replayed": {"type": "boolean"}}},
                 "Error": {"type": "object", "required": ["status", "code", "msg", "correlation_id", "retryable"],
                           "properties": {
                               "status": {"const": "error"},
                               "code": {"type": "string", "enum": [c for c in HTTP_STATUS if c not in SUCCESS_CODES]},
                               "msg": {"type": "string"}, "correlation_id": {"type": "string"},
-                              "retryable": {"type": "boolean"}, "retry_after_ms": {"type": "integer"}}},
+                              "retryable": {"type": "boolean"}, "retry_after_ms": {"type": "integer"},
+                              "submitted": {"const": False, "description": "present when the server knows "
+                                            "nothing was executed (a definite failure)"}}},
             },
         },
         "paths": {
@@ -169,7 +191,23 @@ def openapi_document() -> dict[str, Any]:
                                       "content": {"application/json": {"schema": {"oneOf": [
                                           {"$ref": "#/components/schemas/LeaseResult"},
                                           {"$ref": "#/components/schemas/ListResult"}]}}}}}}},
-            "/healthz": {"get": {"summary": "200 when Valkey answers and the scripts are loaded",
+            "/api/v1/commits": _post(
+                "the fenced-write boundary (C24-C29): validate the lease, then write the document conditionally",
+                _body({"fencing_token": _TOKEN, "lease_id": {"type": "string", "pattern": "^[A-Za-z0-9-]{1,64}$"},
+                       "lock_key": {"type": "string", "description": "optional; must be the key the identity "
+                                                                     "derives (C24)"},
+                       "expires_at": {**_DEADLINE, "description": "optional, informational: backend time decides"},
+                       "doc": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$"},
+                       "body": {"oneOf": [
+                           {"type": "object", "required": ["append"], "additionalProperties": False,
+                            "properties": {"append": {"description": "appended to the document's entries"}}},
+                           {"type": "object", "required": ["set"], "additionalProperties": False,
+                            "properties": {"set": {"type": "object", "description": "merged into the document "
+                                                   "(not entries, _* or fence_* fields)"}}}]}},
+                      ["fencing_token", "lease_id", "doc", "body"]),
+                COMMIT_ACCEPTED, _MUTATION_ERRORS, False),
+            "/healthz": {"get": {"summary": "200 when Valkey answers, the scripts are loaded and the recovery "
+                                            "rule is not holding mutations",
                                  "responses": {"200": {"description": "healthy"},
                                                "503": {"description": "lease_backend_unavailable"}}}},
             "/openapi.json": {"get": {"summary": "this document", "responses": {"200": {"description": "OpenAPI"}}}},

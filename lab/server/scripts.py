@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LUA_DIR = Path(__file__).with_name("lua")
-OPERATIONS = ("acquire", "renew", "release", "force_release", "revoke", "inspect", "inspect_id", "list")
+OPERATIONS = ("acquire", "renew", "release", "force_release", "revoke", "inspect", "inspect_id", "list", "commit",
+              "recover")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from lab.server.backend import Backend, BackendFault, BackendUnavailable, NotSta
 from lab.server.errors import LeaseError
 from lab.server.identity import KEY_PREFIX, Identity, identity_from_canonical_json, lock_key_of
 from lab.server.ratelimit import TokenBuckets
+from lab.server.recovery import RecoveryGate
 from lab.server.settings import Settings
 from lab.server.wire import MutationRequest, now_ms
 
@@ -57,6 +58,14 @@ def rfc3339_ms(ms: int) -> str:
 
 def corrupt() -> LeaseError:
     return LeaseError("lease_backend_unavailable", CORRUPT_MSG, retryable=False, backend_health="corrupt")
+
+
+def recovering() -> LeaseError:
+    """503 while the recovery rule re-establishes the fencing floor (nothing was executed)."""
+    return LeaseError("lease_backend_unavailable",
+                      "the lease store restarted or was restored; the server is re-establishing the fencing "
+                      "floor (recovery rule): retry shortly", retry_after_ms=200, backend_health="recovering",
+                      submitted=False)
 
 
 def lease_view(flat: list[str], state: str, identity: Identity | None = None) -> dict[str, Any]:
@@ -108,9 +117,10 @@ def lease_view(flat: list[str], state: str, identity: Identity | None = None) ->
 class LeaseService:
     """The operations of one server instance over the shared Valkey."""
 
-    def __init__(self, settings: Settings, backend: Backend):
+    def __init__(self, settings: Settings, backend: Backend, gate: RecoveryGate | None = None):
         self.settings = settings
         self.backend = backend
+        self.gate = gate or RecoveryGate(active=False)
         self.rate_target = TokenBuckets(settings.rate_per_principal_target, settings.burst_per_principal_target)
         self.rate_principal = TokenBuckets(settings.rate_per_principal, settings.burst_per_principal)
         self.waiters = 0
@@ -143,7 +153,8 @@ class LeaseService:
                              backend_health="not_contacted") from None
         except BackendUnavailable:
             raise LeaseError("lease_backend_unavailable", "the lease store is unavailable; nothing was changed",
-                             retry_after_ms=200, backend_health="unavailable") from None
+                             retry_after_ms=200, backend_health="unavailable",
+                             submitted=False) from None
         except OutcomeUnknown:
             if mutation:
                 raise LeaseError("lease_outcome_unknown",
@@ -156,10 +167,12 @@ class LeaseService:
             raise LeaseError("lease_backend_unavailable", "the lease store refused the operation; nothing is assumed",
                              retryable=False, backend_health="fault") from None
 
-    @staticmethod
-    def common_failure(res: list) -> LeaseError | None:
+    def common_failure(self, res: list, expected_run_id: str = "") -> LeaseError | None:
         """The error for a script answer shared by every mutation, else None."""
         status = res[0]
+        if status == "recovering":
+            self.gate.refused(expected_run_id)
+            return recovering()
         if status == "idempotency_conflict":
             return LeaseError("idempotency_conflict",
                               "request_id was already used for this operation with a different body")
@@ -185,11 +198,12 @@ class LeaseService:
                     keys.idempotency_key("acquire", lock_key, principal.principal_id, req.request_id),
                     keys.lease_index_key(lease_id), keys.ACTIVE_INDEX, keys.quota_key(principal.principal_id)]
         f = req.fields
+        expected = self.gate.expected_run_id()
         args = [req.identity.canonical_json(), req.digest, lease_id, principal.principal_id, f["client_id"],
                 principal.credential_id, req.service_instance_id, f["ttl_ms"], f["maximum_lifetime_ms"],
                 f["execution_id"], f["job_id"], f["trace_id"], req.request_id, req.metadata_json,
-                s.idempotency_ttl_ms, s.fence_max, s.active_lease_quota, s.history_max_entries,
-                s.history_retention_ms, s.expired_record_retention_ms]
+                s.idempotency_ttl_ms, self.gate.ceiling(s.fence_max), s.active_lease_quota, s.history_max_entries,
+                s.history_retention_ms, s.expired_record_retention_ms, expected, self.gate.floor]
         res = await self.run("acquire", key_list, args, self.call_deadline(req.deadline_ms), mutation=True)
         if res[0] == "lease_conflict" and f["wait_ms"]:
             res = await self._wait_and_retry(res, key_list, args, req)
@@ -204,6 +218,11 @@ class LeaseService:
             out = self.replayed(res, req.identity)
             out.audit.update(audit)
             return out
+        if status == "fence_exhausted" and self.gate.ceiling(s.fence_max) < s.fence_max:
+            raise LeaseError("lease_backend_unavailable",
+                             "the fencing counter of this identity reached the end of its recovery epoch; "
+                             "acquisition refused until the next recovery epoch", retryable=False,
+                             backend_health="fence_exhausted")
         if status == "lease_conflict":
             raise LeaseError("lease_conflict", "another lease holds this identity",
                              retry_after_ms=max(1, min(int(res[2]), s.max_ttl_ms)))
@@ -214,7 +233,7 @@ class LeaseService:
         if status == "quota_exceeded":
             raise LeaseError("lease_rate_limited", "the active lease quota of this principal is reached",
                              retry_after_ms=max(1, int(res[2])), backend_health="ok")
-        raise self.common_failure(res) or corrupt()
+        raise self.common_failure(res, expected) or corrupt()
 
     async def _wait_and_retry(self, res: list, key_list: list[str], args: list[Any], req: MutationRequest) -> list:
         """Retry a conflicting acquire with jittered backoff within wait_ms and the deadline (C22)."""
@@ -244,31 +263,35 @@ class LeaseService:
         s = self.settings
         lock_key = req.identity.lock_key()
         ttl = req.fields.get("ttl_ms")
+        expected = self.gate.expected_run_id()
         key_list = [lock_key, keys.idempotency_key("renew", lock_key, principal.principal_id, req.request_id),
                     keys.lease_index_key(req.lease_id), keys.quota_key(principal.principal_id)]
         args = [req.identity.canonical_json(), req.digest, req.lease_id, principal.principal_id,
                 req.service_instance_id, req.fields["fencing_token"], "" if ttl is None else ttl,
-                s.idempotency_ttl_ms, s.expired_record_retention_ms, s.active_lease_quota]
+                s.idempotency_ttl_ms, s.expired_record_retention_ms, s.active_lease_quota,
+                expected]
         res = await self.run("renew", key_list, args, self.call_deadline(req.deadline_ms), mutation=True)
-        return self._owner_result(res, req, "lease_renewed", "active", {"requested_ttl_ms": ttl})
+        return self._owner_result(res, req, "lease_renewed", "active", {"requested_ttl_ms": ttl}, expected)
 
     async def release(self, principal: Principal, req: MutationRequest) -> Outcome:
         """release-if-owner (C13)."""
         s = self.settings
+        expected = self.gate.expected_run_id()
         lock_key = req.identity.lock_key()
         key_list = [lock_key, keys.idempotency_key("release", lock_key, principal.principal_id, req.request_id),
                     keys.lease_index_key(req.lease_id), keys.history_key(lock_key), keys.ACTIVE_INDEX,
                     keys.quota_key(principal.principal_id)]
         args = [req.identity.canonical_json(), req.digest, req.lease_id, principal.principal_id,
                 req.service_instance_id, req.fields["fencing_token"], s.idempotency_ttl_ms, s.history_max_entries,
-                s.history_retention_ms]
+                s.history_retention_ms, expected]
         res = await self.run("release", key_list, args, self.call_deadline(req.deadline_ms), mutation=True)
-        return self._owner_result(res, req, "lease_released", "released", {})
+        return self._owner_result(res, req, "lease_released", "released", {}, expected)
 
     async def end_by_admin(self, principal: Principal, req: MutationRequest, event_type: str,
                            event_json: bytes) -> Outcome:
         """force-release or revoke of the observed lease (C15); the script appends the audit event."""
         s = self.settings
+        expected = self.gate.expected_run_id()
         lock_key = req.identity.lock_key()
         key_list = [lock_key, keys.idempotency_key(req.op, lock_key, principal.principal_id, req.request_id),
                     keys.lease_index_key(req.lease_id), keys.history_key(lock_key), keys.ACTIVE_INDEX,
@@ -276,12 +299,13 @@ class LeaseService:
         args = [req.identity.canonical_json(), req.digest, req.lease_id, principal.principal_id,
                 req.fields["fencing_token"], req.fields["reason"], req.fields.get("incident_id", ""),
                 s.idempotency_ttl_ms, s.history_max_entries, s.history_retention_ms, s.audit_stream_maxlen,
-                event_type, event_json]
+                event_type, event_json, expected]
         res = await self.run(req.op, key_list, args, self.call_deadline(req.deadline_ms), mutation=True)
         code = "lease_revoked" if req.op == "revoke" else "lease_released"
-        return self._owner_result(res, req, code, "revoked" if req.op == "revoke" else "released", {})
+        return self._owner_result(res, req, code, "revoked" if req.op == "revoke" else "released", {}, expected)
 
-    def _owner_result(self, res: list, req: MutationRequest, code: str, state: str, audit: dict) -> Outcome:
+    def _owner_result(self, res: list, req: MutationRequest, code: str, state: str, audit: dict,
+                      expected: str) -> Outcome:
         """Map a renew/release/admin script answer."""
         status = res[0]
         if status == code:
@@ -295,7 +319,7 @@ class LeaseService:
             return out
         if status == "lease_lost":
             raise lease_lost(res[2])
-        raise self.common_failure(res) or corrupt()
+        raise self.common_failure(res, expected) or corrupt()
 
     # -- reads ------------------------------------------------------------------------
     async def inspect_identity(self, identity: Identity, deadline_ms: int) -> Outcome:

@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 JSON_SAFE_MAX = 2**53 - 1
+COMMIT_MODES = ("fenced", "unfenced")
+RECOVERY_MODES = ("on", "off")
+# CouchDB database names start with a lowercase letter; '/' is left out so a name is one URL segment
+_DB_NAME_RE = re.compile(r"[a-z][a-z0-9_$()+-]{0,199}\Z")
+CLI_ONLY = frozenset({"allow_mutants"})  # settings no config file may set
 
 
 class SettingsError(ValueError):
@@ -66,8 +72,19 @@ class Settings:
     # -- backend connections ------------------------------------------------------
     valkey_max_connections: int = 64
     valkey_connect_timeout_ms: int = 1_000
+    # -- the fenced-write boundary (C24-C29): a CouchDB-API document store ------
+    store_url: str = ""                      # "" = no store: commits answer 503, recovery is inactive
+    store_db: str = "fencelab"               # the fenced database (its _design/fence guard is installed at start)
+    commit_max_attempts: int = 8             # conditional writes per commit (re-read after a _rev conflict)
+    commit_applied_max: int = 64             # request ids of recent commits kept in each document
+    commit_delay_ms: int = 0                 # lab hook: a pause between validation and the store write
+    # -- recovery after a Valkey restart or restore (C5, section 8) -------------
+    recovery_check_interval_ms: int = 1_000  # how often the Valkey run_id is compared (also on every new connection)
     # -- planted bugs: a directory whose <operation>.lua files replace the built-in scripts
     script_dir: str = ""
+    commit_mode: str = "fenced"              # "unfenced" = check-then-write without a token guard (a mutant)
+    recovery: str = "on"                     # "off" = trust restored counters (the counter-from-snapshot mutant)
+    allow_mutants: bool = False              # only the --allow-mutants command-line flag sets it
 
     @property
     def idempotency_ttl_ms(self) -> int:
@@ -85,13 +102,16 @@ class Settings:
                 raise SettingsError(f"{f.name}: must be a number, not {value!r}")
             if expected == "str" and not isinstance(value, str):
                 raise SettingsError(f"{f.name}: must be a string, not {value!r}")
+            if expected == "bool" and not isinstance(value, bool):
+                raise SettingsError(f"{f.name}: must be true or false, not {value!r}")
             if expected in ("int", "float") and value < 0:
                 raise SettingsError(f"{f.name}: must be >= 0, not {value!r}")
         positive = ("min_ttl_ms", "max_ttl_ms", "max_lifetime_ms", "max_backend_timeout_ms", "max_body_bytes",
                     "max_metadata_bytes", "max_metadata_depth", "default_page_size", "max_page_size",
                     "list_scan_budget", "history_max_entries", "fence_max", "audit_stream_maxlen",
                     "audit_queue_max", "valkey_max_connections", "valkey_connect_timeout_ms",
-                    "acquire_retry_base_ms", "acquire_retry_max_ms", "history_retention_ms")
+                    "acquire_retry_base_ms", "acquire_retry_max_ms", "history_retention_ms",
+                    "commit_max_attempts", "commit_applied_max", "recovery_check_interval_ms")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: must be > 0")
@@ -113,7 +133,23 @@ class Settings:
             raise SettingsError(f"valkey_url: must be a redis://, rediss:// or unix:// URL, not {self.valkey_url!r}")
         if self.script_dir and not Path(self.script_dir).is_dir():
             raise SettingsError(f"script_dir: {self.script_dir!r} is not a directory")
+        if self.store_url and not self.store_url.startswith(("http://", "https://")):
+            raise SettingsError(f"store_url: must be an http:// or https:// URL, not {self.store_url!r}")
+        if not _DB_NAME_RE.match(self.store_db):
+            raise SettingsError("store_db: must be a CouchDB database name: a lowercase letter, then up to 199 "
+                                "of a-z 0-9 _ $ ( ) + -")
+        self._check_mutant("commit_mode", COMMIT_MODES, "unfenced")
+        self._check_mutant("recovery", RECOVERY_MODES, "off")
         return self
+
+    def _check_mutant(self, name: str, allowed: tuple[str, ...], planted: str) -> None:
+        """A closed choice whose `planted` value is a deliberate bug, refused without --allow-mutants."""
+        value = getattr(self, name)
+        if value not in allowed:
+            raise SettingsError(f"{name}: must be one of {', '.join(allowed)}, not {value!r}")
+        if value == planted and not self.allow_mutants:
+            raise SettingsError(f"{name}: {planted!r} is a planted bug for lab runs; start the server with "
+                                "--allow-mutants to use it")
 
     def replace(self, **changes: Any) -> "Settings":
         """A validated copy with some fields changed."""
@@ -129,7 +165,9 @@ def settings_from_dict(data: dict[str, Any], base: Settings | None = None) -> Se
         raise SettingsError("config: must be a JSON object")
     unknown = sorted(set(data) - SETTING_NAMES)
     if unknown:
-        raise SettingsError(f"{unknown[0]}: unknown setting (known: {', '.join(sorted(SETTING_NAMES))})")
+        raise SettingsError(f"{unknown[0]}: unknown setting (known: {', '.join(sorted(SETTING_NAMES - CLI_ONLY))})")
+    for name in sorted(CLI_ONLY & set(data)):
+        raise SettingsError(f"{name}: cannot be set in a config file (use the --{name.replace('_', '-')} flag)")
     base = base or Settings()
     values = dict(data)
     for f in dataclasses.fields(Settings):

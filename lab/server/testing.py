@@ -24,6 +24,7 @@ from lab.server.settings import Settings
 from lab.server.wire import now_ms
 
 PREFIX = "/api/v1/target-leases"
+COMMITS = "/api/v1/commits"
 
 
 @dataclass
@@ -66,6 +67,19 @@ class InProcessServer:
         b["service_instance_id"] = lease.get("service_instance_id") or "worker-1"
         b.update(fields)
         return await self.client.post(f"{PREFIX}/{lease_id}/{op}", json=b, headers=self.headers(principal))
+
+    async def commit(self, lease: dict[str, Any], doc: str = "doc-1", change: dict[str, Any] | None = None,
+                     principal: str = "lease-a1", **fields: Any) -> httpx.Response:
+        """POST a fenced commit of `change` (default `{"append": 1}`) to `doc` under `lease`."""
+        b = body(ttl_ms=None, **{k: lease[k] for k in IDENTITY_FIELDS})
+        b.update(fencing_token=lease["fencing_token"], lease_id=lease["lease_id"], lock_key=lease["lock_key"],
+                 expires_at=lease["expires_at_ms"], doc=doc, body=change if change is not None else {"append": 1},
+                 service_instance_id=lease.get("service_instance_id") or "worker-1")
+        for name in ("execution_id", "trace_id"):
+            if lease.get(name):
+                b[name] = lease[name]
+        b.update(fields)
+        return await self.client.post(COMMITS, json=b, headers=self.headers(principal))
 
     async def inspect(self, lease_id: str, principal: str = "lease-a1") -> httpx.Response:
         return await self.client.get(f"{PREFIX}/{lease_id}", headers=self.headers(principal))

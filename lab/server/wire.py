@@ -10,7 +10,9 @@ the contract exactly, and because this runs on every request.
 The idempotency digest (C16) is SHA-256 over the canonical JSON (sorted keys,
 compact) of `{"op", "lease_id", <every normalized body field except
 deadline_at>}`, defaults filled in, so equal requests give equal digests
-however they were spelled.
+however they were spelled. A commit's `lock_key` (derived from the identity,
+C24) and `expires_at` (informational: backend time decides, C25) stay out of
+its digest; its `doc` and `body` are in.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ BODY_FIELDS: dict[str, frozenset[str]] = {
     "release": frozenset(_COMMON | {"fencing_token"}),
     "force_release": frozenset(_COMMON | {"fencing_token", "reason"}),
     "revoke": frozenset(_COMMON | {"fencing_token", "reason", "incident_id"}),
+    "commit": frozenset(_COMMON | {"fencing_token", "lease_id", "lock_key", "expires_at", "doc", "body"}),
 }
 REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "acquire": ("request_id", "deadline_at", "service_instance_id", "ttl_ms"),
@@ -50,7 +53,13 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "release": ("request_id", "deadline_at", "service_instance_id", "fencing_token"),
     "force_release": ("request_id", "deadline_at", "service_instance_id", "fencing_token", "reason"),
     "revoke": ("request_id", "deadline_at", "service_instance_id", "fencing_token", "reason"),
+    "commit": ("request_id", "deadline_at", "service_instance_id", "fencing_token", "lease_id", "doc", "body"),
 }
+DOC_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}\Z")
+_SET_FIELD_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}\Z")
+# document fields the server owns: the fence record (C28) and the appended entries
+RESERVED_DOC_FIELDS = frozenset({"entries"})
+RESERVED_DOC_PREFIXES = ("_", "fence_")
 LIST_QUERY_FIELDS = frozenset({"owner", "target", "program", "limit", "cursor", "deadline_at"})
 INSPECT_QUERY_FIELDS = frozenset(set(IDENTITY_FIELDS) | {"deadline_at"})
 
@@ -131,6 +140,8 @@ def parse_mutation(op: str, body: dict[str, Any], identity: Identity, lease_id: 
         metadata_json = orjson.dumps(fields["metadata"], option=orjson.OPT_SORT_KEYS).decode()
     else:
         fields["fencing_token"] = integer(body, "fencing_token", 1, JSON_SAFE_MAX)
+        if op == "commit":
+            lease_id = commit_target(body, identity, fields)
         if op == "renew":
             fields["ttl_ms"] = integer(body, "ttl_ms", settings.min_ttl_ms, settings.max_ttl_ms, required=False)
         if op in ("force_release", "revoke"):
@@ -142,6 +153,43 @@ def parse_mutation(op: str, body: dict[str, Any], identity: Identity, lease_id: 
     digest = hashlib.sha256(orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)).hexdigest()
     return MutationRequest(op, identity, lease_id, request_id, deadline_ms, service_instance_id, fields,
                            metadata_json, digest)
+
+
+def commit_target(body: dict[str, Any], identity: Identity, fields: dict[str, Any]) -> str:
+    """A commit's lease_id, checked lock_key and expires_at, and its `doc` and `body` into `fields` (C24)."""
+    lease_id = body["lease_id"]
+    if not isinstance(lease_id, str) or not LEASE_ID_RE.match(lease_id):
+        raise invalid("lease_id", "must be 1-64 characters of A-Z a-z 0-9 -")
+    lock_key = body.get("lock_key")
+    if lock_key is not None and lock_key != identity.lock_key():
+        raise invalid("lock_key", "does not match the lock key the identity derives (C3, C24)")
+    if body.get("expires_at") is not None:
+        parse_deadline(body["expires_at"], "expires_at")  # validated, then ignored: backend time decides (C25)
+    doc = body["doc"]
+    if not isinstance(doc, str) or not DOC_ID_RE.match(doc):
+        raise invalid("doc", "must be 1-200 characters of A-Z a-z 0-9 . _ : @ + = -, not starting with . _ : @ + = -")
+    fields["doc"] = doc
+    fields["body"] = commit_body(body["body"])
+    return lease_id
+
+
+def commit_body(value: Any) -> dict[str, Any]:
+    """`{"append": <any JSON value>}` or `{"set": {<field>: <value>, ...}}` (fields the server does not own)."""
+    shape = 'must be {"append": <value>} or {"set": {<field>: <value>, ...}}'
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in ("append", "set"):
+        raise invalid("body", shape)
+    if "set" in value:
+        fields = value["set"]
+        if not isinstance(fields, dict) or not fields:
+            raise invalid("body.set", "must be a non-empty JSON object")
+        for name in fields:
+            if not _SET_FIELD_RE.match(name):
+                raise invalid("body.set", "field names must be 1-64 characters of A-Z a-z 0-9 . _ : @ + -")
+            if name in RESERVED_DOC_FIELDS or name.startswith(RESERVED_DOC_PREFIXES):
+                raise invalid(f"body.set.{name}", "is owned by the server (entries and fence_* record the commits)")
+    elif value["append"] is None:
+        raise invalid("body.append", "must not be null")
+    return value
 
 
 # -- field validators ------------------------------------------------------------

@@ -6,8 +6,10 @@
 -- ARGV: 1 identity 2 digest 3 lease_id 4 principal 5 client_id 6 credential_id 7 service_instance
 --       8 ttl_ms 9 maximum_lifetime_ms 10 execution_id 11 job_id 12 trace_id 13 request_id 14 metadata
 --       15 idempotency ttl 16 fence max 17 quota (0 = off) 18 history max 19 history retention
---       20 expired-record retention
+--       20 expired-record retention 21 expected run_id ('' = no recovery gate)
+--       22 the fencing floor (recovery epoch): the next token is above it even if the counter is not
 local now = now_ms()
+if wrong_incarnation(ARGV[21]) then return {'recovering', int(now)} end
 local idem, bad = read_idempotency(KEYS[4])
 if bad then return {'corrupt', int(now), 'idempotency record'} end
 if idem then
@@ -22,6 +24,8 @@ if r and tonumber(r.expires_at) > now then
 end
 local counter = read_counter(KEYS[2])
 if counter == false then return {'corrupt', int(now), 'fencing counter'} end
+local floor = tonumber(ARGV[22])
+if counter < floor then counter = floor end
 if counter + 1 > tonumber(ARGV[16]) then return {'fence_exhausted', int(now)} end
 local quota = tonumber(ARGV[17])
 if quota > 0 then
@@ -40,7 +44,8 @@ if r then
   push_history(KEYS[3], flatten(r), tonumber(ARGV[18]), ARGV[19])
   redis.call('DEL', KEYS[1])
 end
-local token = redis.call('INCR', KEYS[2])
+local token = counter + 1
+redis.call('SET', KEYS[2], int(token))
 local ttl = tonumber(ARGV[8])
 local life = tonumber(ARGV[9])
 local expires = math.min(now + ttl, now + life)

@@ -15,6 +15,16 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The recovery gate (C5, section 8's restore row). `expected` is '' when the server runs
+-- no recovery rule; otherwise the run_id of the Valkey incarnation the server has recovered
+-- the fencing floor for. A restarted or restored Valkey has a new run_id, so a script that
+-- reaches it before the server noticed refuses instead of issuing a token from a rolled-back
+-- counter (or renewing a restored lease).
+local function wrong_incarnation(expected)
+  if expected == nil or expected == '' then return false end
+  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') ~= expected
+end
+
 -- An integer as exact decimal text.
 local function int(n)
   return string.format('%d', n)
@@ -134,9 +144,10 @@ end
 -- KEYS: 1 record 2 idempotency 3 lease index 4 history 5 active index 6 audit stream
 -- ARGV: 1 identity 2 digest 3 lease_id 4 admin principal 5 fencing_token 6 reason 7 incident_id
 --       8 idempotency ttl 9 history max 10 history retention 11 audit maxlen 12 event_type
---       13 the audit event as a JSON object without the fields added here
+--       13 the audit event as a JSON object without the fields added here 14 expected run_id ('' = none)
 local function end_by_admin(new_state, code, end_reason)
   local now = now_ms()
+  if wrong_incarnation(ARGV[14]) then return {'recovering', int(now)} end
   local idem, bad = read_idempotency(KEYS[2])
   if bad then return {'corrupt', int(now), 'idempotency record'} end
   if idem then

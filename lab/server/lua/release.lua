@@ -3,8 +3,9 @@
 -- release (other lease_id or token) never touches a successor.
 -- KEYS: 1 record 2 idempotency 3 lease index 4 history 5 active index 6 principal quota
 -- ARGV: 1 identity 2 digest 3 lease_id 4 principal 5 service_instance 6 fencing_token
---       7 idempotency ttl 8 history max 9 history retention
+--       7 idempotency ttl 8 history max 9 history retention 10 expected run_id ('' = no recovery gate)
 local now = now_ms()
+if wrong_incarnation(ARGV[10]) then return {'recovering', int(now)} end
 local idem, bad = read_idempotency(KEYS[2])
 if bad then return {'corrupt', int(now), 'idempotency record'} end
 if idem then

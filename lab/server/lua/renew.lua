@@ -4,7 +4,9 @@
 -- KEYS: 1 record 2 idempotency 3 lease index 4 principal quota
 -- ARGV: 1 identity 2 digest 3 lease_id 4 principal 5 service_instance 6 fencing_token
 --       7 ttl_ms ('' keeps the lease's ttl) 8 idempotency ttl 9 expired-record retention 10 quota (0 = off)
+--       11 expected run_id ('' = no recovery gate)
 local now = now_ms()
+if wrong_incarnation(ARGV[11]) then return {'recovering', int(now)} end
 local idem, bad = read_idempotency(KEYS[2])
 if bad then return {'corrupt', int(now), 'idempotency record'} end
 if idem then
