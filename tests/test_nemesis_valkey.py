@@ -87,11 +87,11 @@ async def restore_scenario(stack) -> dict:
             "tokens": [a.lease.fencing_token, b.lease.fencing_token, c.lease.fencing_token]}
 
 
-# The lead adds True here, with the server option that turns the recovery rule on (C5, section 8's restore
-# row: after a restore, every token must exceed any token issued before it).
-@pytest.mark.parametrize("recovery_rule", [False])
+# The recovery rule (C5, section 8's restore row: after a restore every token exceeds any token issued
+# before it) keeps its epoch in the store, so it is on exactly when the servers have a store.
+@pytest.mark.parametrize("recovery_rule", [False, True])
 async def test_restore_from_an_older_snapshot_reissues_a_fencing_token(make_stack, recovery_rule):
-    stack = make_stack(servers=1, store=False, persistence="always")
+    stack = make_stack(servers=1, store=recovery_rule, persistence="always")
     out = await restore_scenario(stack)
     snap, restored = out["snapshot"]["value"], out["restored"]["value"]
     assert snap["phase"] == "start" and snap["fault"] == "valkey-restore" and snap["keys"] >= 1

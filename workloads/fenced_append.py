@@ -31,14 +31,15 @@ def doc_id(key: str) -> str:
 class FencedAppendClient(LeaseWorkloadClient):
     """The lease workload client plus fenced commits and final reads of the store."""
 
-    def __init__(self, *args: Any, **kw: Any):
+    def __init__(self, *args: Any, store_db: dict | None = None, **kw: Any):
         super().__init__(*args, **kw)
         self.counter = itertools.count(1)
+        # shared by every opened client: the database the boundary reports writing (a planted bug may use another)
+        self.store_db = {"db": DB} if store_db is None else store_db
 
     async def open(self, test, node: str) -> "FencedAppendClient":
         base = await super().open(test, node)
-        c = FencedAppendClient(self.ttl_ms, self.deadline_s, node, base.api)
-        return c
+        return FencedAppendClient(self.ttl_ms, self.deadline_s, node, base.api, store_db=self.store_db)
 
     async def setup(self, test) -> None:
         """Create the store database and its fence guard (validate_doc_update)."""
@@ -69,6 +70,8 @@ class FencedAppendClient(LeaseWorkloadClient):
                                   request_id=request_id, deadline_s=self.deadline_s)
         if r.ok:
             data = (r.data or {}).get("commit") or r.data or {}
+            if data.get("db"):
+                self.store_db["db"] = data["db"]
             return completion(r, dict(attempted, rev=data.get("rev"), accepted_token=data.get("accepted_token"),
                                       validated_at_ms=data.get("validated_at_ms")))
         if r.outcome == "fail" and r.code == "lease_lost":
@@ -81,7 +84,7 @@ class FencedAppendClient(LeaseWorkloadClient):
 
         try:
             async with CouchClient(test.store) as couch:
-                d = await couch.get(DB, doc_id(key))
+                d = await couch.get(self.store_db["db"], doc_id(key))
         except (CouchError, OSError, Exception) as e:  # noqa: BLE001 - a failed read has no effect
             return {"type": "fail", "value": {"doc": doc_id(key)}, "error": f"{type(e).__name__}: {e}"}
         if d is None:
