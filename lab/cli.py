@@ -199,8 +199,13 @@ VERDICT_EXIT = {True: 0, False: 1, "unknown": 3}
 @click.option("--url", "urls", multiple=True, help="An external lease server (repeatable); no local stack is started.")
 @click.option("--api-key-file", type=click.Path(path_type=Path), default=None,
               help="File with the API key for an external system (else $FENCELAB_API_KEY).")
+@click.option("--scenario", default=None,
+              help="A named race scenario (docs/scenarios.md): its workload, faults, options and checker.")
+@click.option("--store-url", envvar="FENCELAB_STORE_URL", default=None,
+              help="Use this CouchDB-API store (e.g. a real CouchDB, http://user:pass@host:5984) instead of "
+                   "starting pouchdb-server [env FENCELAB_STORE_URL]; its password is never written down.")
 def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
-             servers, name, store_dir, sut, urls, api_key_file) -> None:
+             servers, name, store_dir, sut, urls, api_key_file, scenario, store_url) -> None:
     """Run a workload against a fresh local stack; record, check, and store the run.
 
     Exit code: 0 valid, 1 invalid, 2 bad options, 3 unknown (any run).
@@ -215,7 +220,30 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
                   rate=rate, keys=keys, ttl_ms=ttl_ms, seed=seed + i, nemesis=nemeses,
                   nemesis_interval=nemesis_interval, extra=_test_extra(servers, sut, urls, api_key_file))
              for i in range(test_count)]
+    if store_url:
+        from lab.secrets import redact_url
+
+        try:
+            StackOptions(store_url=store_url).validate()
+        except StackError as e:
+            fail(str(e))
+        for t in tests:
+            t.live["store_url"] = store_url  # never saved: test.json gets the redacted form
+            t.extra["store_url"] = redact_url(store_url)
     try:
+        if scenario is not None:  # the scenario's options, except those given on the command line
+            from click.core import ParameterSource
+
+            from lab.scenarios import ScenarioError, apply_scenario
+
+            ctx = click.get_current_context()
+            given = {p for p in ctx.params if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE}
+            try:
+                for t in tests:
+                    t.extra["scenario"] = scenario
+                    apply_scenario(t, given)
+            except ScenarioError as e:
+                raise RunError(str(e)) from None
         validate(tests[0])
         if not 1 <= servers <= 16:
             raise RunError(f"--servers must be between 1 and 16, not {servers}")
@@ -331,3 +359,50 @@ def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool) -> No
     except CampaignError as e:
         fail(str(e))
     sys.exit(outcome.exit_code)
+
+
+# -- the contract evidence bundle ---------------------------------------------------------------
+
+
+@main.command("evidence")
+@click.option("--spec", "spec_path", default="campaigns/contract-evidence.toml", show_default=True,
+              type=click.Path(path_type=Path), help="The evidence spec: rows -> scenarios, depths (docs/evidence.md).")
+@click.option("--depth", default=None, help="How much to run: a depth of the spec (smoke, quick, standard, deep) "
+                                            "[default: the spec's default_depth].")
+@click.option("--store-dir", default="store", show_default=True, type=click.Path(path_type=Path),
+              help="Where runs are stored; the bundle goes to STORE/evidence/<timestamp>/.")
+@click.option("--url", "urls", multiple=True, help="An external lease service (repeatable) instead of the lab's stack.")
+@click.option("--api-key-file", type=click.Path(path_type=Path), default=None,
+              help="File with the API key for the external service (else $FENCELAB_API_KEY).")
+@click.option("--sut", default="reference", show_default=True, help="The external system's client (lab.sut).")
+def evidence_cmd(spec_path: Path, depth: str | None, store_dir: Path, urls: tuple[str, ...],
+                 api_key_file: Path | None, sut: str) -> None:
+    """Run every contract row's scenarios and write evidence.json and evidence.html.
+
+    Exit code: 0 every row passes (or is not applicable), 1 a row fails, 2 bad options, 3 a row is inconclusive.
+    """
+    from lab.evidence import EvidenceError, Target, describe_depth, load_spec, run_evidence
+
+    if sut != "reference" and not urls:
+        fail("--sut needs --url: the lab's stack runs only the reference server")
+    if api_key_file is not None and not api_key_file.is_file():
+        fail(f"--api-key-file {api_key_file}: no such file")
+    try:
+        spec = load_spec(spec_path)
+        chosen = spec.depth(depth)
+        for x in spec.depths.values():
+            if x.name != chosen.name:
+                d = describe_depth(spec, x)
+                click.echo(f"(--depth {x.name}: {d['runs']} runs, {d['scenarios']} scenarios x {d['seeds']} seed(s) "
+                           f"at x{d['time_scale']} time, {len(d['fault_runs'])} fault runs, ~{d['estimated_s']} s)")
+        target = Target(tuple(urls), str(api_key_file) if api_key_file else None, sut)
+        evidence = run_evidence(spec, store_dir, depth=chosen.name, target=target, echo=click.echo)
+    except EvidenceError as e:
+        fail(str(e))
+    s = evidence.data["summary"]
+    for row in evidence.rows:
+        click.echo(f"{row.row.id:>4} {row.verdict:<15} {row.row.text}")
+    click.echo(f"{s['pass']} pass, {s['fail']} fail, {s['inconclusive']} inconclusive, "
+               f"{s['not-applicable']} not applicable of {s['rows']} rows in {evidence.data['elapsed_s']} s")
+    click.echo(f"evidence: {evidence.dir / 'evidence.html'}")
+    sys.exit(evidence.exit_code)

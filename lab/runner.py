@@ -22,10 +22,12 @@ import os
 import platform
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from lab import __version__
+from lab.secrets import redact_url
 from lab.testmap import Test
 
 
@@ -57,6 +59,13 @@ def validate(test: Test) -> None:
         validate_test(test)
     except SutError as e:
         raise RunError(str(e)) from None
+    if test.extra.get("scenario"):  # a named race scenario (lab.scenarios): known, and applicable here
+        from lab.scenarios import ScenarioError, validate_scenario
+
+        try:
+            validate_scenario(test)
+        except ScenarioError as e:
+            raise RunError(str(e)) from None
     if is_external(test):
         if test.nemesis:
             raise RunError("--nemesis needs a stack the lab runs (faults act on its processes and links); "
@@ -106,10 +115,14 @@ def replay_command(test: Test) -> str:
         args += ["--nemesis", ",".join(test.nemesis), "--nemesis-interval", str(test.nemesis_interval)]
     if test.sut_name() != "reference":
         args += ["--sut", test.sut_name()]
+    if test.extra.get("scenario"):
+        args += ["--scenario", str(test.extra["scenario"])]
     for url in test.extra.get("urls", []):
         args += ["--url", url]
     if test.extra.get("api_key_file"):
         args += ["--api-key-file", str(test.extra["api_key_file"])]
+    if test.extra.get("store_url"):  # redacted: give the password back, or set FENCELAB_STORE_URL instead
+        args += ["--store-url", str(test.extra["store_url"])]
     return shlex.join(args)
 
 
@@ -118,7 +131,7 @@ def write_test_json(test: Test) -> None:
     d = test.to_json()
     d["versions"] = {"fencelab": __version__, "python": platform.python_version(), "platform": platform.platform()}
     d["replay"] = replay_command(test)
-    d["argv"] = sys.argv
+    d["argv"] = [redact_url(a) if "://" in a else a for a in sys.argv]  # a --store-url may carry a password
     (test.run_dir / "test.json").write_text(json.dumps(d, indent=2, default=str))
 
 
@@ -131,7 +144,10 @@ async def _run(test: Test, wl, writer) -> None:
     import lab.generator as gen
 
     nemesis, main = None, gen.time_limit(test.time_limit, gen.clients(wl.generator))
-    if test.nemesis:
+    if getattr(wl, "build_nemesis", None) is not None:  # a scenario's own faults and script (lab.scenarios)
+        nemesis, script = wl.build_nemesis(test)
+        main = gen.any_of(main, script)
+    elif test.nemesis:
         from nemesis.registry import build
 
         nemesis, lane = build(test, test.nemesis, interval_s=test.nemesis_interval, seed=test.seed)
@@ -139,8 +155,36 @@ async def _run(test: Test, wl, writer) -> None:
     phases = [main]
     if wl.final_generator is not None:
         phases.append(gen.clients(wl.final_generator))
-    await gen.run(test, gen.phases(*phases), wl.client, nemesis=nemesis, history_writer=writer,
-                  concurrency=test.concurrency, seed=test.seed)
+    progress = asyncio.create_task(_show_progress(test, writer))
+    try:
+        await gen.run(test, gen.phases(*phases), wl.client, nemesis=nemesis, history_writer=writer,
+                      concurrency=test.concurrency, seed=test.seed)
+    finally:
+        progress.cancel()
+        await asyncio.gather(progress, return_exceptions=True)
+
+
+def _fancy_output() -> bool:
+    """A rich progress bar on a terminal; plain lines in CI or when piped."""
+    return sys.stdout.isatty() and not os.environ.get("CI")
+
+
+async def _show_progress(test: Test, writer, plain_every_s: float = 10.0) -> None:
+    """Show how far the run is: elapsed / time limit and ops recorded (the history is the source)."""
+    start = time.monotonic()
+    if not _fancy_output():
+        while True:
+            await asyncio.sleep(plain_every_s)
+            print(f"  [{test.name}] {time.monotonic() - start:5.0f}s / {test.time_limit:.0f}s  "
+                  f"{writer.count} history ops", flush=True)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[ops]} ops"), transient=True) as bar:
+        task = bar.add_task(f"{test.name} ({test.workload})", total=test.time_limit, ops=0)
+        while True:
+            bar.update(task, completed=min(test.time_limit, time.monotonic() - start), ops=writer.count)
+            await asyncio.sleep(0.25)
 
 
 def _nemesis_stack_options(test: Test) -> dict[str, Any]:
@@ -162,13 +206,17 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     test.run_dir = new_run_dir(store_dir, test.name)
     write_test_json(test)
     wl = get_workload(test.workload)(test)
+    if test.extra.get("scenario"):  # the scenario replaces the workload: its client, script, faults and checker
+        from lab.scenarios import scenario_workload
+
+        wl = scenario_workload(test, wl)
     if is_external(test):
         return _run_external(test, wl)
     stack = LocalStack(name="stack", root=test.run_dir / "stack", die_with_parent=True)
     writer = HistoryWriter(test.run_dir / "history.jsonl")
     try:
         status = stack.up(StackOptions(servers=test.extra.get("servers", 2), store=wl.needs_store,
-                                       **_nemesis_stack_options(test)))
+                                       store_url=test.live.get("store_url"), **_nemesis_stack_options(test)))
         test.live["stack"] = stack
         test.lease_servers, test.valkey = status["lease_servers"], status["valkey"]
         test.client_nodes = status["client_nodes"]
@@ -213,6 +261,10 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
     if test is None:
         test = load_test(run_dir)
     history, problems = read_history_report(hist_path)
+    if checker is None and test.extra.get("scenario"):
+        from lab.scenarios import scenario_workload
+
+        checker = scenario_workload(test).checker
     if checker is None:
         checker = get_workload(test.workload)(test).checker
     write_edn(history, run_dir / "history.edn", overwrite=True)

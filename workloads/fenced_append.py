@@ -23,6 +23,11 @@ DOC = __doc__
 DB = "fencelab"
 
 
+def store_url(test) -> str:
+    """The store's URL with its credentials (kept out of test.json: `test.store` is the redacted one)."""
+    return test.live.get("store_url") or test.store
+
+
 def doc_id(key: str) -> str:
     """The store document a key's holders append to."""
     return f"doc-{key}"
@@ -45,7 +50,7 @@ class FencedAppendClient(LeaseWorkloadClient):
         """Create the store database and its fence guard (validate_doc_update)."""
         from lab.couch import CouchClient
 
-        async with CouchClient(test.store) as couch:
+        async with CouchClient(store_url(test)) as couch:
             await couch.ensure_db(DB)
 
     async def invoke(self, test, op: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +88,7 @@ class FencedAppendClient(LeaseWorkloadClient):
         from lab.couch import CouchClient, CouchError
 
         try:
-            async with CouchClient(test.store) as couch:
+            async with CouchClient(store_url(test)) as couch:
                 d = await couch.get(self.store_db["db"], doc_id(key))
         except (CouchError, OSError, Exception) as e:  # noqa: BLE001 - a failed read has no effect
             return {"type": "fail", "value": {"doc": doc_id(key)}, "error": f"{type(e).__name__}: {e}"}

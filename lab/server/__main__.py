@@ -17,6 +17,7 @@ settings (`commit_mode: unfenced`, `recovery: off`) are refused.
 from __future__ import annotations
 
 import argparse
+import os
 import logging
 import re
 import sys
@@ -52,7 +53,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
     ap.add_argument("--instance-id", required=True)
     ap.add_argument("--audit-log", required=True, type=Path)
     ap.add_argument("--config", type=Path)
-    ap.add_argument("--store-url", help="CouchDB-API store of the fenced-write boundary")
+    ap.add_argument("--store-url", default=os.environ.get("FENCELAB_STORE_URL") or None,
+                    help="CouchDB-API store of the fenced-write boundary [env FENCELAB_STORE_URL: keeps a "
+                         "password out of the process list]")
     ap.add_argument("--allow-mutants", action="store_true",
                     help="lab runs only: accept planted-bug settings (commit_mode unfenced, recovery off)")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])

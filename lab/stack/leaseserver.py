@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from lab.secrets import redact_url
 from lab.stack.process import ManagedProcess, free_port
 
 
@@ -31,8 +32,8 @@ class LeaseServerProcess(ManagedProcess):
                 "--audit-log", str(run_dir / "audit" / f"{name}.jsonl")]
         if config_file is not None:
             argv += ["--config", str(config_file)]
-        if store_url is not None:
-            argv += ["--store-url", store_url]
+        if store_url is not None:  # through the environment: a store password never shows in the process list
+            env = dict(env or {}, FENCELAB_STORE_URL=store_url)
         argv += list(extra_args or [])
         super().__init__(name=name, argv=argv, log_path=run_dir / "logs" / f"{name}.log",
                          ports={"http": port}, env=env)
@@ -50,5 +51,5 @@ class LeaseServerProcess(ManagedProcess):
 
     def state(self) -> dict:
         d = super().state()
-        d.update(url=self.url, valkey_url=self.valkey_url, store_url=self.store_url)
+        d.update(url=self.url, valkey_url=self.valkey_url, store_url=redact_url(self.store_url))
         return d

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.stack.leaseserver import LeaseServerProcess
+from lab.secrets import redact_url
 from lab.stack.clock import faketime_env
 from lab.stack.process import ManagedProcess, ProcessError, free_port
 from lab.stack.store import PouchDBProcess
@@ -34,6 +35,29 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 class StackError(RuntimeError):
     """A stack cannot be brought up, found, or stopped as asked."""
+
+
+@dataclass
+class ExternalStore:
+    """A CouchDB-API store the lab does not run (the user's real CouchDB): only its URL."""
+
+    url: str
+
+    @property
+    def address(self) -> str:
+        """host:port, for a Toxiproxy upstream."""
+        from urllib.parse import urlsplit
+
+        u = urlsplit(self.url)
+        return f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"
+
+    def via(self, listen: str) -> str:
+        """The same URL (credentials kept) through a proxy listening on `listen`."""
+        from urllib.parse import urlsplit, urlunsplit
+
+        u = urlsplit(self.url)
+        auth = f"{u.username}:{u.password}@" if u.username else ""
+        return urlunsplit((u.scheme, auth + listen, u.path, u.query, u.fragment))
 
 
 def fencelab_home() -> Path:
@@ -69,10 +93,17 @@ class StackOptions:
     toxiproxy: bool = False  # route every link through its own Toxiproxy proxy (the network nemeses need it)
     client_groups: int = 2  # client process groups c1..cN, each with its own link to every server
     fake_clocks: bool = False  # start Valkey and the lease servers under libfaketime (the clock nemesis needs it)
+    store_url: str | None = None  # a CouchDB-API store the user runs (e.g. real CouchDB) instead of pouchdb-server
 
     def validate(self) -> None:
         if not 1 <= self.servers <= 16:
             raise StackError(f"--servers must be between 1 and 16, not {self.servers}")
+        if self.store_url is not None:
+            from urllib.parse import urlsplit
+
+            u = urlsplit(self.store_url)
+            if u.scheme not in ("http", "https") or not u.hostname:
+                raise StackError(f"--store-url must be an http(s) URL of a CouchDB-API store, not {redact_url(self.store_url)!r}")
         if not 1 <= self.client_groups <= 16:
             raise StackError(f"client groups must be between 1 and 16, not {self.client_groups}")
         if self.persistence not in PERSISTENCE_MODES:
@@ -130,7 +161,10 @@ class LocalStack:
         write_principals_file(records, principals_file)
         write_private_json(self.credentials_file, credentials)
         store = None
-        if opts.store:
+        if opts.store and opts.store_url:
+            store = ExternalStore(opts.store_url)
+            self.info["store"] = redact_url(opts.store_url)
+        elif opts.store:
             store = self._start(PouchDBProcess(self.dir))
             self.info["store"] = store.url
         names = [f"lease-{i}" for i in range(1, opts.servers + 1)]
@@ -142,7 +176,7 @@ class LocalStack:
             topo = self._build_topology(opts, valkey, store, ports)
             valkey_urls = {n: f"redis://{topo.address(n, 'valkey')}/0" for n in names}
             if store:
-                store_urls = {n: f"http://{topo.address(n, 'store')}" for n in names}
+                store_urls = {n: store.via(topo.address(n, 'store')) for n in names}
             # thread t of the interpreter talks to client_nodes[t % len]: group c(g) to server s via its own proxy
             self.info["client_nodes"] = [f"http://{topo.address(f'c{g}', n)}"
                                          for g in range(1, opts.client_groups + 1) for n in names]
@@ -173,7 +207,7 @@ class LocalStack:
         self.info["toxiproxy"] = tp.url
         upstreams = {"valkey": f"127.0.0.1:{valkey.port}", **{n: f"127.0.0.1:{p}" for n, p in ports.items()}}
         if store is not None:
-            upstreams["store"] = f"127.0.0.1:{store.ports['http']}"
+            upstreams["store"] = store.address
         links = standard_links(opts.client_groups, list(ports), store=store is not None)
 
         async def build():

@@ -35,6 +35,15 @@ class PouchDBProcess(ManagedProcess):
     def url(self) -> str:
         return f"http://{self.host}:{self.ports['http']}"
 
+    @property
+    def address(self) -> str:
+        """host:port, for a Toxiproxy upstream."""
+        return f"{self.host}:{self.ports['http']}"
+
+    def via(self, listen: str) -> str:
+        """The store's URL through a proxy listening on `listen`."""
+        return f"http://{listen}"
+
     def healthy(self) -> bool:
         """GET / answers the CouchDB welcome document."""
         try:
