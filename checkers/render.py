@@ -17,12 +17,13 @@ first `max_ops` when nothing failed), and say so on the page.
 
 from __future__ import annotations
 
+from lab.templating import template_env
+
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import jinja2
 from markupsafe import Markup
 
 from checkers.core import NEMESIS, history_end_time, nemesis_windows, pair_ops
@@ -33,11 +34,7 @@ MAX_OPS = 20_000
 CONTEXT = 200  # operations kept on each side of a failing one when the history is cut
 SHOWN_CHARS = 300  # values longer than this are shortened in the page
 
-_ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(Path(__file__).with_name("templates")),
-    autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
-    undefined=jinja2.StrictUndefined,
-)
+_ENV = template_env(Path(__file__).with_name("templates"), trim=False)
 
 
 def _checker_results(results: Mapping) -> Iterator[tuple[str, Mapping]]:

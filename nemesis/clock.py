@@ -43,22 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from lab.stack.clock import FakeClock
-from nemesis.core import NemesisUnavailable, completion
+from nemesis.core import NemesisUnavailable, as_rng, completion
 from nemesis.process import client_target, client_thread
 
 __all__ = ["ClientClocks", "ClockNemesis", "clock"]
 
 MAX_OFFSET_S = 10 * 365 * 86400  # FakeClock's own bound
 MIN_STROBE_PERIOD_MS = 10  # libfaketime needs a few ms to notice a rewritten offset file
-
-
-def _rng(rng: Any) -> random.Random:
-    """A `random.Random` from a Random or an int seed, or ValueError naming `rng`."""
-    if isinstance(rng, random.Random):
-        return rng
-    if isinstance(rng, int) and not isinstance(rng, bool):
-        return random.Random(rng)
-    raise ValueError(f"rng must be a random.Random or an int seed, got {rng!r}")
 
 
 def _number(param: str, value: Any, lo: float, hi: float, *, lo_open: bool = False) -> float:
@@ -169,7 +160,7 @@ class ClockNemesis:
         self.bump_s = (lo, hi)
         self.strobe_period_ms = int(_number("strobe_period_ms", strobe_period_ms, MIN_STROBE_PERIOD_MS, 3_600_000))
         self.strobe_duration_s = _number("strobe_duration_s", strobe_duration_s, 0.0, 3600.0, lo_open=True)
-        self.rng = _rng(rng)
+        self.rng = as_rng(rng)
         self._active = False  # a bump or a strobe happened since the last reset
         self._strobe: asyncio.Task | None = None
         self._strobe_flips = 0

@@ -15,12 +15,15 @@ not interrupt the heal.
 
 from __future__ import annotations
 
+import random
+
 import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "as_rng",
     "Nemesis",
     "NemesisUnavailable",
     "NEMESIS_PROCESS",
@@ -167,3 +170,12 @@ async def running(nemesis: Nemesis, test: Any) -> AsyncIterator[Nemesis]:
         yield nemesis
     finally:
         await heal_all(nemesis, test)
+
+
+def as_rng(rng: Any) -> random.Random:
+    """A `random.Random` from a Random or an int seed, or ValueError naming `rng`."""
+    if isinstance(rng, random.Random):
+        return rng
+    if isinstance(rng, int) and not isinstance(rng, bool):
+        return random.Random(rng)
+    raise ValueError(f"rng must be a random.Random or an int seed, got {rng!r}")

@@ -34,7 +34,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from nemesis.core import NemesisUnavailable, completion
+from nemesis.core import NemesisUnavailable, as_rng, completion
 from nemesis.topology import Link, Topology, role
 from nemesis.toxiproxy import ToxiproxyError, validate_toxic
 
@@ -63,15 +63,6 @@ Pair = tuple[str, str]
 
 
 # -- validation helpers -------------------------------------------------------
-def _rng(rng: Any) -> random.Random:
-    """A `random.Random` from a Random or an int seed, or ValueError naming `rng`."""
-    if isinstance(rng, random.Random):
-        return rng
-    if isinstance(rng, int) and not isinstance(rng, bool):
-        return random.Random(rng)
-    raise ValueError(f"rng must be a random.Random or an int seed, got {rng!r}")
-
-
 def _choices(param: str, values: Any, allowed: Sequence[str]) -> tuple[str, ...]:
     """A non-empty tuple drawn from `allowed`, or ValueError naming `param`."""
     if isinstance(values, str):
@@ -226,7 +217,7 @@ class ToxicNemesis:
             raise ValueError("topology has no links")
         self.topology = topology
         self.name = fault
-        self.rng = _rng(rng)
+        self.rng = as_rng(rng)
         self.directions = _choices("directions", directions, DIRECTIONS)
         self.scopes = _choices("scopes", scopes, SCOPES)
         if "server" in self.scopes and not topology.servers:

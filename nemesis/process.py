@@ -41,7 +41,7 @@ import psutil
 
 from lab.stack.leaseserver import LeaseServerProcess
 from lab.stack.process import ManagedProcess, ProcessError
-from nemesis.core import NemesisUnavailable, completion
+from nemesis.core import NemesisUnavailable, as_rng, completion
 
 __all__ = [
     "ClientPauseNemesis",
@@ -73,15 +73,6 @@ class ProcessHealError(RuntimeError):
 
 
 # -- validation helpers -------------------------------------------------------
-def _rng(rng: Any) -> random.Random:
-    """A `random.Random` from a Random or an int seed, or ValueError naming `rng`."""
-    if isinstance(rng, random.Random):
-        return rng
-    if isinstance(rng, int) and not isinstance(rng, bool):
-        return random.Random(rng)
-    raise ValueError(f"rng must be a random.Random or an int seed, got {rng!r}")
-
-
 def _seconds(param: str, value: Any, *, allow_none: bool = False, maximum: float = 3600.0) -> float | None:
     """A number of seconds in (0, maximum] (or None when allowed), or ValueError naming `param`."""
     if value is None and allow_none:
@@ -271,7 +262,7 @@ class _ProcessFault:
                  restart_timeout_s: float = RESTART_TIMEOUT_S):
         self.processes = _check_processes(processes)
         self.name = self.fault
-        self.rng = _rng(rng)
+        self.rng = as_rng(rng)
         self.targets = (_check_targets("targets", targets, list(self.processes)) if targets is not None
                         else list(self.processes))
         self.restart_timeout_s = _seconds("restart_timeout_s", restart_timeout_s, maximum=600)
@@ -539,7 +530,7 @@ class ClientPauseNemesis:
             raise ValueError(f"pauses must be a nemesis.process.ClientPauses, got {type(pauses).__name__}")
         self.pauses = pauses
         self.name = self.fault
-        self.rng = _rng(rng)
+        self.rng = as_rng(rng)
         all_threads = list(range(pauses.concurrency))
         if threads is None:
             self.threads = all_threads

@@ -182,10 +182,9 @@ def overall(state: dict[str, Any]) -> tuple[str, str]:
 
 
 def _env():
-    import jinja2
+    from lab.templating import template_env
 
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True,
-                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    return template_env(Path(__file__).parent)
 
 
 def render_page(state: dict[str, Any], data: PageData) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
+from lab.templating import template_env
 
 from lab.report.data import MAX_KEYS, MAX_RAW_POINTS, outcome_counts, plot_data
 from lab.report.junit import checker_results, violation_summary, write_junit
@@ -42,13 +42,7 @@ COUNTEREXAMPLE_MAX_OPS = 3_000  # ops drawn in a counterexample timeline (those 
 RUN_FILES = ("history.jsonl", "history.edn", "results.json", "test.json", "plots.json", "junit.xml")
 HIDDEN_OPTIONS = ("replay", "argv", "versions")
 
-_ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(Path(__file__).parent),
-    autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
+_ENV = template_env(Path(__file__).parent)
 
 
 class ReportError(RuntimeError):

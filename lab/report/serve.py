@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import jinja2
+from lab.templating import template_env
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -40,13 +40,7 @@ TEXT_SUFFIXES = {".jsonl", ".edn", ".log", ".txt", ".md", ".lua"}  # shown in th
 MAX_DEPTH = 6  # directory levels searched below the store for runs, campaigns and evidence
 PAGES = ("campaign.html", "evidence.html")
 
-_ENV = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(Path(__file__).parent),
-    autoescape=jinja2.select_autoescape(["html", "j2"], default=True),
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
+_ENV = template_env(Path(__file__).parent)
 
 
 class ServeError(RuntimeError):
