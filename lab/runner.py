@@ -70,6 +70,8 @@ def validate(test: Test) -> None:
         if test.nemesis:
             raise RunError("--nemesis needs a stack the lab runs (faults act on its processes and links); "
                            "against an external system under test, run without --nemesis")
+    if test.extra.get("mutant"):
+        _validate_mutant(test)
     if test.nemesis:
         from nemesis.registry import validate_names
 
@@ -77,11 +79,20 @@ def validate(test: Test) -> None:
             test.nemesis = validate_names(test.nemesis)
         except ValueError as e:
             raise RunError(str(e)) from None
-        if "netns" in test.nemesis:
-            raise RunError("--nemesis netns needs the stack's processes in network namespaces: use the SSH "
-                           "backend on namespace hosts (docs/ssh-backend.md); the local stack runs on loopback")
         if not test.nemesis_interval > 0:
             raise RunError(f"--nemesis-interval must be > 0 seconds, not {test.nemesis_interval}")
+
+
+def _validate_mutant(test: Test) -> None:
+    """`--mutant NAME`: a known planted bug, for the lab's own reference servers only (docs/mutants.md)."""
+    from lab.server.mutants import MUTANT_NAMES
+
+    name = test.extra["mutant"]
+    if name not in MUTANT_NAMES:
+        raise RunError(f"--mutant: unknown mutant {name!r}; known: {', '.join(MUTANT_NAMES)}")
+    if is_external(test):
+        raise RunError("--mutant plants a bug in the lab's own reference servers; it cannot apply to an external "
+                       "system under test: drop --mutant, or drop --sut / --url")
 
 
 def is_external(test: Test) -> bool:
@@ -117,6 +128,8 @@ def replay_command(test: Test) -> str:
         args += ["--sut", test.sut_name()]
     if test.extra.get("scenario"):
         args += ["--scenario", str(test.extra["scenario"])]
+    if test.extra.get("mutant"):
+        args += ["--mutant", str(test.extra["mutant"])]
     for url in test.extra.get("urls", []):
         args += ["--url", url]
     if test.extra.get("api_key_file"):
@@ -216,8 +229,11 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     writer = HistoryWriter(test.run_dir / "history.jsonl")
     try:
         status = stack.up(StackOptions(servers=test.extra.get("servers", 2), store=wl.needs_store,
-                                       store_url=test.live.get("store_url"), **_nemesis_stack_options(test)))
+                                       store_url=test.live.get("store_url"), mutant=test.extra.get("mutant", ""),
+                                       **_nemesis_stack_options(test)))
         test.live["stack"] = stack
+        if stack.netns_hosts is not None:  # the servers run in network namespaces: the netns nemesis cuts them
+            test.live["netns_hosts"] = stack.netns_hosts
         test.lease_servers, test.valkey = status["lease_servers"], status["valkey"]
         test.client_nodes = status["client_nodes"]
         test.store, test.credentials_file = status.get("store"), status["credentials"]

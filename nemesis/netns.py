@@ -4,8 +4,9 @@ The alternative to Toxiproxy for the same topology idea. `NetnsHosts` owns
 everything it creates: one network namespace per named host
 (`flab-<pid>-<serial>-<i>`), one hub namespace (`...-hub`) holding a bridge, and
 a veth pair from each host into the hub, with addresses from a private 10.x
-subnet. Nothing is created in the host's own network namespace and there is no
-route out, so traffic only ever reaches loopback or the lab's namespaces.
+subnet. Nothing is created in the host's own network namespace (but the one
+veth below, when asked for) and there is no route out, so traffic only ever
+reaches loopback or the lab's namespaces.
 Programs run inside a host with `ip netns exec` and are owned by pid
 (`NetnsProcess`); `destroy()` stops them, deletes the rules and the namespaces
 (taking their veths and the bridge with them) and checks nothing is left.
@@ -538,11 +539,17 @@ class NetnsPartition:
             for at, src in drops:
                 await asyncio.to_thread(self.hosts.drop, at, src)
                 self._active.append({"at": at, "from": src, "from_ip": self.hosts.address(src), "action": "DROP",
-                                     **self.hosts.describe_rule(at, src)})
+                                     **self._placed(at, src)})
         except RuntimeError as e:
             return completion(op, {**record, "phase": "start" if self._active else "none",
                                    "rules": list(self._active)}, error=str(e))
         return completion(op, {**record, "phase": "start", "rules": list(self._active)})
+
+    def _placed(self, at: str, src: str) -> dict[str, Any]:
+        """Where a rule lives (`host`, `netns`, `chain`, `rule`) when the substrate says (NetnsHosts does;
+        the SSH stack's subclass drives its own rules)."""
+        describe = getattr(self.hosts, "describe_rule", None)
+        return describe(at, src) if describe is not None else {}
 
     async def _stop(self, op: dict) -> dict:
         """Remove the rules of the active partition."""

@@ -5,8 +5,8 @@
   `clock` needs libfaketime; `netns` and `partition` both handle
   `start-partition` and cannot be combined).
 - `stack_options(names)`: the `StackOptions` fields the nemeses need
-  (Toxiproxy for the network faults, fake clocks for `clock`, a persistence
-  mode for the Valkey faults).
+  (Toxiproxy for the network faults, network namespaces for `netns`, fake
+  clocks for `clock`, a persistence mode for the Valkey faults).
 - `build(test, names, *, interval_s, seed)`: the composed nemesis over the
   running stack (`test.live["stack"]`) and the nemesis lane generator
   (`nemesis.schedule`). It also puts `ClientClocks` and `ClientPauses` in
@@ -62,8 +62,8 @@ NEMESES: dict[str, NemesisSpec] = {s.name: s for s in (
     _spec("bandwidth", "a slow link (KB/s)", "network", _NET),
     _spec("reset-peer", "connections reset once data flows", "network", _NET),
     _spec("slicer", "every write cut into small delayed pieces", "network", _NET),
-    _spec("netns", "kernel partitions between network namespaces (root; replaces partition)", "netns",
-          starts=("start-partition",), stop="stop-partition"),
+    _spec("netns", "kernel partitions between the servers' network namespaces and the clients (root; "
+          "replaces partition)", "netns", {"netns": True}, starts=("start-partition",), stop="stop-partition"),
     _spec("clock", "bump or strobe the wall clocks of Valkey, lease servers and clients; reset",
           "clock", {"fake_clocks": True}, starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
     _spec("kill", "SIGKILL a lease server, Valkey or the store; restart it at the stop", "process",
@@ -116,6 +116,10 @@ def validate_names(names: Any) -> list[str]:
     if "netns" in names and "partition" in names:
         raise ValueError("--nemesis: netns and partition are two ways to partition (both handle start-partition); "
                          "pick one")
+    toxiproxied = [n for n in names if NEMESES[n].family == "network"]
+    if "netns" in names and toxiproxied:
+        raise ValueError(f"--nemesis: netns cannot be combined with {', '.join(toxiproxied)}: netns places the "
+                         "servers in network namespaces, the Toxiproxy faults need them on loopback")
     if "netns" in names:
         from nemesis.netns import check_netns_available
 
@@ -260,11 +264,15 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
     if "netns" in names:
         from nemesis.netns import NetnsHosts, netns_partition
 
-        hosts = test.live.get("netns_hosts")
+        from nemesis.network import DIRECTIONS
+
+        hosts = test.live.get("netns_hosts") or getattr(stack, "netns_hosts", None)
         if not isinstance(hosts, NetnsHosts):
             raise ValueError("--nemesis netns: the stack's processes must run in network namespaces "
-                             "(test.live['netns_hosts'], a nemesis.netns.NetnsHosts); the local stack does not")
-        members.append(netns_partition(hosts, rng=_rng_for(seed, "netns")))
+                             "(test.live['netns_hosts'], a nemesis.netns.NetnsHosts): start the local stack "
+                             "with StackOptions(netns=True)")
+        # every grudge that applies, both ways and one-way (the Toxiproxy partition draws the same)
+        members.append(netns_partition(hosts, rng=_rng_for(seed, "netns"), directions=DIRECTIONS))
     nemesis = compose(members)
     faults = [NEMESES[n].fault for n in names]
     generator = nemesis_generator(faults, interval_s=interval_s, hold_s=hold_s,

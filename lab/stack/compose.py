@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 
 from lab import paths
+from lab.stack.base import StackFiles
 from lab.stack.clock import FakeClock
 from lab.stack.local import StackError, StackOptions, stack_dir, write_private_json
 from lab.stack.process import ManagedProcess, ProcessError
@@ -437,7 +438,7 @@ class ContainerProcess(ManagedProcess):
 
 # -- the stack --------------------------------------------------------------------------
 @dataclass
-class ComposeStack:
+class ComposeStack(StackFiles):
     """A named Compose stack: its project, containers and state directory (LocalStack's surface).
 
     `docker_factory`, `run` and `compose_cmd` default to `docker.from_env`,
@@ -461,17 +462,6 @@ class ComposeStack:
     _client: Any = field(default=None, repr=False)
 
     # -- paths ---------------------------------------------------------------------------
-    @property
-    def dir(self) -> Path:
-        return Path(self.root) if self.root is not None else stack_dir(self.name, self.home)
-
-    @property
-    def state_file(self) -> Path:
-        return self.dir / "state.json"
-
-    @property
-    def credentials_file(self) -> Path:
-        return self.dir / "credentials.json"
 
     @property
     def store_admin_file(self) -> Path:
@@ -701,12 +691,9 @@ class ComposeStack:
 
     def load_state(self) -> dict[str, Any] | None:
         """Read state.json (if any) into container handles (bound to Docker when first used)."""
-        if not self.state_file.exists():
+        data = self.read_state_file()
+        if data is None:
             return None
-        try:
-            data = json.loads(self.state_file.read_text())
-        except (OSError, ValueError) as e:
-            raise StackError(f"cannot read {self.state_file}: {e}") from None
         if data.get("backend") != BACKEND:
             raise StackError(f"stack {self.name!r} in {self.dir} belongs to the local backend: take it down with "
                              f"`fencelab down --name {self.name}` or pick another name")

@@ -3,7 +3,8 @@
 Several instances share one Valkey; each has its own port, instance id, audit
 log and process log under the run directory. `store_url` (the CouchDB-API store
 of the fenced-write boundary) becomes `--store-url`; mutant switches such as
-`--allow-mutants` go through `extra_args`.
+`--allow-mutants` go through `extra_args`, and `mutant` (a planted bug of
+lab/server/mutants, lab runs only) becomes `--allow-mutants --mutant NAME`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class LeaseServerProcess(ManagedProcess):
 
     def __init__(self, run_dir: Path, *, valkey_url: str, principals_file: Path, name: str = "lease-1",
                  port: int | None = None, config_file: Path | None = None, env: dict[str, str] | None = None,
-                 extra_args: list[str] | None = None, store_url: str | None = None):
+                 extra_args: list[str] | None = None, store_url: str | None = None, mutant: str | None = None):
         run_dir = Path(run_dir).resolve()  # the process runs with another cwd: relative paths would break
         port = port or free_port()
         self.valkey_url = valkey_url
@@ -34,6 +35,8 @@ class LeaseServerProcess(ManagedProcess):
             argv += ["--config", str(config_file)]
         if store_url is not None:  # through the environment: a store password never shows in the process list
             env = dict(env or {}, FENCELAB_STORE_URL=store_url)
+        if mutant:  # a planted bug: the only place the lab passes --allow-mutants
+            argv += ["--allow-mutants", "--mutant", mutant]
         argv += list(extra_args or [])
         super().__init__(name=name, argv=argv, log_path=run_dir / "logs" / f"{name}.log",
                          ports={"http": port}, env=env)

@@ -6,6 +6,14 @@ writes `state.json` after every process it starts, so that `down()` (possibly
 from another command, much later) always finds and stops exactly what `up()`
 started, by pid.
 
+With `StackOptions(netns=True)` (root) every server process runs in its own
+network namespace host (`nemesis.netns.NetnsHosts`: `valkey`, `store`,
+`lease-N`), listening on that host's address, and this (the lab's) namespace
+joins their bridge through one veth as endpoint `c1`, where the workload's
+clients run; the `netns` nemesis cuts links between them with iptables.
+state.json records the namespaces and the veth; `down()` deletes them (also
+from another process) and sweeps those of killed runs.
+
 Layout of a stack's state directory (`$FENCELAB_HOME/stacks/<name>/`):
     state.json          what runs: pids, ports, urls, logs
     principals.json     principal records with salted key hashes (server input)
@@ -24,18 +32,17 @@ from typing import Any
 
 from lab.stack.leaseserver import LeaseServerProcess
 from lab.secrets import redact_url
+from lab.stack.base import StackFiles, write_private_json  # noqa: F401 - re-exported
+from lab.stack.errors import NAME_RE, StackError, fencelab_home, stack_dir  # noqa: F401 - re-exported
 from lab.stack.clock import faketime_env
 from lab.stack.process import ManagedProcess, ProcessError, free_port
 from lab.stack.store import PouchDBProcess
 from lab.stack.toxiproxy import ToxiproxyProcess
 from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class StackError(RuntimeError):
-    """A stack cannot be brought up, found, or stopped as asked."""
-
+# a netns stack: the endpoint name of the lab's clients (this namespace), and each server's port on its host
+NETNS_CLIENTS = "c1"
+NETNS_PORTS = {"valkey": 6379, "store": 5984, "lease": 8080}
 
 @dataclass
 class ExternalStore:
@@ -60,28 +67,6 @@ class ExternalStore:
         return urlunsplit((u.scheme, auth + listen, u.path, u.query, u.fragment))
 
 
-def fencelab_home() -> Path:
-    """Where named stacks keep their state: $FENCELAB_HOME or ~/.fencelab."""
-    return Path(os.environ.get("FENCELAB_HOME") or Path.home() / ".fencelab")
-
-
-def stack_dir(name: str, home: Path | None = None) -> Path:
-    """The state directory of stack `name` (validated: it becomes a path component)."""
-    if not NAME_RE.match(name):
-        raise StackError(f"invalid stack name {name!r}: use letters, digits, '.', '_' or '-' (at most 64)")
-    return (home or fencelab_home()) / "stacks" / name
-
-
-def write_private_json(path: Path, data: Any) -> None:
-    """Write JSON readable only by its owner (created 0600, never world-readable even briefly)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-
 
 @dataclass
 class StackOptions:
@@ -93,7 +78,9 @@ class StackOptions:
     toxiproxy: bool = False  # route every link through its own Toxiproxy proxy (the network nemeses need it)
     client_groups: int = 2  # client process groups c1..cN, each with its own link to every server
     fake_clocks: bool = False  # start Valkey and the lease servers under libfaketime (the clock nemesis needs it)
+    mutant: str = ""  # a planted bug in every lease server (lab/server/mutants, docs/mutants.md); "" = none
     store_url: str | None = None  # a CouchDB-API store the user runs (e.g. real CouchDB) instead of pouchdb-server
+    netns: bool = False  # each server in its own network namespace, clients here (the netns nemesis; root only)
 
     def validate(self) -> None:
         if not 1 <= self.servers <= 16:
@@ -108,6 +95,28 @@ class StackOptions:
             raise StackError(f"client groups must be between 1 and 16, not {self.client_groups}")
         if self.persistence not in PERSISTENCE_MODES:
             raise StackError(f"--persistence must be one of {', '.join(PERSISTENCE_MODES)}, not {self.persistence!r}")
+        if self.mutant:
+            from lab.server.mutants import MUTANT_NAMES
+
+            if self.mutant not in MUTANT_NAMES:
+                raise StackError(f"--mutant: unknown mutant {self.mutant!r}; known: {', '.join(MUTANT_NAMES)}")
+        if self.netns:
+            self._validate_netns()
+
+    def _validate_netns(self) -> None:
+        """netns excludes Toxiproxy and an external store (no route leaves the namespaces); needs root, ip, iptables."""
+        from nemesis.core import NemesisUnavailable
+        from nemesis.netns import check_netns_available
+
+        if self.toxiproxy:
+            raise StackError("netns and toxiproxy are mutually exclusive: the servers run either in network "
+                             "namespaces or on loopback behind Toxiproxy")
+        if self.store_url is not None:
+            raise StackError("netns cannot use --store-url: no route leaves the lab's network namespaces")
+        try:
+            check_netns_available()
+        except NemesisUnavailable as e:
+            raise StackError(str(e)) from None
 
 
 @dataclass
@@ -120,6 +129,7 @@ class LocalStack:
     die_with_parent: bool = False  # a test run's stack dies with the run (even on SIGKILL); `fencelab up`'s does not
     processes: list[ManagedProcess] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    netns_hosts: Any = field(default=None, repr=False)  # a netns stack's NetnsHosts (the netns nemesis cuts them)
 
     @property
     def dir(self) -> Path:
@@ -154,6 +164,8 @@ class LocalStack:
     def _start_all(self, opts: StackOptions) -> None:
         from lab.server.auth import provision_demo_principals, write_principals_file
 
+        if opts.netns:
+            self._create_netns(opts)
         valkey = self._start(ValkeyProcess(self.dir, persistence=opts.persistence, env=self._clock_env("valkey", opts)))
         self.info["valkey"] = valkey.url
         records, credentials = provision_demo_principals()
@@ -172,6 +184,9 @@ class LocalStack:
         valkey_urls = {n: valkey.url for n in names}
         store_urls = {n: store.url if store else None for n in names}
         self.info["client_nodes"] = [f"http://127.0.0.1:{ports[n]}" for n in names]
+        if self.netns_hosts is not None:  # each server on its own host; the clients (here) dial its address
+            ports = {n: NETNS_PORTS["lease"] for n in names}
+            self.info["client_nodes"] = [f"http://{self.netns_hosts.address(n)}:{ports[n]}" for n in names]
         if opts.toxiproxy:
             topo = self._build_topology(opts, valkey, store, ports)
             valkey_urls = {n: f"redis://{topo.address(n, 'valkey')}/0" for n in names}
@@ -184,7 +199,7 @@ class LocalStack:
         for n in names:
             srv = self._start(LeaseServerProcess(self.dir, valkey_url=valkey_urls[n], principals_file=principals_file,
                                                  name=n, port=ports[n], env=self._clock_env(n, opts),
-                                                 store_url=store_urls[n]))
+                                                 store_url=store_urls[n], mutant=opts.mutant or None))
             self.info["lease_servers"].append(srv.url)
             self.save_state()
 
@@ -221,12 +236,72 @@ class LocalStack:
     def _start(self, proc: ManagedProcess) -> ManagedProcess:
         """Start one process and record it in state.json at once (so `down` can always find it)."""
         proc.die_with_parent = self.die_with_parent
+        if self.netns_hosts is not None:
+            self._into_netns(proc)
         self.processes.append(proc)
         try:
             proc.start()
         finally:
             self.save_state()
         return proc
+
+    # -- network namespaces (netns=True) ---------------------------------------------------
+    def _create_netns(self, opts: StackOptions) -> None:
+        """One namespace host per server process, and this namespace on their bridge as `c1`."""
+        from nemesis.netns import NetnsHosts, free_subnet, sweep_stale
+
+        try:
+            sweep_stale()  # what killed runs left
+            names = ["valkey", *(["store"] if opts.store else []), *(f"lease-{i}" for i in range(1, opts.servers + 1))]
+            self.netns_hosts = NetnsHosts(names, subnet=free_subnet(), outside=NETNS_CLIENTS)
+            self.info["netns"] = self.netns_hosts.describe()
+            self.save_state()  # recorded before anything exists: `down` finds even a half-made set
+            self.netns_hosts.create()
+        except RuntimeError as e:
+            raise StackError(f"cannot create the network namespaces: {e}") from e
+
+    def _into_netns(self, proc: ManagedProcess) -> None:
+        """Place a server not yet started into its namespace host: listen on the host's address and
+        well-known port, under `ip netns exec` (which execs the program: the pid stays its own)."""
+        hosts = self.netns_hosts
+        if proc.argv[:3] == ["ip", "netns", "exec"]:
+            return
+        addr, port = hosts.address(proc.name), NETNS_PORTS["lease" if proc.name.startswith("lease-") else proc.name]
+        argv = list(proc.argv)
+        # the owner classes build loopback command lines; only the listen address and port differ here.
+        # Valkey's protected mode admits only loopback without a password: the lease servers dial it from
+        # their own hosts, and no route leaves the lab's namespaces.
+        for flag, value in (("--bind", addr), ("--host", addr), ("--port", str(port)), ("--protected-mode", "no")):
+            if flag in argv:
+                argv[argv.index(flag) + 1] = value
+        if addr not in argv:
+            raise StackError(f"{proc.name}: cannot place it in a namespace: no --bind/--host in its command line")
+        proc.argv = hosts.exec_argv(proc.name, argv)
+        proc.host = addr
+        proc.ports = {k: port for k in proc.ports}
+
+    def _remove_netns(self) -> list[str]:
+        """Delete this stack's namespaces and veth (its processes stopped), then those of killed runs."""
+        from nemesis.core import NemesisUnavailable
+        from nemesis.netns import NetnsHosts, check_netns_available, sweep_stale
+
+        errors = []
+        if self.netns_hosts is not None or self.info.get("netns"):
+            try:
+                hosts = self.netns_hosts or NetnsHosts.from_description(self.info["netns"])
+                hosts.destroy()
+                self.netns_hosts = None
+            except (RuntimeError, ValueError) as e:
+                errors.append(str(e))
+        try:
+            check_netns_available()
+        except NemesisUnavailable:
+            return errors  # not root: this stack made no namespaces, and others' are not ours to sweep
+        try:
+            sweep_stale()
+        except RuntimeError as e:
+            errors.append(f"sweeping the namespaces of killed runs: {e}")
+        return errors
 
     # -- state ------------------------------------------------------------
     def save_state(self) -> None:
@@ -259,6 +334,7 @@ class LocalStack:
             "client_nodes": self.info.get("client_nodes", self.info.get("lease_servers", [])),
             "topology": self.info.get("topology"),
             "clocks": self.info.get("clocks", {}),
+            "netns": self.info.get("netns"),
             "credentials": str(self.credentials_file),
             "dir": str(self.dir),
             "processes": procs,
@@ -284,6 +360,7 @@ class LocalStack:
                     stopped.append(p.name)
             except ProcessError as e:
                 errors.append(str(e))
+        errors += self._remove_netns()
         if errors:
             raise StackError("; ".join(errors))
         self.processes = []

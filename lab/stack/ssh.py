@@ -42,6 +42,7 @@ from typing import Any
 
 from lab import __version__
 from lab.paths import REPO_ROOT
+from lab.stack.base import StackFiles
 from lab.stack.local import StackError, fencelab_home, stack_dir, write_private_json
 from lab.stack.process import ProcessError, port_open
 from lab.stack.remote import (RemoteError, RemoteFakeClock, RemoteProcess, SshHost, SshTarget, parse_target,
@@ -49,7 +50,8 @@ from lab.stack.remote import (RemoteError, RemoteFakeClock, RemoteProcess, SshHo
 from lab.stack.valkey import PERSISTENCE_MODES, valkey_argv
 from nemesis.core import NemesisUnavailable
 from nemesis.netns import NetnsPartition
-from nemesis.network import DIRECTIONS, _choices, _rng, check_grudges
+from nemesis.core import as_rng
+from nemesis.network import DIRECTIONS, _choices, check_grudges
 
 __all__ = ["SshOptions", "SshPartition", "SshStack", "server_digest"]
 
@@ -167,7 +169,7 @@ class SshOptions:
 
 
 @dataclass
-class SshStack:
+class SshStack(StackFiles):
     """A named stack whose processes run on remote hosts over SSH; the same surface as LocalStack."""
 
     name: str = "default"
@@ -176,18 +178,6 @@ class SshStack:
     processes: list[RemoteProcess] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     hosts: dict[str, SshHost] = field(default_factory=dict)  # node label -> connection
-
-    @property
-    def dir(self) -> Path:
-        return Path(self.root) if self.root is not None else stack_dir(self.name, self.home or fencelab_home())
-
-    @property
-    def state_file(self) -> Path:
-        return self.dir / "state.json"
-
-    @property
-    def credentials_file(self) -> Path:
-        return self.dir / "credentials.json"
 
     # -- up ---------------------------------------------------------------------
     def up(self, opts: SshOptions) -> dict[str, Any]:
@@ -383,18 +373,11 @@ class SshStack:
         return self.info["nodes"][node]["address"]
 
     # -- state --------------------------------------------------------------------
-    def save_state(self) -> None:
-        data = dict(self.info, processes=[p.state() for p in self.processes if p.pid is not None])
-        write_private_json(self.state_file, data)
-
     def load_state(self) -> dict[str, Any] | None:
         """Read state.json (if any) into handles (connecting lazily) that can stop the recorded pids."""
-        if not self.state_file.exists():
+        data = self.read_state_file()
+        if data is None:
             return None
-        try:
-            data = json.loads(self.state_file.read_text())
-        except (OSError, ValueError) as e:
-            raise StackError(f"cannot read {self.state_file}: {e}") from e
         if data.get("backend") != "ssh":
             raise StackError(f"{self.state_file} is not an ssh stack's state "
                              f"(backend {data.get('backend', 'local')!r})")
@@ -435,13 +418,6 @@ class SshStack:
                       for k, v in self.info.get("nodes", {}).items()},
             "processes": procs,
         }
-
-    def process(self, name: str) -> RemoteProcess:
-        """The remote process called `name` (e.g. `valkey`, `lease-2`, `store`)."""
-        for p in self.processes:
-            if p.name == name:
-                return p
-        raise StackError(f"stack {self.name!r} has no process {name!r}; it has {[p.name for p in self.processes]}")
 
     # -- nemeses on the hosts ---------------------------------------------------------
     def targets(self) -> dict[str, RemoteProcess]:
@@ -576,7 +552,7 @@ class SshPartition(NetnsPartition):
         if not isinstance(stack, SshStack):
             raise ValueError(f"stack must be an SshStack, got {type(stack).__name__}")
         self.hosts = _NodeRules(stack)
-        self.rng = _rng(rng)
+        self.rng = as_rng(rng)
         node_of = self.hosts.node_of
         self.pairs = [(s, b) for s in self.hosts.names if s.startswith("lease-") for b in ("valkey", "store")
                       if b in node_of and node_of[b] != node_of[s]]

@@ -1,0 +1,69 @@
+"""What every stack backend (local, compose, ssh) shares: its state directory and state file.
+
+A backend is a class with `name`, `home`, `root`, `processes` and `info`;
+mixing in `StackFiles` gives it the directory layout, `save_state`, the
+state file's reading, and process lookup by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from lab.stack.errors import StackError, stack_dir
+
+
+def write_private_json(path: Path, data: Any) -> None:
+    """Write JSON readable only by its owner (created 0600, never world-readable even briefly)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+class StackFiles:
+    """State directory, state.json and credentials.json of a named stack; process lookup."""
+
+    name: str
+    home: Path | None
+    root: Path | None
+    processes: list
+    info: dict[str, Any]
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.root) if self.root is not None else stack_dir(self.name, self.home)
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "state.json"
+
+    @property
+    def credentials_file(self) -> Path:
+        return self.dir / "credentials.json"
+
+    def save_state(self) -> None:
+        """Record what runs (info and every started process) so a later `down` can find it."""
+        data = dict(self.info, processes=[p.state() for p in self.processes if p.pid is not None])
+        write_private_json(self.state_file, data)
+
+    def read_state_file(self) -> dict[str, Any] | None:
+        """The parsed state.json, None when the stack is not up; StackError when it is unreadable."""
+        if not self.state_file.exists():
+            return None
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError) as e:
+            raise StackError(f"cannot read {self.state_file}: {e}") from None
+
+    def process(self, name: str):
+        """The process called `name` (e.g. `valkey`, `lease-2`, `store`)."""
+        for p in self.processes:
+            if p.name == name:
+                return p
+        raise StackError(f"stack {self.name!r} has no process {name!r}; it has {[p.name for p in self.processes]}")
