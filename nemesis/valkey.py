@@ -24,6 +24,12 @@ that a server without a recovery rule issues the same token twice.
 
 Completion values record the persistence mode, the pids, the number of keys
 before and after, and the files Valkey restarted from.
+
+`valkey-crash` takes any `ValkeyOwner`: the local stack's `ValkeyProcess` or
+the Compose stack's Valkey `ContainerProcess` (kill is `container.kill`, the
+restart `container.start`, the files are read with `container.get_archive`).
+`valkey-restore` rewrites Valkey's data directory while it is dead, so it
+needs that directory on the host: a `ValkeyProcess` only.
 """
 
 from __future__ import annotations
@@ -33,37 +39,78 @@ import itertools
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
 
-from lab.stack.valkey import ValkeyProcess
+from lab.stack.process import ProcessError
+from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess
 from nemesis.core import NemesisUnavailable, completion
 from nemesis.process import (RESTART_TIMEOUT_S, _seconds, heal_processes, kill_process, restart_process,
                              wait_ready)
 
-__all__ = ["ValkeyCrashNemesis", "ValkeyRestoreNemesis", "data_files", "valkey_crash", "valkey_restore"]
+__all__ = ["ValkeyCrashNemesis", "ValkeyOwner", "ValkeyRestoreNemesis", "data_files", "valkey_crash",
+           "valkey_restore"]
 
 _snapshots = itertools.count(1)
 
 
-def _check_valkey(valkey: Any) -> ValkeyProcess:
-    """The stack's ValkeyProcess, or ValueError."""
-    if not isinstance(valkey, ValkeyProcess):
-        raise ValueError(f"valkey must be the stack's lab.stack.valkey.ValkeyProcess, got {type(valkey).__name__}")
+@runtime_checkable
+class ValkeyOwner(Protocol):
+    """What valkey-crash needs of the stack's Valkey (a ValkeyProcess, a compose ContainerProcess).
+
+    Beyond the brief's surface, `pid`, `healthy()` and `stop()` are listed
+    because nemesis.process's kill / restart / readiness helpers call them.
+    """
+
+    persistence: str
+    host: str
+    pid: int | None
+
+    @property
+    def port(self) -> int | None: ...
+
+    def alive(self) -> bool: ...
+
+    def healthy(self) -> bool: ...
+
+    def kill(self) -> None: ...
+
+    def start(self, timeout: float = ..., *, wait: bool = ...) -> Any: ...
+
+    def stop(self, timeout: float = ...) -> None: ...
+
+
+def _check_valkey(valkey: Any) -> ValkeyOwner:
+    """The stack's Valkey (a ValkeyOwner with a known persistence mode), or ValueError."""
+    if not isinstance(valkey, ValkeyOwner):
+        raise ValueError("valkey must be the stack's Valkey (persistence, host, port, pid, alive(), healthy(), "
+                         f"kill(), start(), stop()), got {type(valkey).__name__}")
+    if valkey.persistence not in PERSISTENCE_MODES:
+        raise ValueError(f"valkey.persistence must be one of {', '.join(PERSISTENCE_MODES)}, got "
+                         f"{valkey.persistence!r} (is {getattr(valkey, 'name', valkey)!r} the stack's Valkey?)")
     return valkey
 
 
-def _conn(valkey: ValkeyProcess) -> aioredis.Redis:
+def _check_local_valkey(valkey: Any) -> ValkeyProcess:
+    """The local stack's ValkeyProcess (its data directory on the host), or ValueError."""
+    if not isinstance(valkey, ValkeyProcess):
+        raise ValueError("valkey-restore needs Valkey's data directory on the host (the local stack's "
+                         f"lab.stack.valkey.ValkeyProcess), got {type(valkey).__name__}: the compose backend "
+                         "does not support it")
+    return valkey
+
+
+def _conn(valkey: ValkeyOwner) -> aioredis.Redis:
     """A short-timeout, no-retry connection to Valkey (a retry could hide what the fault did)."""
     return aioredis.Redis(host=valkey.host, port=valkey.port, socket_timeout=2.0, socket_connect_timeout=1.0,
                           retry=Retry(NoBackoff(), 0), decode_responses=True)
 
 
-async def _keys(valkey: ValkeyProcess) -> int | None:
+async def _keys(valkey: ValkeyOwner) -> int | None:
     """DBSIZE, or None when Valkey does not answer."""
     if not valkey.alive():
         return None
@@ -76,8 +123,11 @@ async def _keys(valkey: ValkeyProcess) -> int | None:
         await conn.aclose()
 
 
-def data_files(valkey: ValkeyProcess) -> dict[str, int]:
+def data_files(valkey: ValkeyOwner) -> dict[str, int]:
     """The files in Valkey's data directory (relative path -> size), for the record."""
+    own = getattr(valkey, "data_files", None)
+    if callable(own):  # a container's data directory is not on the host: it lists it itself
+        return own()
     root = Path(valkey.data_dir)
     return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
 
@@ -87,7 +137,7 @@ class ValkeyCrashNemesis:
 
     fault = "valkey-crash"
 
-    def __init__(self, valkey: ValkeyProcess, *, restart_after_s: float | None = None,
+    def __init__(self, valkey: ValkeyOwner, *, restart_after_s: float | None = None,
                  restart_timeout_s: float = RESTART_TIMEOUT_S):
         self.valkey = _check_valkey(valkey)
         self.name = self.fault
@@ -164,7 +214,10 @@ class ValkeyCrashNemesis:
         if self._killed is None:
             return completion(op, {**base, "phase": "none"})
         await self._cancel_timer()
-        files = data_files(self.valkey)
+        try:
+            files, files_error = data_files(self.valkey), None
+        except ProcessError as e:  # the listing is for the record only: the restart goes ahead
+            files, files_error = None, str(e)
         if self._timer_restart is not None and self.valkey.alive():
             restarted = self._timer_restart
             if "ready" not in restarted:  # the stop came while the timer's restart was waiting
@@ -174,6 +227,8 @@ class ValkeyCrashNemesis:
         killed, self._killed = self._killed, None
         value = {**base, "phase": "end", "restarted": restarted, "keys_before": killed["keys_before"],
                  "keys_after": await _keys(self.valkey), "files": files}
+        if files_error:
+            value["files_error"] = files_error
         return completion(op, value, error=None if restarted.get("ready") else "Valkey does not answer after restart")
 
 
@@ -183,7 +238,7 @@ class ValkeyRestoreNemesis:
     fault = "valkey-restore"
 
     def __init__(self, valkey: ValkeyProcess, snapshot_dir: Path, *, restart_timeout_s: float = RESTART_TIMEOUT_S):
-        self.valkey = _check_valkey(valkey)
+        self.valkey = _check_local_valkey(valkey)
         self.name = self.fault
         self.snapshot_dir = Path(snapshot_dir)
         self.restart_timeout_s = _seconds("restart_timeout_s", restart_timeout_s, maximum=600)
@@ -283,7 +338,7 @@ class ValkeyRestoreNemesis:
         return [f"{cfg['appenddirname']}/{base}", f"{cfg['appenddirname']}/{cfg['appendfilename']}.manifest"]
 
 
-def valkey_crash(valkey: ValkeyProcess, *, restart_after_s: float | None = None,
+def valkey_crash(valkey: ValkeyOwner, *, restart_after_s: float | None = None,
                  restart_timeout_s: float = RESTART_TIMEOUT_S) -> ValkeyCrashNemesis:
     """SIGKILL Valkey and restart it from its own files: `start-valkey-crash` / `stop-valkey-crash`."""
     return ValkeyCrashNemesis(valkey, restart_after_s=restart_after_s, restart_timeout_s=restart_timeout_s)

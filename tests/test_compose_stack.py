@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import io
 import json
 import stat
 import subprocess
+import tarfile
 from pathlib import Path
+from types import SimpleNamespace
 from unittest.mock import create_autospec
 
 import docker
@@ -51,6 +54,7 @@ class FakeEngine:
         self.refuse_kill_when_paused = refuse_kill_when_paused
         self.next_port = 40000
         self.die_on_start: set[str] = set()
+        self.files: dict[str, dict[str, bytes]] = {}  # container id -> path (under /data) -> content
 
     # -- the engine side ---------------------------------------------------------------
     def create(self, project: str, service: str) -> str:
@@ -138,8 +142,23 @@ class FakeEngine:
         def logs(**kwargs):
             return f"log of {self.containers[cid]['service']}\n".encode()
 
+        def get_archive(path, chunk_size=None, encode_stream=False):
+            """A tar of `path` (its basename as the top directory) in two chunks, plus the stat dict, as the SDK returns."""
+            buf = io.BytesIO()
+            top = path.rstrip("/").rsplit("/", 1)[-1]
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                d = tarfile.TarInfo(top)
+                d.type = tarfile.DIRTYPE
+                tar.addfile(d)
+                for rel, data in self.files.get(cid, {}).items():
+                    info = tarfile.TarInfo(f"{top}/{rel}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+            raw = buf.getvalue()
+            return iter([raw[:512], raw[512:]]), {"name": top, "mode": 0o40755}
+
         for name, fn in dict(kill=kill, pause=pause, unpause=unpause, start=start, stop=stop,
-                             restart=restart, logs=logs).items():
+                             restart=restart, logs=logs, get_archive=get_archive).items():
             getattr(c, name).side_effect = fn
         return c
 
@@ -501,6 +520,104 @@ def test_network_nemeses_accept_the_compose_topology(running):
 
 
 # -- the Compose CLI ------------------------------------------------------------------------------------------
+# -- valkey-crash on the Valkey container ---------------------------------------------------------------
+@pytest.fixture
+def everysec(tmp_path, engine, store_http, valkey):
+    """A compose stack with AOF everysec whose Valkey container publishes the session's real Valkey (3 keys)."""
+    import redis
+
+    stack, _, client = make_stack(tmp_path, engine, store_http)
+    stack.up(StackOptions(servers=1, client_groups=1, persistence="everysec"))
+    proc = stack.process("valkey")
+    engine.containers[proc.container_id]["ports"] = {"6379/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(valkey.port)}]}
+    engine.files[proc.container_id] = {"appendonlydir/appendonly.aof.1.base.rdb": b"R" * 88,
+                                       "appendonlydir/appendonly.aof.manifest": b"m" * 20}
+    r = redis.Redis(host="127.0.0.1", port=valkey.port)
+    r.mset({"a": 1, "b": 2, "c": 3})
+    r.close()
+    return stack, client, valkey
+
+
+def test_the_valkey_container_carries_persistence_port_and_data_dir(everysec):
+    stack, _, valkey = everysec
+    proc = stack.process("valkey")
+    assert (proc.persistence, proc.host, proc.port, proc.data_dir) == ("everysec", "127.0.0.1", valkey.port, "/data")
+    lease = stack.process("lease-1")
+    assert lease.persistence is None and lease.data_dir == ""
+    reloaded = ComposeStack(name=stack.name, home=stack.home, docker_factory=stack.docker_factory)
+    reloaded.load_state()  # `fencelab test` / a later command finds the mode again in state.json
+    assert reloaded.process("valkey").persistence == "everysec" and reloaded.process("valkey").data_dir == "/data"
+
+
+def test_valkey_crash_kills_and_starts_the_valkey_container(everysec):
+    from nemesis.valkey import valkey_crash
+
+    stack, client, _ = everysec
+    proc = stack.process("valkey")
+    c = sdk(client, proc)
+    nem = valkey_crash(proc, restart_timeout_s=5)
+
+    async def run():
+        await nem.setup(None)
+        start = await nem.invoke(None, {"type": "invoke", "f": "start-valkey-crash", "value": None, "process": "nemesis"})
+        dead = proc.alive()
+        stop = await nem.invoke(None, {"type": "invoke", "f": "stop-valkey-crash", "value": None, "process": "nemesis"})
+        await nem.teardown(None)
+        return start, dead, stop
+
+    start, dead, stop = asyncio.run(run())
+    assert dead is False
+    c.kill.assert_called_once_with(signal="SIGKILL")
+    c.start.assert_called_once_with()
+    c.get_archive.assert_called_once_with(path="/data")
+    assert start["type"] == "info" and start["value"] == {
+        "fault": "valkey-crash", "target": "valkey", "persistence": "everysec", "phase": "start",
+        "signal": "SIGKILL", "pid": 4242, "keys_before": 3, "restart_after_s": None}
+    assert stop["type"] == "info" and "error" not in stop
+    assert stop["value"] == {
+        "fault": "valkey-crash", "target": "valkey", "persistence": "everysec", "phase": "end",
+        "restarted": {"pid": 4242, "ready": True, "by": "stop"}, "keys_before": 3, "keys_after": 3,
+        "files": {"appendonlydir/appendonly.aof.1.base.rdb": 88, "appendonlydir/appendonly.aof.manifest": 20}}
+
+
+def test_valkey_crash_records_an_unreadable_data_dir_and_still_restarts(everysec):
+    import docker
+
+    from nemesis.valkey import valkey_crash
+
+    stack, client, _ = everysec
+    proc = stack.process("valkey")
+    c = sdk(client, proc)
+    c.get_archive.side_effect = docker.errors.APIError("Could not find the file /data in container")
+    nem = valkey_crash(proc, restart_timeout_s=5)
+
+    async def run():
+        await nem.invoke(None, {"type": "invoke", "f": "start-valkey-crash", "value": None, "process": "nemesis"})
+        return await nem.invoke(None, {"type": "invoke", "f": "stop-valkey-crash", "value": None, "process": "nemesis"})
+
+    stop = asyncio.run(run())
+    assert stop["value"]["files"] is None and stop["value"]["restarted"]["ready"] is True
+    assert stop["value"]["files_error"].startswith("valkey: docker get_archive failed: ")
+    c.start.assert_called_once_with()
+
+
+def test_the_registry_builds_valkey_crash_and_refuses_valkey_restore_on_compose(running):
+    from nemesis.registry import build
+    from nemesis.valkey import ValkeyCrashNemesis, valkey_crash
+
+    stack, _ = running
+    test = SimpleNamespace(live={"stack": stack}, concurrency=1, time_limit=5.0)
+    nemesis, _ = build(test, ["valkey-crash"], interval_s=1.0, seed=3)
+    assert "start-valkey-crash" in nemesis.fs
+    assert isinstance(valkey_crash(stack.process("valkey")), ValkeyCrashNemesis)
+    with pytest.raises(ValueError, match=r"^valkey-restore needs Valkey's data directory on the host .*"
+                                         r"got ContainerProcess: the compose backend does not support it$"):
+        build(test, ["valkey-restore"], interval_s=1.0, seed=3)
+    with pytest.raises(ValueError, match=r"valkey.persistence must be one of none, everysec, always, got None "
+                                         r"\(is 'lease-1' the stack's Valkey\?\)"):
+        valkey_crash(stack.process("lease-1"))
+
+
 def test_compose_command_prefers_the_v2_plugin(monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
     ok = create_autospec(subprocess.run, return_value=subprocess.CompletedProcess([], 0, "v2.29", ""))

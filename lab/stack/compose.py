@@ -12,8 +12,10 @@ project, so it removes exactly the containers, networks and volumes `up` made.
 Each service is a `ContainerProcess`: a `ManagedProcess` whose kill / pause /
 resume / start / stop go through the Docker SDK (`docker.from_env()`,
 `containers.get`, `kill(signal=...)`, `pause()`, `unpause()`, `start()`,
-`stop(timeout=...)`, `restart(timeout=...)`, `reload()` + `status`) instead of
-host pids, so the nemeses that take a stack's processes drive containers.
+`stop(timeout=...)`, `restart(timeout=...)`, `reload()` + `status`,
+`get_archive(path=...)`) instead of host pids, so the nemeses that take a
+stack's processes drive containers; the Valkey container also carries the
+stack's persistence mode and its live published port (`valkey-crash`).
 Toxiproxy is published on 127.0.0.1 and `info["topology"]` describes its
 proxies (from `compose/toxiproxy.json`), so the network nemeses work as on the
 local stack; the clock nemesis rewrites `clocks/<name>.rc` in the directory
@@ -29,6 +31,7 @@ Layout of a compose stack's state directory (`$FENCELAB_HOME/stacks/<name>/`):
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -36,6 +39,7 @@ import re
 import secrets
 import shutil
 import subprocess
+import tarfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +71,7 @@ BACKEND = "compose"
 COMPOSE_FILE = paths.REPO_ROOT / "compose" / "docker-compose.yml"
 # the container port each service answers on (its health probe uses the host side of it)
 SERVICE_PORTS = {"valkey": "6379/tcp", "store": "5984/tcp", "toxiproxy": "8474/tcp"}
+VALKEY_DATA_DIR = "/data"  # the valkey-data volume's mount point in compose/docker-compose.yml
 LEASE_PORT = "8080/tcp"
 LIVE_STATUSES = ("running", "paused")
 PERSISTENCE_ENV = {  # StackOptions.persistence -> (VALKEY_APPENDONLY, VALKEY_APPENDFSYNC)
@@ -250,6 +255,8 @@ class ContainerProcess(ManagedProcess):
     client: Any = field(default=None, repr=False, compare=False)
     client_factory: Callable[[], Any] | None = field(default=None, repr=False, compare=False)  # connects lazily
     probe: Callable[["ContainerProcess"], bool] | None = field(default=None, repr=False, compare=False)
+    persistence: str | None = None  # Valkey's mode (StackOptions.persistence), for valkey-crash's record
+    data_dir: str = ""  # the service's data directory inside the container (Valkey: /data)
     _container: Any = field(default=None, repr=False, compare=False)
 
     # -- the SDK object ----------------------------------------------------------------
@@ -411,6 +418,21 @@ class ContainerProcess(ManagedProcess):
                 return int(binding["HostPort"])
         return None
 
+    @property
+    def port(self) -> int | None:
+        """The published host port of the service's own port (read live: a restart may publish a new one)."""
+        return self.host_port()
+
+    def data_files(self) -> dict[str, int]:
+        """The files under `data_dir` in the container (relative path -> size), via `container.get_archive`."""
+        if not self.data_dir:
+            raise ProcessError(f"{self.name}: no data directory is known for this container")
+        stream, _ = self._call("get_archive", self.container().get_archive, path=self.data_dir)
+        # the SDK hands out a tar stream; tarfile reads it (held in memory: Valkey's files are small here)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            files = {m.name.split("/", 1)[1]: m.size for m in tar if m.isfile() and "/" in m.name}
+        return dict(sorted(files.items()))
+
     def logs(self) -> bytes:
         """Everything the container printed (`container.logs()`)."""
         return self._call("logs", self.container().logs)
@@ -427,13 +449,14 @@ class ContainerProcess(ManagedProcess):
         """What `from_state` needs to find this container again (no pid: it is not ours to signal)."""
         return {"name": self.name, "kind": type(self).__name__, "service": self.service,
                 "container_id": self.container_id, "container_port": self.container_port,
-                "log": str(self.log_path)}
+                "log": str(self.log_path), "persistence": self.persistence, "data_dir": self.data_dir}
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "ContainerProcess":
         """A handle on a container recorded by an earlier command (bind a client before use)."""
         return cls(name=d["name"], argv=[], log_path=Path(d["log"]), service=d.get("service", d["name"]),
-                   container_id=d["container_id"], container_port=d.get("container_port", ""))
+                   container_id=d["container_id"], container_port=d.get("container_port", ""),
+                   persistence=d.get("persistence"), data_dir=d.get("data_dir", ""))
 
 
 # -- the stack --------------------------------------------------------------------------
@@ -626,9 +649,12 @@ class ComposeStack(StackFiles):
         if len(found) != 1:
             raise StackError(f"compose project {self.project}: expected one container for {service}, found {len(found)}")
         port = SERVICE_PORTS.get(service, LEASE_PORT)
+        valkey = service == "valkey"
+        persistence = self.info.get("options", {}).get("persistence", "none") if valkey else None
         return ContainerProcess(name=service, argv=[], log_path=self.dir / "logs" / f"{service}.log",
                                 service=service, container_id=found[0].id, container_port=port,
-                                client=self.docker(), probe=self.probe)
+                                client=self.docker(), probe=self.probe, persistence=persistence,
+                                data_dir=VALKEY_DATA_DIR if valkey else "")
 
     def _describe(self, opts: StackOptions, proxies: dict[str, dict[str, Any]]) -> None:
         """URLs on 127.0.0.1 and the Toxiproxy topology, as LocalStack records them."""
