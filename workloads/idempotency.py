@@ -37,6 +37,10 @@ class IdempotencyClient(LeaseWorkloadClient):
         deadline_s = value.get("deadline_ms", self.deadline_s * 1000) / 1000
         rid = value["request_id"]
         identity = identity_for(key)
+        # the owner (principal + service instance) is part of the idempotency digest: a retry made by a fresh
+        # process after an `info` must come from the same service instance as the first attempt
+        if value.get("session"):
+            self.api.service_instance_id = f"idem-{value['session']}"
         if f == "acquire":
             r = await self.api.acquire(identity, ttl_ms=value["ttl_ms"], request_id=rid, deadline_s=deadline_s)
             if r.ok:

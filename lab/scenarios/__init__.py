@@ -1,0 +1,47 @@
+"""Named race scenarios: every row of the contract's races table (section 8), plus the matrix probes, runnable.
+
+    fencelab test --scenario concurrent-acquires
+
+`SCENARIOS` maps each name to its `Scenario` (script, faults, Test options,
+checker); campaigns name them with `scenario = "<name>"` and read their
+`options`. The runner asks `scenario_workload(test)` for the workload of a
+Test whose `extra["scenario"]` names one. See docs/scenarios.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lab.scenarios import core
+from lab.scenarios.core import Scenario, ScenarioError, ScenarioWorkload
+from lab.scenarios.probes import PROBES
+from lab.scenarios.races import RACES
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in RACES + PROBES}
+RACE_SCENARIOS = tuple(s.name for s in RACES)  # in the order of the races table
+PROBE_SCENARIOS = tuple(s.name for s in PROBES)
+
+__all__ = ["PROBE_SCENARIOS", "RACE_SCENARIOS", "SCENARIOS", "Scenario", "ScenarioError", "ScenarioWorkload",
+           "apply_scenario", "get_scenario", "scenario_workload", "validate_scenario"]
+
+
+def get_scenario(name: str) -> Scenario:
+    """The scenario called `name`; ScenarioError lists the known ones."""
+    if name not in SCENARIOS:
+        raise ScenarioError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}")
+    return SCENARIOS[name]
+
+
+def validate_scenario(test: Any) -> Scenario:
+    """Check a Test naming a scenario before anything starts (ScenarioError: one line saying what to change)."""
+    return core.validate_scenario(test, SCENARIOS)
+
+
+def apply_scenario(test: Any, given: Any = frozenset()) -> None:
+    """Give a Test its scenario's workload, name and options, except the options in `given` (the user's)."""
+    core.apply_scenario(test, SCENARIOS, frozenset(given))
+
+
+def scenario_workload(test: Any, base: Any = None) -> ScenarioWorkload:
+    """The workload that runs the Test's scenario (`base`, the workload the runner built, is replaced)."""
+    return core.scenario_workload(test, SCENARIOS)

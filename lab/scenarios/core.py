@@ -1,0 +1,354 @@
+"""What a named race scenario is, the helpers its script and checker are written with, and how a run uses it.
+
+A `Scenario` is one row of the contract's races table (section 8), or one
+probe of its verification matrix (section 12), made runnable:
+
+- a **script**: a generator (lab.generator) driving client threads and the
+  nemesis thread together, step by step (`Script.steps`: each step starts when
+  the previous one has completed, as Jepsen's `phases`), with concurrent parts
+  inside a step (`Script.together`, bursts fired in one event-loop turn) and
+  timed faults (`Script.fault`);
+- **faults**: nemeses of `nemesis.registry` driven with explicit values (which
+  link, which process), client pauses, and direct Valkey writes
+  (`lab.scenarios.faults.ValkeyPoke`);
+- Test **options** (`options`, what campaigns read: a mapping of Test options
+  plus extra keys);
+- a **checker** that states what the row requires over the history (tagged
+  ops: every scripted op carries a `tag`), next to the domain checkers of
+  `checkers/` that apply. A checker answers `valid: "unknown"` when the race
+  was not actually hit (e.g. no response was lost), never `true` for a race
+  that did not happen.
+
+`scenario_workload(test)` turns a Test naming a scenario
+(`test.extra["scenario"]`) into a `ScenarioWorkload`, which the runner uses
+like any workload plus `build_nemesis(test) -> (nemesis, script)`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import lab.generator as gen
+from checkers.core import Pair, Violations, analyzed, error_code, nemesis_windows, pair_ops
+from workloads.base import Workload
+
+MUTATIONS = frozenset(("acquire", "renew", "release", "force-release", "revoke", "commit"))
+NOT_IN_BODY = frozenset(("deadline_ms", "at", "body"))  # what the server's idempotency digest does not cover
+TEST_OPTIONS = ("time_limit", "concurrency", "rate", "keys", "ttl_ms", "nemesis_interval", "servers")
+
+
+class ScenarioError(ValueError):
+    """A scenario cannot run as asked (unknown name, not applicable here, bad options); one line."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One runnable race or probe: script, faults, options and the checker of what its row requires."""
+
+    name: str
+    race: str  # the races-table row (or the matrix row of a probe), in the contract's words
+    requires: str  # the required result, in the contract's words
+    rules: tuple[str, ...]  # contract rules (C-numbers) the checker verifies
+    setup: str  # how the script provokes the race (docs/scenarios.md)
+    checks: str  # what the scenario checker verifies (docs/scenarios.md)
+    script: Callable[["Script"], Any]
+    check: Callable[["Tagged", Violations, Mapping[str, Any]], dict[str, Any]]
+    workload: str = "lease"  # the registered workload it builds on: capabilities and the store
+    options: Mapping[str, Any] = field(default_factory=dict)  # Test options (+ extra keys), as campaigns read them
+    domain: tuple[str, ...] = ("fencing", "mutual-exclusion", "lease-state", "idempotency")
+    nemeses: tuple[str, ...] = ()  # nemesis.registry names (they need the lab's own stack)
+    client_pause: bool = False  # holds client threads at their gates (works against any system)
+    pokes: bool = False  # writes into the lab's Valkey (ValkeyPoke)
+    stack_only: str | None = None  # why it cannot run against an external system (None: it can)
+    min_concurrency: int = 1
+    min_servers: int = 1
+    final: Callable[["Script"], Any] | None = None  # the final phase (e.g. read every document back)
+
+    @property
+    def needs_store(self) -> bool:
+        """Does it commit through the fenced-write boundary (and so need the store)?"""
+        return self.workload == "fenced-append"
+
+
+@dataclass
+class ScenarioWorkload(Workload):
+    """A workload whose faults and script come from a scenario: the runner calls `build_nemesis(test)`."""
+
+    build_nemesis: Callable[[Any], tuple[Any, Any]] | None = None
+    scenario: Scenario | None = None
+
+
+# -- scripts ------------------------------------------------------------------------------------------
+
+
+class Script:
+    """What a scenario's script is written with: unique request ids, tagged ops, steps, bursts and faults."""
+
+    def __init__(self, test: Any, local: bool):
+        self.test = test
+        self.local = local  # the lab runs the system (its stack): stack faults and direct backend reads allowed
+        self.nonce = test.extra["key_nonce"]
+        self._ids = itertools.count(1)
+
+    @property
+    def ttl(self) -> int:
+        """The Test's TTL in ms (what scripts use for short-lived leases)."""
+        return int(self.test.ttl_ms)
+
+    def rounds(self, seconds_per_round: float, minimum: int = 2, maximum: int = 200) -> int:
+        """How many rounds of a repeated race fit in the test's time limit."""
+        return max(minimum, min(maximum, int(self.test.time_limit / seconds_per_round)))
+
+    def rid(self) -> str:
+        """A fresh request id, unique to this run."""
+        return f"{self.nonce}-{next(self._ids)}"
+
+    def op(self, f: str, key: str, tag: str, **value: Any) -> dict[str, Any]:
+        """A client op: mutations get a request id, a deadline, and `body` (what the idempotency digest covers)."""
+        if f in MUTATIONS:
+            value.setdefault("request_id", self.rid())
+            value.setdefault("deadline_ms", 2000)
+            value["body"] = {k: v for k, v in value.items() if k not in NOT_IN_BODY}
+        return {"f": f, "key": key, "value": value, "tag": tag}
+
+    def again(self, original: dict[str, Any], tag: str, **changes: Any) -> dict[str, Any]:
+        """The same request again (same request id), with some fields changed (a changed body, a longer deadline)."""
+        value = {k: v for k, v in original["value"].items() if k != "body"}
+        value.update(changes)
+        value["body"] = {k: v for k, v in value.items() if k not in NOT_IN_BODY}
+        return {"f": original["f"], "key": original["key"], "value": value, "tag": tag}
+
+    @staticmethod
+    def on(thread: int, *items: Any) -> Any:
+        """Ops (and sleeps) for one client thread, in order."""
+        return gen.on_threads({thread}, list(items))
+
+    @staticmethod
+    def nem(f: str, value: Any = None) -> dict[str, Any]:
+        """A nemesis op (use inside `fault`)."""
+        return {"f": f, "value": value}
+
+    @staticmethod
+    def fault(*items: Any) -> Any:
+        """Nemesis ops and sleeps, in order, on the nemesis thread."""
+        return gen.nemesis(list(items))
+
+    @staticmethod
+    def sleep(seconds: float) -> dict[str, Any]:
+        """A sleep of the thread that takes it (not recorded)."""
+        return gen.sleep(seconds)
+
+    def wait(self, seconds: float) -> Any:
+        """A step that only lets time pass (on the nemesis thread, which every scenario run has)."""
+        return gen.nemesis(gen.sleep(seconds))
+
+    @staticmethod
+    def steps(*parts: Any) -> Any:
+        """Each part starts once every op of the previous one has completed."""
+        return gen.phases(*(p for p in parts if p is not None))
+
+    @staticmethod
+    def together(*parts: Any) -> Any:
+        """Parts running at the same time (a step completes when all of them have)."""
+        return gen.any_of(*(p for p in parts if p is not None))
+
+    @staticmethod
+    def burst(ops_by_thread: Mapping[int, dict[str, Any]]) -> Any:
+        """One op per thread, all due at the same instant: the interpreter dispatches them in one turn."""
+        return gen.any_of(*(gen.on_threads({t}, o) for t, o in ops_by_thread.items()))
+
+
+# -- checkers ----------------------------------------------------------------------------------------
+
+
+class Tagged:
+    """A history's client ops by the `tag` the script gave them, and its fault windows."""
+
+    def __init__(self, history: list[dict]):
+        self.history = history
+        self.pairs = pair_ops(history)
+        self.tags: dict[str, list[Pair]] = defaultdict(list)
+        for p in self.pairs:
+            tag = p.inv.get("tag")
+            if tag is not None:
+                self.tags[str(tag)].append(p)
+        self.windows = nemesis_windows(history)
+
+    def one(self, tag: str) -> Pair | None:
+        """The (first) op tagged `tag`, or None when the script never got there."""
+        found = self.tags.get(tag)
+        return found[0] if found else None
+
+    def all(self, tag: str) -> list[Pair]:
+        """Every op tagged `tag`, in history order."""
+        return list(self.tags.get(tag, ()))
+
+    def starting(self, prefix: str) -> list[tuple[str, Pair]]:
+        """(tag, op) for every op whose tag starts with `prefix`, in history order."""
+        return sorted(((t, p) for t, ps in self.tags.items() if t.startswith(prefix) for p in ps),
+                      key=lambda tp: tp[1].i0)
+
+    def faults(self) -> list[str]:
+        """The faults whose windows opened."""
+        return [w["fault"] for w in self.windows]
+
+
+def ok(p: Pair | None) -> bool:
+    """Did the op complete ok?"""
+    return p is not None and p.type == "ok"
+
+
+def code(p: Pair | None) -> str | None:
+    """The contract code of a completed op's error (None for ok or never completed)."""
+    return None if p is None or p.comp is None else error_code(p.comp)
+
+
+def val(p: Pair | None, name: str, default: Any = None) -> Any:
+    """A field of the op's completion value, else of its invocation value."""
+    if p is None:
+        return default
+    for v in (p.result, p.value):
+        if isinstance(v, dict) and v.get(name) is not None:
+            return v[name]
+    return default
+
+
+def describe(p: Pair | None) -> str:
+    """`acquire ok` / `renew fail lease_lost` / `never ran`: for messages."""
+    if p is None:
+        return "never ran"
+    return f"{p.f} {p.type}" + (f" {code(p)}" if code(p) else "")
+
+
+def idx(*pairs: Pair | None) -> list[int]:
+    """History indices of the given ops (for a violation's `ops`)."""
+    return [i for p in pairs if p is not None for i in p.indices]
+
+
+class ScenarioChecker:
+    """Runs one scenario's check over the tagged history.
+
+    The check function adds violations and returns details; `exercised: False`
+    in its details (the race was not hit) makes a violation-free result
+    `valid: "unknown"` with the reason in `not_exercised`.
+    """
+
+    def __init__(self, scenario: Scenario):
+        self.scenario = scenario
+
+    @analyzed
+    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+        """Judge the scenario's history against what its row requires."""
+        tagged = Tagged(history)
+        v = Violations()
+        details = dict(self.scenario.check(tagged, v, test if isinstance(test, Mapping) else {}) or {})
+        exercised = details.pop("exercised", True)
+        why = details.pop("why_not", None)
+        res = v.result(scenario=self.scenario.name, requires=self.scenario.requires,
+                       rules=list(self.scenario.rules), tagged_ops=sum(len(x) for x in tagged.tags.values()),
+                       faults=tagged.faults(), **details)
+        if res["valid"] and not exercised:
+            res["valid"] = "unknown"
+            res["not_exercised"] = why or "the race was not hit in this run"
+        return res
+
+
+# -- the registry glue ---------------------------------------------------------------------------------
+
+
+def scenario_of(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
+    """The scenario a Test names (`test.extra["scenario"]`), or ScenarioError listing the known ones."""
+    name = (getattr(test, "extra", None) or {}).get("scenario")
+    if name not in registry:
+        raise ScenarioError(f"--scenario: unknown scenario {name!r}; known: {', '.join(registry)}")
+    return registry[name]
+
+
+def is_external(test: Any) -> bool:
+    """Does the run use a system the lab does not start (so stack faults and backend reads are impossible)?"""
+    from lab.runner import is_external as external
+
+    return external(test)
+
+
+def validate_scenario(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
+    """Check a Test naming a scenario before anything starts; ScenarioError says what to change."""
+    sc = scenario_of(test, registry)
+    if is_external(test) and sc.stack_only:
+        raise ScenarioError(f"--scenario {sc.name}: not applicable to an external system: {sc.stack_only}")
+    if test.nemesis and list(test.nemesis) != list(sc.nemeses):
+        raise ScenarioError(f"--scenario {sc.name} brings its own faults ({', '.join(sc.nemeses) or 'no nemesis'}); "
+                            "run it without --nemesis")
+    if test.concurrency < sc.min_concurrency:
+        raise ScenarioError(f"--scenario {sc.name} drives {sc.min_concurrency} client threads: --concurrency must be "
+                            f">= {sc.min_concurrency}, not {test.concurrency}")
+    servers = int(test.extra.get("servers", 2))
+    if not is_external(test) and servers < sc.min_servers:
+        raise ScenarioError(f"--scenario {sc.name} needs {sc.min_servers} lease servers: --servers must be "
+                            f">= {sc.min_servers}, not {servers}")
+    if sc.nemeses and not is_external(test):
+        from nemesis.registry import validate_names
+
+        try:
+            validate_names(list(sc.nemeses))
+        except ValueError as e:
+            raise ScenarioError(f"--scenario {sc.name}: {e}") from None
+    from lab.sut import needed_capabilities, sut_of
+
+    missing = sorted(needed_capabilities(sc.workload) - sut_of(test).capabilities)
+    if missing:
+        raise ScenarioError(f"--scenario {sc.name} needs {', '.join(missing)}, which SUT {sut_of(test).name!r} "
+                            "does not have")
+    return sc
+
+
+def apply_scenario(test: Any, registry: Mapping[str, Scenario], given: frozenset[str] | set[str] = frozenset()) -> None:
+    """Set a Test's options from its scenario (`fencelab test --scenario`): options the user gave win."""
+    sc = scenario_of(test, registry)
+    if "workload" in given and test.workload != sc.workload:
+        raise ScenarioError(f"--scenario {sc.name} runs on the {sc.workload!r} workload; drop --workload")
+    test.workload = sc.workload
+    if "name" not in given:
+        test.name = f"scenario-{sc.name}"
+    for key, value in sc.options.items():
+        if key in given:
+            continue
+        if key == "servers":
+            test.extra["servers"] = value
+        elif key in TEST_OPTIONS:
+            setattr(test, key, value)
+        else:
+            test.extra.setdefault(key, value)
+
+
+def scenario_workload(test: Any, registry: Mapping[str, Scenario]) -> ScenarioWorkload:
+    """The workload a scenario run executes: its client, script, faults, final phase and checkers."""
+    from checkers.core import compose, get_checker
+    from lab.scenarios.client import ScenarioClient, Shared
+    from lab.scenarios.faults import build_nemesis
+
+    sc = scenario_of(test, registry)
+    test.extra.setdefault("key_nonce", secrets.token_hex(3))  # run-unique identities: external systems persist
+    test.extra.setdefault("identity", {"namespace": "fencelab", "workflow": f"s-{test.extra['key_nonce']}"})
+    test.workload = sc.workload
+    local = not is_external(test)
+    if local:
+        test.nemesis = list(sc.nemeses)
+    shared = Shared(test.extra["identity"])
+    script = Script(test, local)
+    body = sc.script(script)
+    final = sc.final(script) if sc.final is not None else None
+    checkers = {f"scenario:{sc.name}": ScenarioChecker(sc), **{n: get_checker(n) for n in sc.domain}}
+
+    def faults_and_script(t: Any) -> tuple[Any, Any]:
+        """The run's composed nemesis (built once the stack is up) and the script to run beside it."""
+        return build_nemesis(t, sc, shared.identity_for), body
+
+    return ScenarioWorkload(name=f"scenario:{sc.name}", client=ScenarioClient(shared, needs_store=sc.needs_store),
+                            generator=None, checker=compose(checkers), final_generator=final,
+                            needs_store=sc.needs_store, doc=sc.setup, build_nemesis=faults_and_script, scenario=sc)
