@@ -9,8 +9,9 @@ C12, C13, C15, verification rows 6-7). Violations, each naming the ops:
 - `renew-after-expiry`: an ok renew whose backend time (`renewed_at_ms`) is at or
   after the expiry the lease had before it: the largest `expires_at_ms` among
   its grants (acquire / renew oks) with an earlier `renewed_at_ms`.
-- `renew-after-end`: an ok renew at or after the lease's backend release/revoke
-  time, when a release/revoke ok reports one (`released_at_ms`, ...).
+- `renew-after-end`: an ok renew strictly after the lease's backend release/revoke
+  time, when a release/revoke ok reports one (`released_at_ms`, ...); backend
+  times are in ms, so a renew in the release's own millisecond may have come first.
 - `token-changed`: an ok renew / release / force-release / revoke (or an acquire
   replay) reports a token other than the lease's acquire token; `lease-mismatch`:
   an ok op on lease L returns another lease_id.
@@ -174,7 +175,7 @@ def _check_renew_at(p: Pair, at: int, best: Pair | None, lease: Lease, v: Violat
         exp = _res(best, "expires_at_ms")
         v.add("renew-after-expiry", [best.i1, p.i0, p.i1], f"lease {lease.lease_id!r} renewed at {at} ms, "
               f"it had expired at {exp} ms", key=p.key, lease=lease.lease_id, renewed_at_ms=at, expires_at_ms=exp)
-    if lease.ended_at_ms is not None and at >= lease.ended_at_ms:
+    if lease.ended_at_ms is not None and at > lease.ended_at_ms:
         ends = [e.i1 for e in lease.ends if e.i1 is not None]
         v.add("renew-after-end", [*ends, p.i0, p.i1], f"lease {lease.lease_id!r} renewed at {at} ms, it ended at "
               f"{lease.ended_at_ms} ms", key=p.key, lease=lease.lease_id, renewed_at_ms=at)
