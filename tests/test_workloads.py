@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from lab.history import read_history
 
 
@@ -47,3 +49,16 @@ def test_fenced_append_commits_land_in_the_store_and_check_valid(tmp_path):
         assert tokens == sorted(tokens)
     results = json.loads((tmp_path / "fenced-append" / "latest" / "results.json").read_text())
     assert results["valid"] is True and results["results"]["stale-commit"]["valid"] is True
+
+
+@pytest.mark.slow
+def test_thirty_second_fenced_append_with_ten_processes_round_trips(tmp_path):
+    """Issue acceptance: several thousand ops in 30 s with 10 processes, identical in JSONL and EDN."""
+    from lab.history import read_edn
+
+    r = run(tmp_path, "--workload", "fenced-append", "--time-limit", "30", "--concurrency", "10", "--rate", "200")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_dir = (tmp_path / "fenced-append" / "latest").resolve()
+    jsonl = read_history(run_dir / "history.jsonl")
+    assert len(jsonl) > 3000
+    assert jsonl == read_edn(run_dir / "history.edn")
