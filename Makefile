@@ -2,8 +2,10 @@
 VENV := .tools/venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+EVIDENCE_ARGS ?=
+MUTANTS_ARGS ?=
 
-.PHONY: install test test-slow demo bench bench-server bench-checker bench-recording down clean
+.PHONY: install test test-slow demo evidence mutants bench bench-server bench-checker bench-recording down clean
 
 install:
 	@bash scripts/install.sh all
@@ -16,6 +18,13 @@ test-slow: install
 
 demo: install
 	@$(VENV)/bin/fencelab demo
+
+evidence: install
+	@$(VENV)/bin/fencelab evidence $(EVIDENCE_ARGS)
+
+# every planted bug under the run that exposes it, and the unmodified server on the same runs (docs/mutants.md)
+mutants: install
+	@$(VENV)/bin/fencelab mutants $(MUTANTS_ARGS)
 
 bench-server: install
 	@$(PY) bench/server_throughput.py

@@ -7,6 +7,7 @@ convention), never a traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -204,8 +205,10 @@ VERDICT_EXIT = {True: 0, False: 1, "unknown": 3}
 @click.option("--store-url", envvar="FENCELAB_STORE_URL", default=None,
               help="Use this CouchDB-API store (e.g. a real CouchDB, http://user:pass@host:5984) instead of "
                    "starting pouchdb-server [env FENCELAB_STORE_URL]; its password is never written down.")
+@click.option("--mutant", default=None,
+              help="Plant a named bug in the lab's reference servers (docs/mutants.md): the checkers must catch it.")
 def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
-             servers, name, store_dir, sut, urls, api_key_file, scenario, store_url) -> None:
+             servers, name, store_dir, sut, urls, api_key_file, scenario, store_url, mutant) -> None:
     """Run a workload against a fresh local stack; record, check, and store the run.
 
     Exit code: 0 valid, 1 invalid, 2 bad options, 3 unknown (any run).
@@ -230,6 +233,8 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
         for t in tests:
             t.live["store_url"] = store_url  # never saved: test.json gets the redacted form
             t.extra["store_url"] = redact_url(store_url)
+    for t in tests if mutant else ():
+        t.extra["mutant"] = mutant  # the runner's stack starts every lease server with --allow-mutants --mutant
     try:
         if scenario is not None:  # the scenario's options, except those given on the command line
             from click.core import ParameterSource
@@ -365,8 +370,9 @@ def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool) -> No
 
 
 @main.command("evidence")
-@click.option("--spec", "spec_path", default="campaigns/contract-evidence.toml", show_default=True,
-              type=click.Path(path_type=Path), help="The evidence spec: rows -> scenarios, depths (docs/evidence.md).")
+@click.option("--spec", "spec_path", default=None, type=click.Path(path_type=Path),
+              help="The evidence spec: rows -> scenarios, depths (docs/evidence.md) "
+                   "[default: campaigns/contract-evidence.toml].")
 @click.option("--depth", default=None, help="How much to run: a depth of the spec (smoke, quick, standard, deep) "
                                             "[default: the spec's default_depth].")
 @click.option("--store-dir", default="store", show_default=True, type=click.Path(path_type=Path),
@@ -375,18 +381,25 @@ def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool) -> No
 @click.option("--api-key-file", type=click.Path(path_type=Path), default=None,
               help="File with the API key for the external service (else $FENCELAB_API_KEY).")
 @click.option("--sut", default="reference", show_default=True, help="The external system's client (lab.sut).")
-def evidence_cmd(spec_path: Path, depth: str | None, store_dir: Path, urls: tuple[str, ...],
+def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, urls: tuple[str, ...],
                  api_key_file: Path | None, sut: str) -> None:
     """Run every contract row's scenarios and write evidence.json and evidence.html.
 
     Exit code: 0 every row passes (or is not applicable), 1 a row fails, 2 bad options, 3 a row is inconclusive.
     """
-    from lab.evidence import EvidenceError, Target, describe_depth, load_spec, run_evidence
+    from lab.evidence import DEFAULT_SPEC, EvidenceError, Target, describe_depth, load_spec, run_evidence
+
+    if spec_path is None:  # the working directory's copy, else the one shipped next to the lab's package
+        spec_path = Path(DEFAULT_SPEC)
+        if not spec_path.exists():
+            spec_path = Path(__file__).resolve().parent.parent / DEFAULT_SPEC
 
     if sut != "reference" and not urls:
         fail("--sut needs --url: the lab's stack runs only the reference server")
     if api_key_file is not None and not api_key_file.is_file():
         fail(f"--api-key-file {api_key_file}: no such file")
+    if urls and api_key_file is None and not os.environ.get("FENCELAB_API_KEY"):
+        fail("--url needs the service's API key: --api-key-file FILE (one key on one line) or $FENCELAB_API_KEY")
     try:
         spec = load_spec(spec_path)
         chosen = spec.depth(depth)
@@ -406,3 +419,42 @@ def evidence_cmd(spec_path: Path, depth: str | None, store_dir: Path, urls: tupl
                f"{s['not-applicable']} not applicable of {s['rows']} rows in {evidence.data['elapsed_s']} s")
     click.echo(f"evidence: {evidence.dir / 'evidence.html'}")
     sys.exit(evidence.exit_code)
+
+
+# -- planted bugs ------------------------------------------------------------------------------
+
+
+@main.command("mutants")
+@click.option("--spec", "spec_path", default="campaigns/mutants.toml", show_default=True,
+              type=click.Path(path_type=Path), help="The mutants spec: each planted bug and the run that exposes it.")
+@click.option("--store-dir", default="store", show_default=True, type=click.Path(path_type=Path),
+              help="Where runs are stored (under STORE/<spec name>/<mutant>/).")
+@click.option("--fast", is_flag=True, help="The CI subset: the spec's [fast] table (every mutant, one short run).")
+@click.option("--only", multiple=True, help="Run only this mutant (repeatable).")
+@click.option("--markdown", is_flag=True, help="Also print the table as Markdown (for docs/mutants.md).")
+def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, ...], markdown: bool) -> None:
+    """Plant each bug of the reference server, run what exposes it, and check the unmodified server passes it.
+
+    Prints: mutant, scenario, the checker that caught it, runs to first detection, and the unmodified
+    server's verdict. Exit code: 0 every mutant caught and the unmodified server valid everywhere,
+    1 otherwise, 2 bad spec or options, 130 interrupted.
+    """
+    from lab.mutants import MutantsError, exit_code, load_spec, print_table, render_markdown, run_mutants, validate_spec
+
+    try:
+        spec = load_spec(spec_path, fast=fast, only=only)
+        validate_spec(spec)
+        seeds = sum(e.runs for e in spec.entries)
+        click.echo(f"mutants {spec.name}: {len(spec.entries)} mutants, {seeds} seeds in all, each run planted (until "
+                   f"caught) and unmodified ({spec.source}{', --fast' if fast else ''})")
+        report = run_mutants(spec, store_dir, echo=click.echo)
+    except MutantsError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        click.echo("fencelab mutants: interrupted", err=True)
+        sys.exit(130)
+    print_table(report, click.echo)
+    if markdown:
+        click.echo(render_markdown(report))
+    click.echo(f"summary: {report.summary_path}")
+    sys.exit(exit_code(report))

@@ -2,7 +2,7 @@
 
     python -m lab.server --host H --port P --valkey-url URL --principals FILE
                          --instance-id NAME --audit-log PATH [--config FILE]
-                         [--store-url URL] [--allow-mutants]
+                         [--store-url URL] [--allow-mutants [--mutant NAME]]
 
 Everything is validated before the server starts; a bad argument prints one
 line `lab.server: error: ...` and exits with status 2. Command-line values
@@ -11,7 +11,8 @@ override the same settings in the `--config` JSON file.
 `--store-url` names the CouchDB-API document store of the fenced-write
 boundary (`POST /api/v1/commits`) and of the recovery rule's durable epoch.
 `--allow-mutants` is a lab-run-only switch: without it the planted-bug
-settings (`commit_mode: unfenced`, `recovery: off`) are refused.
+settings (`commit_mode: unfenced`, `recovery: off`, `--mutant NAME`: the named
+planted bugs of lab/server/mutants, docs/mutants.md) are refused.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
                     help="CouchDB-API store of the fenced-write boundary [env FENCELAB_STORE_URL: keeps a "
                          "password out of the process list]")
     ap.add_argument("--allow-mutants", action="store_true",
-                    help="lab runs only: accept planted-bug settings (commit_mode unfenced, recovery off)")
+                    help="lab runs only: accept planted-bug settings (commit_mode unfenced, recovery off, --mutant)")
+    ap.add_argument("--mutant", help="lab runs only (needs --allow-mutants): plant the named bug (docs/mutants.md)")
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     args = ap.parse_args(argv)
     if not 1 <= args.port <= 65535:
@@ -81,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
                          instance_id=args.instance_id, audit_log=str(args.audit_log))
         if args.store_url is not None:
             overrides["store_url"] = args.store_url
+        if args.mutant is not None:
+            overrides["mutant"] = args.mutant
         settings = base.replace(**overrides)
     except SettingsError as e:
         fail(f"--config: {e}" if args.config else str(e))

@@ -127,12 +127,18 @@ class LeaseServer:
 
     def __init__(self, settings: Settings, authenticator: Authenticator | None = None):
         self.settings = settings.validate()
+        backend_cls, service_cls, commits_cls = Backend, LeaseService, CommitService
+        if settings.mutant:  # a planted bug, lab runs only (--allow-mutants): lab/server/mutants
+            from lab.server.mutants.variants import server_parts
+
+            self.settings, backend_cls, service_cls, commits_cls = server_parts(self.settings)
+            settings = self.settings
         self.auth = authenticator or Authenticator.from_file(settings.principals_file)
-        self.backend = Backend(settings)
+        self.backend = backend_cls(settings)
         self.store = DocumentStore(settings) if settings.store_url else None
         self.gate = RecoveryGate(active=settings.recovery == "on" and self.store is not None)
-        self.service = LeaseService(settings, self.backend, self.gate)
-        self.commits = CommitService(settings, self.service, self.store, self.gate)
+        self.service = service_cls(settings, self.backend, self.gate)
+        self.commits = commits_cls(settings, self.service, self.store, self.gate)
         self.audit = AuditLog(self.backend, settings.audit_log or None, stream_maxlen=settings.audit_stream_maxlen,
                               queue_max=settings.audit_queue_max)
         self.recovery = Recovery(settings, self.backend, self.store, self.gate, on_revoked=self.recovery_revoked)

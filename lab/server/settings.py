@@ -85,6 +85,7 @@ class Settings:
     commit_mode: str = "fenced"              # "unfenced" = check-then-write without a token guard (a mutant)
     recovery: str = "on"                     # "off" = trust restored counters (the counter-from-snapshot mutant)
     allow_mutants: bool = False              # only the --allow-mutants command-line flag sets it
+    mutant: str = ""                         # a named planted bug (lab/server/mutants, docs/mutants.md); "" = none
 
     @property
     def idempotency_ttl_ms(self) -> int:
@@ -140,7 +141,19 @@ class Settings:
                                 "of a-z 0-9 _ $ ( ) + -")
         self._check_mutant("commit_mode", COMMIT_MODES, "unfenced")
         self._check_mutant("recovery", RECOVERY_MODES, "off")
+        if self.mutant:
+            self._check_named_mutant()
         return self
+
+    def _check_named_mutant(self) -> None:
+        """`mutant` names a planted bug of lab/server/mutants, and only lab runs (--allow-mutants) may plant it."""
+        from lab.server.mutants import MUTANT_NAMES
+
+        if self.mutant not in MUTANT_NAMES:
+            raise SettingsError(f"mutant: unknown mutant {self.mutant!r}; known: {', '.join(MUTANT_NAMES)}")
+        if not self.allow_mutants:
+            raise SettingsError(f"mutant: {self.mutant!r} is a planted bug for lab runs; start the server with "
+                                "--allow-mutants to use it")
 
     def _check_mutant(self, name: str, allowed: tuple[str, ...], planted: str) -> None:
         """A closed choice whose `planted` value is a deliberate bug, refused without --allow-mutants."""
