@@ -48,6 +48,8 @@ __all__ = [
     "lease_index",
     "merge_valid",
     "nemesis_phase",
+    "backend_clock_moves",
+    "backend_rules_note",
     "nemesis_ops",
     "nemesis_windows",
     "op_lease_id",
@@ -318,6 +320,32 @@ def nemesis_ops(history: list[dict]) -> list[dict]:
             out.append(op)
         opened = None
     return out
+
+
+def backend_clock_moves(history: list[dict]) -> list[int]:
+    """Indices of nemesis ops that moved the backend's (Valkey's) clock.
+
+    Backend times come from Valkey's clock. Once a nemesis has moved it,
+    backend times of different moments are no longer comparable (a later
+    acquisition may carry an earlier `acquired_at_ms`), so rules that order
+    ops by backend time would convict a correct server. Checkers skip those
+    rules in such a history and say so; their real-time rules still apply.
+    """
+    moved = []
+    for pos, op in enumerate(history):
+        v = op.get("value")
+        if op.get("process") != NEMESIS or not isinstance(v, dict) or v.get("fault") != "clock":
+            continue
+        targets = set(v.get("targets") or ()) | set(v.get("offsets") or ())
+        if v.get("phase") == "start" and "valkey" in targets:
+            moved.append(op.get("index", pos))
+    return moved
+
+
+def backend_rules_note(moved: list[int]) -> str:
+    """The result field that says why backend-time rules were skipped."""
+    return (f"skipped: the nemesis moved Valkey's clock (ops {moved[:5]}{' ...' if len(moved) > 5 else ''}), "
+            "so backend times are not comparable across the run; real-time rules still apply") if moved else "applied"
 
 
 def nemesis_windows(history: list[dict]) -> list[dict]:

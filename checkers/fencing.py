@@ -20,6 +20,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, Violations, analyzed, lease_index, pair_ops
+from checkers.core import backend_clock_moves, backend_rules_note
 
 __all__ = ["FencingChecker"]
 
@@ -41,11 +42,13 @@ class FencingChecker:
             if lease.token is not None:
                 by_key[lease.key].append(lease)
         v = Violations(self.max_violations)
+        moved = backend_clock_moves(history)
         for key, ls in by_key.items():
             _check_unique(key, ls, v)
             _check_realtime(key, ls, first_invoke, v)
-            _check_backend(key, ls, v)
-        return v.result(keys=len(by_key), leases=len(leases))
+            if not moved:
+                _check_backend(key, ls, v)
+        return v.result(keys=len(by_key), leases=len(leases), backend_time_rules=backend_rules_note(moved))
 
 
 def _request_id(p: Pair) -> Any:

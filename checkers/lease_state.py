@@ -30,6 +30,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, op_lease_id, pair_ops
+from checkers.core import backend_clock_moves, backend_rules_note
 
 __all__ = ["LeaseStateChecker"]
 
@@ -50,6 +51,9 @@ class LeaseStateChecker:
         leases = lease_index(history)
         first = _first_invokes(pairs)
         realtime, backend = _successors(leases)
+        moved = backend_clock_moves(history)
+        if moved:
+            backend = {}
         v = Violations(self.max_violations)
         checked = 0
         for p in pairs:
@@ -69,9 +73,9 @@ class LeaseStateChecker:
             if p.f == "renew":
                 _check_revived(p, lease, started, v)
             _check_stale(p, lease, started, realtime.get(lease.key), backend.get(lease.key), v)
-        for lease in leases.values():
+        for lease in leases.values() if not moved else ():
             _check_renew_times(lease, v)
-        return v.result(leases=len(leases), ops_checked=checked)
+        return v.result(leases=len(leases), ops_checked=checked, backend_time_rules=backend_rules_note(moved))
 
 
 def _res(p: Pair, field: str) -> Any:

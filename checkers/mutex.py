@@ -39,6 +39,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, Violations, analyzed, error_code, lease_index, op_lease_id, pair_ops
+from checkers.core import backend_clock_moves, backend_rules_note
 
 __all__ = ["MutualExclusionChecker"]
 
@@ -62,10 +63,12 @@ class MutualExclusionChecker:
         for lease in leases.values():
             by_key[lease.key].append(lease)
         v = Violations(self.max_violations)
-        for key, ls in by_key.items():
+        moved = backend_clock_moves(history)
+        for key, ls in by_key.items() if not moved else ():
             _check_backend_overlaps(key, ls, v)
         windows = _unsafe_windows(pairs, leases, by_key, self.max_windows)
-        return v.result(keys=len(by_key), leases=len(leases), unsafe_windows=windows)
+        return v.result(keys=len(by_key), leases=len(leases), unsafe_windows=windows,
+                        backend_time_rules=backend_rules_note(moved))
 
 
 def _backend_end(lease: Lease) -> Any:

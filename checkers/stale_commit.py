@@ -38,6 +38,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops
+from checkers.core import backend_clock_moves, backend_rules_note
 
 __all__ = ["StaleCommitChecker"]
 
@@ -60,12 +61,14 @@ class StaleCommitChecker:
         first_invoke = _first_invokes(commits)
         _check_realtime_order(accepted, v)
         _check_rev_order(accepted, v)
-        unknown = _check_against_leases(accepted, leases, first_invoke, v)
+        moved = backend_clock_moves(history)
+        unknown = _check_against_leases(accepted, leases, first_invoke, v, backend_times=not moved)
         for read in reads.values():
             _check_read(read, v)
         _check_lost_and_phantom(commits, reads, v)
         counts = {t: sum(1 for c in commits if c.p.type == t) for t in ("ok", "fail", "info")}
-        return v.result(commits=counts, docs_read=len(reads), unknown_lease=unknown)
+        return v.result(commits=counts, docs_read=len(reads), unknown_lease=unknown,
+                        backend_time_rules=backend_rules_note(moved))
 
 
 class Commit:
@@ -208,9 +211,13 @@ def _successor_indexes(leases: dict[Any, Lease]) -> tuple[dict, dict]:
 
 
 def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
-                          first_invoke: dict[Any, int], v: Violations) -> int:
-    """Expiry, release and successor rules for each accepted commit; returns how many had no known lease."""
+                          first_invoke: dict[Any, int], v: Violations, *, backend_times: bool = True) -> int:
+    """Expiry, release and successor rules for each accepted commit; returns how many had no known lease.
+
+    Without `backend_times` (the backend's clock was moved) only the real-time rules run."""
     by_backend, by_realtime = _successor_indexes(leases)
+    if not backend_times:
+        by_backend = {}
     unknown = 0
     for c in accepted:
         p = c.p
@@ -222,7 +229,8 @@ def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
             unknown += 1
             continue
         started = first_invoke.get(c.request_id, p.t0)
-        _check_times(c, lease, v)
+        if backend_times:
+            _check_times(c, lease, v)
         for end in lease.ends:
             if end.type == "ok" and end.t1 < started:
                 v.add("commit-after-release", [end.i1, p.i0, p.i1],
