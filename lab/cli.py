@@ -43,6 +43,7 @@ def main() -> None:
 @click.option("--no-store", is_flag=True, help="Do not start the CouchDB-API store (pouchdb-server).")
 @click.option("--toxiproxy", is_flag=True, help="Route every link through its own Toxiproxy proxy.")
 @click.option("--fake-clocks", is_flag=True, help="Run Valkey and the lease servers under libfaketime.")
+@click.option("--netns", is_flag=True, help="Run each server process in its own network namespace (root).")
 @click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "compose", "ssh"]),
               help="local: processes on loopback; compose: the Docker Compose stack in compose/ (needs Docker); "
                    "ssh: remote nodes over SSH (docs/ssh-backend.md).")
@@ -54,11 +55,11 @@ def main() -> None:
 @click.option("--remote-root", default=None, help="ssh: the fencelab checkout on every node [default: this one's path].")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def up(name: str, home: Path | None, servers: int, persistence: str, no_store: bool, toxiproxy: bool,
-       fake_clocks: bool, backend: str, nodes: tuple[str, ...], ssh_user: str, ssh_port: int, ssh_key: str | None,
+       fake_clocks: bool, netns: bool, backend: str, nodes: tuple[str, ...], ssh_user: str, ssh_port: int, ssh_key: str | None,
        known_hosts: str | None, remote_root: str | None, as_json: bool) -> None:
     """Start a named stack: Valkey, the store and reference lease servers (loopback only for local)."""
     opts = StackOptions(servers=servers, persistence=persistence, store=not no_store, toxiproxy=toxiproxy,
-                        fake_clocks=fake_clocks)
+                        fake_clocks=fake_clocks, netns=netns)
     if backend == "ssh":
         from lab.stack.ssh import SshOptions
 
