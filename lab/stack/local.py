@@ -120,7 +120,7 @@ class StackOptions:
 
 
 @dataclass
-class LocalStack:
+class LocalStack(StackFiles):
     """A named local stack: its processes and state directory."""
 
     name: str = "default"
@@ -130,18 +130,6 @@ class LocalStack:
     processes: list[ManagedProcess] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     netns_hosts: Any = field(default=None, repr=False)  # a netns stack's NetnsHosts (the netns nemesis cuts them)
-
-    @property
-    def dir(self) -> Path:
-        return Path(self.root) if self.root is not None else stack_dir(self.name, self.home)
-
-    @property
-    def state_file(self) -> Path:
-        return self.dir / "state.json"
-
-    @property
-    def credentials_file(self) -> Path:
-        return self.dir / "credentials.json"
 
     # -- up ---------------------------------------------------------------
     def up(self, opts: StackOptions | None = None) -> dict[str, Any]:
@@ -304,18 +292,11 @@ class LocalStack:
         return errors
 
     # -- state ------------------------------------------------------------
-    def save_state(self) -> None:
-        data = dict(self.info, processes=[p.state() for p in self.processes if p.pid is not None])
-        write_private_json(self.state_file, data)
-
     def load_state(self) -> dict[str, Any] | None:
         """Read state.json (if any) into handles that can stop the recorded pids."""
-        if not self.state_file.exists():
+        data = self.read_state_file()
+        if data is None:
             return None
-        try:
-            data = json.loads(self.state_file.read_text())
-        except (OSError, ValueError) as e:
-            raise StackError(f"cannot read {self.state_file}: {e}") from e
         self.processes = [ManagedProcess.from_state(d) for d in data.get("processes", [])]
         self.info = {k: v for k, v in data.items() if k != "processes"}
         return data
@@ -339,13 +320,6 @@ class LocalStack:
             "dir": str(self.dir),
             "processes": procs,
         }
-
-    def process(self, name: str) -> ManagedProcess:
-        """The owned process called `name` (e.g. `valkey`, `lease-2`, `store`)."""
-        for p in self.processes:
-            if p.name == name:
-                return p
-        raise StackError(f"stack {self.name!r} has no process {name!r}; it has {[p.name for p in self.processes]}")
 
     # -- down -------------------------------------------------------------
     def down(self) -> list[str]:
