@@ -23,7 +23,6 @@ Layout of a stack's state directory (`$FENCELAB_HOME/stacks/<name>/`):
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
