@@ -388,26 +388,24 @@ def test_other_implementations_come_from_lab_sut(tmp_path, monkeypatch):
     assert res.exit_code == 2 and "no API key for the system under test: pass api_key_file" in res.output
 
 
-def test_named_scenarios_come_from_lab_scenarios(tmp_path, monkeypatch):
-    import sys
-    import types
+def test_named_scenarios_come_from_lab_scenarios(tmp_path):
+    from lab.scenarios import SCENARIOS
 
-    mod = types.ModuleType("lab.scenarios")
-    mod.SCENARIOS = {"lost-renewal": {"ttl_ms": 400, "hold_ms": 900}}
-    monkeypatch.setitem(sys.modules, "lab.scenarios", mod)
     text = """
         name = "races"
         workloads = ["lease"]
         [scenarios.race]
-        scenario = "lost-renewal"
+        scenario = "concurrent-acquires"
         rate = 5
     """
     (run,) = validate_plan(load_spec(spec_file(tmp_path, text)))
     test = run.to_test()
-    assert (test.ttl_ms, test.rate) == (400, 5)
-    assert test.extra == {"servers": 2, "hold_ms": 900, "scenario": "lost-renewal"}
-    res = invoke(str(spec_file(tmp_path, text.replace('"lost-renewal"', '"nope"'))), "--dry-run")
-    assert res.exit_code == 2 and "unknown scenario 'nope'; known scenarios: lost-renewal" in res.output
+    options = SCENARIOS["concurrent-acquires"].options
+    assert test.rate == 5, "an option set in the campaign wins over the scenario's"
+    assert (test.concurrency, test.ttl_ms) == (options["concurrency"], options["ttl_ms"])
+    assert test.extra["scenario"] == "concurrent-acquires"
+    res = invoke(str(spec_file(tmp_path, text.replace('"concurrent-acquires"', '"nope"'))), "--dry-run")
+    assert res.exit_code == 2 and "unknown scenario 'nope'" in res.output and "concurrent-acquires" in res.output
 
 
 def test_the_demo_campaign_is_valid_and_small():
