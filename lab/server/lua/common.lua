@@ -138,6 +138,22 @@ local function ownership_problem(r, lease_id, principal, instance, token, now)
   return nil
 end
 
+-- The prologue renew, release and the admin endings share (their KEYS 1 record, 2 idempotency,
+-- 3 lease index; ARGV 1 identity, 2 digest, 3 lease_id): the recovery gate, an idempotent replay,
+-- and the stored record. Returns (early reply, nil) or (nil, record).
+local function lease_prologue(expected_run_id, now)
+  if wrong_incarnation(expected_run_id) then return {'recovering', int(now)} end
+  local idem, bad = read_idempotency(KEYS[2])
+  if bad then return {'corrupt', int(now), 'idempotency record'} end
+  if idem then
+    if idem.d ~= ARGV[2] then return {'idempotency_conflict', int(now)} end
+    return {'replayed', int(now), lease_state(KEYS[1], KEYS[3], ARGV[3], now), idem.c, idem.r}
+  end
+  local r = load_record(KEYS[1], ARGV[1])
+  if r == false then return {'corrupt', int(now), 'lease record'} end
+  return nil, r
+end
+
 -- Admin ending (force-release / revoke, C15): compare against the observed lease
 -- (lease_id and token), end it, keep the evidence, and append the audit event to
 -- the stream in the same atomic step, before success is reported.
@@ -147,15 +163,8 @@ end
 --       13 the audit event as a JSON object without the fields added here 14 expected run_id ('' = none)
 local function end_by_admin(new_state, code, end_reason)
   local now = now_ms()
-  if wrong_incarnation(ARGV[14]) then return {'recovering', int(now)} end
-  local idem, bad = read_idempotency(KEYS[2])
-  if bad then return {'corrupt', int(now), 'idempotency record'} end
-  if idem then
-    if idem.d ~= ARGV[2] then return {'idempotency_conflict', int(now)} end
-    return {'replayed', int(now), lease_state(KEYS[1], KEYS[3], ARGV[3], now), idem.c, idem.r}
-  end
-  local r = load_record(KEYS[1], ARGV[1])
-  if r == false then return {'corrupt', int(now), 'lease record'} end
+  local early, r = lease_prologue(ARGV[14], now)
+  if early then return early end
   local problem = nil
   if not r then problem = 'not_found'
   elseif r.lease_id ~= ARGV[3] then problem = 'superseded'

@@ -5,15 +5,8 @@
 -- ARGV: 1 identity 2 digest 3 lease_id 4 principal 5 service_instance 6 fencing_token
 --       7 idempotency ttl 8 history max 9 history retention 10 expected run_id ('' = no recovery gate)
 local now = now_ms()
-if wrong_incarnation(ARGV[10]) then return {'recovering', int(now)} end
-local idem, bad = read_idempotency(KEYS[2])
-if bad then return {'corrupt', int(now), 'idempotency record'} end
-if idem then
-  if idem.d ~= ARGV[2] then return {'idempotency_conflict', int(now)} end
-  return {'replayed', int(now), lease_state(KEYS[1], KEYS[3], ARGV[3], now), idem.c, idem.r}
-end
-local r = load_record(KEYS[1], ARGV[1])
-if r == false then return {'corrupt', int(now), 'lease record'} end
+local early, r = lease_prologue(ARGV[10], now)
+if early then return early end
 local problem = ownership_problem(r, ARGV[3], ARGV[4], ARGV[5], ARGV[6], now)
 if problem then return {'lease_lost', int(now), problem} end
 r.state = 'released'

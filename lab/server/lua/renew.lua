@@ -6,15 +6,8 @@
 --       7 ttl_ms ('' keeps the lease's ttl) 8 idempotency ttl 9 expired-record retention 10 quota (0 = off)
 --       11 expected run_id ('' = no recovery gate)
 local now = now_ms()
-if wrong_incarnation(ARGV[11]) then return {'recovering', int(now)} end
-local idem, bad = read_idempotency(KEYS[2])
-if bad then return {'corrupt', int(now), 'idempotency record'} end
-if idem then
-  if idem.d ~= ARGV[2] then return {'idempotency_conflict', int(now)} end
-  return {'replayed', int(now), lease_state(KEYS[1], KEYS[3], ARGV[3], now), idem.c, idem.r}
-end
-local r = load_record(KEYS[1], ARGV[1])
-if r == false then return {'corrupt', int(now), 'lease record'} end
+local early, r = lease_prologue(ARGV[11], now)
+if early then return early end
 local problem = ownership_problem(r, ARGV[3], ARGV[4], ARGV[5], ARGV[6], now)
 if problem then return {'lease_lost', int(now), problem} end
 local ttl = tonumber(r.ttl_ms)
