@@ -31,20 +31,11 @@ import httpx
 from lab.client import results as R
 from lab.client.results import Call, Identity, Lease, LeaseProtocolError, Result
 
-try:  # orjson is several times faster than json for these small bodies
-    import orjson
+import orjson  # several times faster than json for these small bodies (a hard dependency)
 
-    _dumps = orjson.dumps
-    _loads = orjson.loads
-    _DecodeError: tuple[type[Exception], ...] = (orjson.JSONDecodeError,)
-except ImportError:  # pragma: no cover - orjson is optional
-    import json
-
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
-
-    _loads = json.loads
-    _DecodeError = (ValueError,)
+_dumps = orjson.dumps
+_loads = orjson.loads
+_DecodeError: tuple[type[Exception], ...] = (orjson.JSONDecodeError,)
 
 API = "/api/v1/target-leases"
 COMMITS = "/api/v1/commits"
@@ -320,17 +311,11 @@ class LeaseClient:
     async def _send(self, call: Call, deadline_at_ms: int) -> Result:
         """Run one exchange bounded by the deadline and classify how it ended."""
         started = time.monotonic_ns()
-        remaining_s = (deadline_at_ms - self.clock_ms()) / 1000
-        if remaining_s <= 0:
+        remaining_ms = deadline_at_ms - self.clock_ms()
+        if remaining_ms <= 0:
             return Result("fail", R.CLIENT_DEADLINE, msg="deadline passed before the request was sent", call=call)
         probe = _SendProbe()
-        if call.body is not None:
-            body = dict(call.body)
-            body["deadline_at"] = deadline_at_ms
-            content, params = _dumps(body), None
-        else:
-            content, params = None, dict(call.params or {})
-            params["deadline_at"] = deadline_at_ms
+        content, params, headers = self._prepare(call, deadline_at_ms, remaining_ms)
         pools = self._pools
         if len(pools) > 1:
             self._turn += 1
@@ -338,9 +323,9 @@ class LeaseClient:
         else:
             http = pools[0]
         try:
-            async with asyncio.timeout(remaining_s):
+            async with asyncio.timeout(remaining_ms / 1000):
                 resp = await http.request(call.method, self.base_url + call.path, content=content,
-                                          params=params, headers=self._headers, extensions={"trace": probe})
+                                          params=params, headers=headers, extensions={"trace": probe})
         except (TimeoutError, httpx.TimeoutException) as e:
             return self._lost(call, started, probe, R.TIMEOUT, e)
         except httpx.ConnectError as e:
@@ -361,6 +346,28 @@ class LeaseClient:
                 result.msg = "renewal reply arrived after the caller's deadline"
         return result
 
+    def _prepare(self, call: Call, deadline_at_ms: int, remaining_ms: int) -> tuple[Any, Any, Any]:
+        """(content, params, headers) of the request on this wire: our API carries `deadline_at` in it."""
+        if call.body is not None:
+            body = dict(call.body)
+            body["deadline_at"] = deadline_at_ms
+            return _dumps(body), None, self._headers
+        params = dict(call.params or {})
+        params["deadline_at"] = deadline_at_ms
+        return None, params, self._headers
+
+    @staticmethod
+    def _envelope(call: Call, resp: httpx.Response) -> dict[str, Any] | Result:
+        """The reply's JSON envelope, or the `info` Result of a reply that has none."""
+        try:
+            envelope = _loads(resp.content)
+        except _DecodeError:
+            envelope = None
+        if not isinstance(envelope, dict):
+            return Result("info", R.BAD_RESPONSE, http_status=resp.status_code, call=call,
+                          msg=f"HTTP {resp.status_code} without a JSON envelope: {resp.content[:120]!r}")
+        return envelope
+
     def _lost(self, call: Call, started: int, probe: _SendProbe, code: str, exc: BaseException) -> Result:
         """A transport failure: `fail` if provably nothing was sent, else `info`."""
         latency = time.monotonic_ns() - started
@@ -375,13 +382,9 @@ class LeaseClient:
     def _decode(self, call: Call, resp: httpx.Response) -> Result:
         """The typed Result for a complete HTTP reply."""
         status = resp.status_code
-        try:
-            envelope = _loads(resp.content)
-        except _DecodeError:
-            envelope = None
-        if not isinstance(envelope, dict):
-            return Result("info", R.BAD_RESPONSE, http_status=status, call=call,
-                          msg=f"HTTP {status} without a JSON envelope: {resp.content[:120]!r}")
+        envelope = self._envelope(call, resp)
+        if isinstance(envelope, Result):
+            return envelope
         outcome, code = R.classify_envelope(status, envelope,
                                             backend_unavailable_is_definite=self.backend_unavailable_is_definite)
         result = Result(outcome, code, http_status=status, call=call, data=envelope,

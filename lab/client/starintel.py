@@ -33,33 +33,17 @@ list) and is reported with an example the first time a run meets it
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import re
-import time
 from typing import Any, Mapping
 
 import httpx
 
 from lab.client import results as R
-from lab.client.lease import API, DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT_S, LeaseClient, _SendProbe, _seg, now_ms
+from lab.client.lease import (API, DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT_S, LeaseClient, _dumps,
+                              _seg, now_ms)
 from lab.client.results import IDENTITY_FIELDS, Call, Identity, Lease, LeaseProtocolError, Result
 from lab.sut.findings import Finding, FindingsLog, static_records
-
-try:  # orjson is several times faster than json for these small bodies (as in lab.client.lease)
-    import orjson
-
-    _dumps = orjson.dumps
-    _loads = orjson.loads
-    _DecodeError: tuple[type[Exception], ...] = (orjson.JSONDecodeError,)
-except ImportError:  # pragma: no cover - orjson is optional
-    import json
-
-    def _dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
-
-    _loads = json.loads
-    _DecodeError = (ValueError,)
 
 UNSUPPORTED = "unsupported"  # fail: the dialect has no such operation, nothing was sent
 CAPABILITIES = frozenset({"revoke"})
@@ -387,57 +371,21 @@ class StarIntelClient(LeaseClient):
         self.findings.observe(finding, f"the workload called {op}; the dialect has no route for it")
         return Result("fail", UNSUPPORTED, msg=f"the StarIntel dialect has no {op}: nothing was sent")
 
-    async def _send(self, call: Call, deadline_at_ms: int) -> Result:
-        """One exchange bounded by the deadline (sent as X-Request-Timeout-Ms), classified for this dialect."""
-        started = time.monotonic_ns()
-        remaining_ms = deadline_at_ms - self.clock_ms()
-        if remaining_ms <= 0:
-            return Result("fail", R.CLIENT_DEADLINE, msg="deadline passed before the request was sent", call=call)
+    def _prepare(self, call: Call, deadline_at_ms: int, remaining_ms: int) -> tuple[Any, Any, Any]:
+        """This dialect takes the deadline as X-Request-Timeout-Ms and the request_id also as Idempotency-Key."""
         headers = list(self._headers)
         headers.append((b"x-request-timeout-ms", str(remaining_ms).encode()))
-        content, params = None, None
         if call.body is not None:
-            content = _dumps(call.body)
             headers.append((b"idempotency-key", call.body["request_id"].encode()))
-        else:
-            params = dict(call.params or {})
-        probe = _SendProbe()
-        pools = self._pools
-        self._turn += 1
-        http = pools[self._turn % len(pools)]
-        try:
-            async with asyncio.timeout(remaining_ms / 1000):
-                resp = await http.request(call.method, self.base_url + call.path, content=content,
-                                          params=params, headers=headers, extensions={"trace": probe})
-        except (TimeoutError, httpx.TimeoutException) as e:
-            return self._lost(call, started, probe, R.TIMEOUT, e)
-        except httpx.ConnectError as e:
-            return Result("fail", R.CONNECT_ERROR, msg=str(e) or type(e).__name__, call=call,
-                          latency_ns=time.monotonic_ns() - started)
-        except httpx.TransportError as e:
-            return self._lost(call, started, probe, R.CONNECTION_LOST, e)
-        except httpx.HTTPError as e:  # a reply arrived but could not be read
-            return Result("info", R.BAD_RESPONSE, msg=str(e) or type(e).__name__, call=call,
-                          latency_ns=time.monotonic_ns() - started)
-        result = self._decode(call, resp)
-        result.latency_ns = time.monotonic_ns() - started
-        if self.clock_ms() > deadline_at_ms:
-            result.late = True
-            if call.op == "renew" and result.outcome == "ok":  # C23: a late renewal grants nothing
-                result.outcome, result.code = "info", R.LATE_REPLY
-                result.msg = "renewal reply arrived after the caller's deadline"
-        return result
+            return _dumps(call.body), None, headers
+        return None, dict(call.params or {}), headers
 
     def _decode(self, call: Call, resp: httpx.Response) -> Result:
         """The typed Result for a complete dialect reply, noting every difference from the contract."""
         status = resp.status_code
-        try:
-            envelope = _loads(resp.content)
-        except _DecodeError:
-            envelope = None
-        if not isinstance(envelope, dict):
-            return Result("info", R.BAD_RESPONSE, http_status=status, call=call,
-                          msg=f"HTTP {status} without a JSON envelope: {resp.content[:120]!r}")
+        envelope = self._envelope(call, resp)
+        if isinstance(envelope, Result):
+            return envelope
         outcome, code = classify_starintel(call.op, status, envelope,
                                            backend_unavailable_is_definite=self.backend_unavailable_is_definite)
         self._note_reply(call, status, envelope)
