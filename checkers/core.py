@@ -53,7 +53,9 @@ __all__ = [
     "nemesis_ops",
     "nemesis_windows",
     "op_lease_id",
+    "first_invocations",
     "pair_ops",
+    "request_key",
     "safe_check",
 ]
 
@@ -216,6 +218,25 @@ class Pair:
 
     def __repr__(self) -> str:
         return f"Pair({self.f} p={self.process} {self.type} [{self.i0}..{self.i1}])"
+
+
+def request_key(p: Pair) -> tuple | None:
+    """(f, key, request_id) of an op: its idempotency key as far as the history shows it."""
+    for v in (p.inv.get("value"), p.comp.get("value") if p.comp is not None else None):
+        if isinstance(v, dict) and v.get("request_id") is not None:
+            return (p.f, p.key, v["request_id"])
+    return None
+
+
+def first_invocations(pairs: list[Pair]) -> dict[tuple, int]:
+    """Idempotency key -> the earliest invocation time carrying it: a retry is as old as its first attempt,
+    so the real-time rules exempt replays of requests sent before the event that would make them stale."""
+    first: dict[tuple, int] = {}
+    for p in pairs:
+        k = request_key(p)
+        if k is not None and (k not in first or p.t0 < first[k]):
+            first[k] = p.t0
+    return first
 
 
 def pair_ops(history: list[dict]) -> list[Pair]:

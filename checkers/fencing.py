@@ -20,7 +20,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, Violations, analyzed, lease_index, pair_ops
-from checkers.core import backend_clock_moves, backend_rules_note
+from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key
 
 __all__ = ["FencingChecker"]
 
@@ -36,7 +36,7 @@ class FencingChecker:
         """Judge the ok acquires of a lease history."""
         pairs = pair_ops(history)
         leases = lease_index(history)
-        first_invoke = _first_invokes(pairs)
+        first_invoke = first_invocations(pairs)
         by_key: dict[Any, list[Lease]] = defaultdict(list)
         for lease in leases.values():
             if lease.token is not None:
@@ -49,25 +49,6 @@ class FencingChecker:
             if not moved:
                 _check_backend(key, ls, v)
         return v.result(keys=len(by_key), leases=len(leases), backend_time_rules=backend_rules_note(moved))
-
-
-def _request_id(p: Pair) -> Any:
-    """The request_id of an op's invocation, if any."""
-    val = p.inv.get("value")
-    return val.get("request_id") if isinstance(val, dict) else None
-
-
-def _first_invokes(pairs: list[Pair]) -> dict[tuple, int]:
-    """(key, request_id) -> the earliest invocation time of any acquire carrying it."""
-    first: dict[tuple, int] = {}
-    for p in pairs:
-        if p.f == "acquire":
-            rid = _request_id(p)
-            if rid is not None:
-                k = (p.key, rid)
-                if k not in first or p.t0 < first[k]:
-                    first[k] = p.t0
-    return first
 
 
 def _check_unique(key: Any, leases: list[Lease], v: Violations) -> None:
@@ -83,7 +64,7 @@ def _check_unique(key: Any, leases: list[Lease], v: Violations) -> None:
 
 def _acquisition_span(lease: Lease, first_invoke: dict[tuple, int]) -> tuple[int, int]:
     """Real-time window in which the lease was created: earliest attempt to earliest ok."""
-    start = min(first_invoke.get((p.key, _request_id(p)), p.t0) for p in lease.acquires)
+    start = min(first_invoke.get(request_key(p), p.t0) for p in lease.acquires)
     end = min(p.t1 for p in lease.acquires)
     return min(start, end), end
 

@@ -30,7 +30,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, op_lease_id, pair_ops
-from checkers.core import backend_clock_moves, backend_rules_note
+from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key
 
 __all__ = ["LeaseStateChecker"]
 
@@ -49,7 +49,7 @@ class LeaseStateChecker:
         """Judge every op on a known lease."""
         pairs = pair_ops(history)
         leases = lease_index(history)
-        first = _first_invokes(pairs)
+        first = first_invocations(pairs)
         realtime, backend = _successors(leases)
         moved = backend_clock_moves(history)
         if moved:
@@ -63,7 +63,7 @@ class LeaseStateChecker:
             if lease is None:
                 continue
             checked += 1
-            started = first.get(_rid_key(p), p.t0)
+            started = first.get(request_key(p), p.t0)
             if p.f == "inspect":
                 _check_inspect(p, lease, v)
                 continue
@@ -82,24 +82,6 @@ def _res(p: Pair, field: str) -> Any:
     """A field of the completion's value (None when absent)."""
     r = p.result
     return r.get(field) if isinstance(r, dict) else None
-
-
-def _rid_key(p: Pair) -> tuple | None:
-    """(f, key, request_id) of an op, the idempotency key as far as the history shows it."""
-    val = p.inv.get("value")
-    rid = val.get("request_id") if isinstance(val, dict) else None
-    return None if rid is None else (p.f, p.key, rid)
-
-
-def _first_invokes(pairs: list[Pair]) -> dict[tuple, int]:
-    """Idempotency key -> the earliest invocation time carrying it."""
-    first: dict[tuple, int] = {}
-    for p in pairs:
-        if p.f in LEASE_OPS:
-            k = _rid_key(p)
-            if k is not None and (k not in first or p.t0 < first[k]):
-                first[k] = p.t0
-    return first
 
 
 def _successors(leases: dict[Any, Lease]) -> tuple[dict, dict]:

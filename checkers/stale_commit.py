@@ -38,7 +38,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops
-from checkers.core import backend_clock_moves, backend_rules_note
+from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key
 
 __all__ = ["StaleCommitChecker"]
 
@@ -58,7 +58,7 @@ class StaleCommitChecker:
         reads = _final_reads(pairs)
         v = Violations(self.max_violations)
         accepted = [c for c in commits if c.p.type == "ok"]
-        first_invoke = _first_invokes(commits)
+        first_invoke = first_invocations(pairs)
         _check_realtime_order(accepted, v)
         _check_rev_order(accepted, v)
         moved = backend_clock_moves(history)
@@ -121,16 +121,6 @@ def _rev_number(rev: Any) -> int | None:
         head = rev.split("-", 1)[0]
         return int(head) if head.isdigit() else None
     return None
-
-
-def _first_invokes(commits: list[Commit]) -> dict[Any, int]:
-    """request_id -> earliest invocation time of a commit carrying it."""
-    first: dict[Any, int] = {}
-    for c in commits:
-        rid = c.request_id
-        if rid is not None and (rid not in first or c.p.t0 < first[rid]):
-            first[rid] = c.p.t0
-    return first
 
 
 class FinalRead:
@@ -228,7 +218,7 @@ def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
         if lease is None:
             unknown += 1
             continue
-        started = first_invoke.get(c.request_id, p.t0)
+        started = first_invoke.get(request_key(p), p.t0)
         if backend_times:
             _check_times(c, lease, v)
         for end in lease.ends:
