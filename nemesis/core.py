@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "invocation",
     "as_rng",
     "Nemesis",
     "NemesisUnavailable",
@@ -179,3 +180,8 @@ def as_rng(rng: Any) -> random.Random:
     if isinstance(rng, int) and not isinstance(rng, bool):
         return random.Random(rng)
     raise ValueError(f"rng must be a random.Random or an int seed, got {rng!r}")
+
+
+def invocation(f: str, value: Any = None) -> dict:
+    """A nemesis op as the interpreter hands it to `invoke` (for driving a nemesis by hand, e.g. in tests)."""
+    return {"type": "info", "process": NEMESIS_PROCESS, "f": f, "value": value}

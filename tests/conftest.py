@@ -51,6 +51,24 @@ def store(session_dir):
 
 
 @pytest.fixture
+def make_stack(tmp_path):
+    """Start LocalStacks in this test's directory; every one is downed at the end, whatever happened."""
+    from lab.stack.local import LocalStack, StackOptions
+
+    stacks = []
+
+    def make(**opts):
+        stack = LocalStack(name="t", root=tmp_path / f"stack{len(stacks)}")
+        stacks.append(stack)
+        stack.up(StackOptions(**opts))
+        return stack
+
+    yield make
+    for s in stacks:
+        s.down()
+
+
+@pytest.fixture
 def run_dir(tmp_path):
     return tmp_path
 

@@ -25,11 +25,7 @@ from lab.stack.local import LocalStack, StackOptions
 from nemesis.clock import ClientClocks, clock
 from nemesis.core import NemesisUnavailable
 from workloads.common import identity_for, pick_credential
-
-
-def op(f, value=None):
-    """A nemesis invocation as the interpreter hands it over."""
-    return {"type": "info", "process": "nemesis", "f": f, "value": value}
+from nemesis.core import invocation as op
 
 
 async def wait_for(pred, timeout=5.0):

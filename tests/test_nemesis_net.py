@@ -31,6 +31,7 @@ from nemesis.core import Nemesis, NemesisUnavailable, compose, heal_all, running
 from nemesis.network import bandwidth, grudge_pairs, latency, partition, reset_peer, slicer
 from nemesis.topology import Topology, link_name, role, standard_links
 from nemesis.toxiproxy import ToxiproxyClient
+from nemesis.core import invocation as op
 
 TEST = {"name": "nemesis-net"}  # the nemeses ignore the test value; any value does
 
@@ -91,10 +92,6 @@ async def timed(coro) -> float:
     t0 = time.perf_counter()
     await coro
     return time.perf_counter() - t0
-
-
-def op(f: str, value=None) -> dict:
-    return {"type": "info", "process": "nemesis", "f": f, "value": value}
 
 
 async def our_toxics(tp: ToxiproxyClient) -> dict[str, list[str]]:

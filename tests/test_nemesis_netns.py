@@ -11,13 +11,10 @@ import pytest
 import nemesis.netns as netns
 from nemesis.core import Nemesis, NemesisUnavailable, running
 from nemesis.netns import NetnsHosts, check_netns_available, netns_partition
+from nemesis.core import invocation as op
 
 TEST = {"name": "nemesis-netns"}
 is_root = os.geteuid() == 0
-
-
-def op(f, value=None):
-    return {"type": "info", "process": "nemesis", "f": f, "value": value}
 
 
 def netns_names() -> list[str]:

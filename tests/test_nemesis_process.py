@@ -18,7 +18,6 @@ import pytest
 import redis
 
 from lab.client import LeaseClient
-from lab.stack.local import LocalStack, StackOptions
 from lab.stack.valkey import ValkeyProcess
 from nemesis.core import compose
 from nemesis.process import (
@@ -32,27 +31,7 @@ from nemesis.process import (
     stack_targets,
 )
 from workloads.common import identity_for, pick_credential
-
-
-def op(f, value=None):
-    """A nemesis invocation as the interpreter hands it over."""
-    return {"type": "info", "process": "nemesis", "f": f, "value": value}
-
-
-@pytest.fixture
-def make_stack(tmp_path):
-    """Start LocalStacks in this test's directory; every one is downed at the end, whatever happened."""
-    stacks = []
-
-    def make(**opts):
-        stack = LocalStack(name="t", root=tmp_path / f"stack{len(stacks)}")
-        stacks.append(stack)
-        stack.up(StackOptions(**opts))
-        return stack
-
-    yield make
-    for s in stacks:
-        s.down()
+from nemesis.core import invocation as op
 
 
 def lease_api(stack, server="lease-1", timeout_s=2.0):

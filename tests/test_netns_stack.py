@@ -32,15 +32,11 @@ from nemesis import registry
 from nemesis.core import running
 from nemesis.netns import NetnsHosts, netns_partition, sweep_stale
 from workloads.common import identity_for, pick_credential
+from nemesis.core import invocation as op
 
 ROOT = Path(__file__).resolve().parent.parent
 is_root = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not is_root, reason="network namespaces, veths and iptables need root")
-
-
-def op(f, value=None):
-    """A nemesis invocation as the interpreter hands it over."""
-    return {"type": "info", "process": "nemesis", "f": f, "value": value}
 
 
 def netns_names() -> list[str]:
