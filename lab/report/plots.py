@@ -73,6 +73,18 @@ def _legend(ax: Any) -> None:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
 
+def _time_axes(fig: Any, ax: Any, data: Mapping, xlabel: str, ylabel: str, title: str) -> tuple[bytes, list[dict]]:
+    """Finish a plot over test time: shade the nemesis windows, label, grid, legend; (PNG, shaded spans)."""
+    drawn = shade(ax, data["windows"])
+    ax.set_xlim(0, max(data["end_s"], 1e-3))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    _legend(ax)
+    return _png(fig), drawn
+
+
 def _markers(series: list[Mapping]) -> dict[str, str]:
     """One marker per f."""
     return {f: MARKERS[i % len(MARKERS)] for i, f in enumerate(sorted({s["f"] for s in series}))}
@@ -90,17 +102,10 @@ def latency_raw_png(data: Mapping) -> tuple[bytes, list[dict]]:
                    zorder=2)
     if any(s["t"] for s in raw["series"]):
         ax.set_yscale("log")
-    drawn = shade(ax, data["windows"])
-    ax.set_xlim(0, max(data["end_s"], 1e-3))
-    ax.set_xlabel("time since the test started (s), at invocation")
-    ax.set_ylabel("latency (ms)")
     title = "Latency, raw"
     if raw["downsampled"]:
         title += f" ({raw['points_shown']} of {raw['points_total']} points, uniformly sampled)"
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    _legend(ax)
-    return _png(fig), drawn
+    return _time_axes(fig, ax, data, "time since the test started (s), at invocation", "latency (ms)", title)
 
 
 def latency_quantiles_png(data: Mapping) -> tuple[bytes, list[dict]]:
@@ -115,14 +120,8 @@ def latency_quantiles_png(data: Mapping) -> tuple[bytes, list[dict]]:
                     marker=".", ms=3, label=f"{s['f']} {name}", zorder=2)
     if any(s["t"] for s in q["series"]):
         ax.set_yscale("log")
-    drawn = shade(ax, data["windows"])
-    ax.set_xlim(0, max(data["end_s"], 1e-3))
-    ax.set_xlabel(f"time since the test started (s), buckets of {q['bucket_s']:g} s")
-    ax.set_ylabel("latency (ms)")
-    ax.set_title("Latency quantiles per f", fontsize=10)
-    ax.grid(alpha=0.3)
-    _legend(ax)
-    return _png(fig), drawn
+    return _time_axes(fig, ax, data, f"time since the test started (s), buckets of {q['bucket_s']:g} s",
+                      "latency (ms)", "Latency quantiles per f")
 
 
 def rate_png(data: Mapping) -> tuple[bytes, list[dict]]:
@@ -134,15 +133,9 @@ def rate_png(data: Mapping) -> tuple[bytes, list[dict]]:
     for s in r["series"]:
         ax.plot(s["t"], s["rate"], TYPE_STYLES.get(s["type"], "-"), color=colors[s["f"]], lw=1.2,
                 label=f"{s['f']} {s['type']}", zorder=2)
-    drawn = shade(ax, data["windows"])
-    ax.set_xlim(0, max(data["end_s"], 1e-3))
     ax.set_ylim(bottom=0)
-    ax.set_xlabel(f"time since the test started (s), buckets of {r['bucket_s']:g} s, at completion")
-    ax.set_ylabel("ops/s")
-    ax.set_title("Throughput per f and outcome", fontsize=10)
-    ax.grid(alpha=0.3)
-    _legend(ax)
-    return _png(fig), drawn
+    return _time_axes(fig, ax, data, f"time since the test started (s), buckets of {r['bucket_s']:g} s, at completion",
+                      "ops/s", "Throughput per f and outcome")
 
 
 def fencing_png(data: Mapping) -> tuple[bytes, list[dict]] | None:
