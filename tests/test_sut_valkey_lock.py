@@ -1,0 +1,227 @@
+"""The Redis-style lock systems (`valkey-lock`, `valkey-lock-fenced`) against a real valkey-server and pouchdb-server."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from lab.client.results import Identity
+from lab.sut.valkey_lock import (
+    FENCE_UNKNOWN,
+    FencedValkeyLockSystem,
+    ValkeyLockSystem,
+    fence_name,
+    lock_name,
+)
+
+
+def ident(target: str = "t1") -> Identity:
+    return Identity("tenant-a", "program-1", "fencelab", target, "actor-1", "lab")
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def wait_gone(system, identity, limit_s: float = 10.0) -> None:
+    """Poll until Valkey has expired the lock (a condition, not a sleep of a guessed length)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + limit_s
+    while loop.time() < end:
+        r = await system.inspect(identity)
+        if r.code == "lease_not_found":
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the lock never expired")
+
+
+def test_lock_is_exclusive_renews_and_releases_with_its_token(valkey):
+    async def go():
+        a = ValkeyLockSystem(valkey.url, service_instance_id="a")
+        b = ValkeyLockSystem(valkey.url, service_instance_id="b")
+        try:
+            r = await a.acquire(ident(), ttl_ms=5000)
+            assert r.ok and r.code == "lease_acquired"
+            lease = r.lease
+            assert lease.fencing_token is None  # valkey-lock hands out no token
+            assert lease.acquired_at_ms is not None and lease.expires_at_ms is not None
+            assert lease.expires_at_ms <= lease.acquired_at_ms + 5000
+            import redis
+
+            raw = redis.Redis.from_url(valkey.url)
+            assert raw.get(lock_name(ident())).decode() == lease.lease_id  # SET NX stored the lease's token
+            assert 0 < raw.pttl(lock_name(ident())) <= 5000
+            other = await b.acquire(ident(), ttl_ms=5000)
+            assert other.outcome == "fail" and other.code == "lease_conflict"
+            ins = await b.inspect(ident())
+            assert ins.ok and ins.lease.lease_id == lease.lease_id
+            # b cannot release or renew a's lock with a lease whose token is not the stored one
+            fake = type(lease)(**{**{f: getattr(lease, f) for f in ("fencing_token", "state", "ttl_ms", "tenant_id",
+                               "program_id", "target_namespace", "target_id", "actor_name", "workflow_name",
+                               "operation_class")}, "lease_id": uuid.uuid4().hex})
+            assert (await b.release(fake)).code == "lease_lost"
+            assert raw.get(lock_name(ident())).decode() == lease.lease_id
+            ren = await a.renew(lease)
+            assert ren.ok and ren.lease.lease_id == lease.lease_id and ren.lease.renewed_at_ms is not None
+            rel = await a.release(ren.lease)
+            assert rel.ok and rel.lease.state == "released"
+            assert raw.get(lock_name(ident())) is None
+            again = await a.renew(lease)
+            assert again.outcome == "fail" and again.code == "lease_lost"
+            raw.close()
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    run(go())
+
+
+def test_fenced_variant_counts_a_token_per_acquisition(valkey):
+    async def go():
+        a = FencedValkeyLockSystem(valkey.url, service_instance_id="a")
+        try:
+            tokens = []
+            for _ in range(3):
+                r = await a.acquire(ident(), ttl_ms=2000)
+                assert r.ok
+                tokens.append(r.lease.fencing_token)
+                assert (await a.release(r.lease)).ok
+            assert tokens == [1, 2, 3]
+        finally:
+            await a.aclose()
+
+    run(go())
+
+
+def test_expired_holder_loses_renew_and_release_to_the_successor(valkey):
+    async def go():
+        a = FencedValkeyLockSystem(valkey.url, service_instance_id="a")
+        b = FencedValkeyLockSystem(valkey.url, service_instance_id="b")
+        try:
+            old = (await a.acquire(ident(), ttl_ms=100)).lease
+            await wait_gone(b, ident())
+            new = await b.acquire(ident(), ttl_ms=5000)
+            assert new.ok and new.lease.fencing_token > old.fencing_token
+            assert (await a.renew(old)).code == "lease_lost"
+            assert (await a.release(old)).code == "lease_lost"
+            assert (await b.inspect(ident())).lease.lease_id == new.lease.lease_id
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    run(go())
+
+
+def test_won_lock_with_unanswered_counter_is_info_not_fail(valkey):
+    """SET NX won but INCR failed: the lock is held, its token unknown: `info`, never `fail`."""
+    import redis
+
+    raw = redis.Redis.from_url(valkey.url)
+    raw.set(fence_name(ident()), "not-a-number")
+    raw.close()
+
+    async def go():
+        a = FencedValkeyLockSystem(valkey.url)
+        try:
+            r = await a.acquire(ident(), ttl_ms=2000)
+            assert r.outcome == "info" and r.code == FENCE_UNKNOWN
+            assert (await a.inspect(ident())).ok  # the lock really was taken
+        finally:
+            await a.aclose()
+
+    run(go())
+
+
+def test_unreachable_valkey_is_a_definite_failure(tmp_path):
+    from lab.stack.process import free_port
+
+    async def go():
+        a = ValkeyLockSystem(f"redis://127.0.0.1:{free_port()}/0", timeout_s=1.0)
+        try:
+            r = await a.acquire(ident(), ttl_ms=1000)
+            assert r.outcome == "fail" and r.code == "connect_error"
+        finally:
+            await a.aclose()
+
+    run(go())
+
+
+def test_errors_after_sending_are_indefinite():
+    """The mapping itself: a read timeout or dropped connection after sending may have run the command."""
+    from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+
+    s = ValkeyLockSystem("redis://127.0.0.1:1/0")
+    try:
+        assert s._error(TimeoutError("Timeout reading from 127.0.0.1:1"), sent=True, op="x").outcome == "info"
+        assert s._error(asyncio.TimeoutError(), sent=True, op="x").outcome == "info"
+        assert s._error(ConnectionError("Connection closed by server."), sent=True, op="x").outcome == "info"
+        assert s._error(ConnectionError("Error 111 connecting to 127.0.0.1:1. refused."), sent=True,
+                        op="x").outcome == "fail"
+        assert s._error(TimeoutError("Timeout connecting to server"), sent=True, op="x").outcome == "fail"
+        assert s._error(BusyLoadingError("LOADING"), sent=True, op="x").outcome == "fail"
+        assert s._error(asyncio.TimeoutError(), sent=False, op="x").outcome == "fail"
+    finally:
+        run(s.aclose())
+
+
+def test_retries_are_off():
+    """redis-py's default would re-send a timed-out command: the systems' clients never retry."""
+    s = ValkeyLockSystem("redis://127.0.0.1:1/0")
+    try:
+        retry = s.redis.connection_pool.connection_kwargs.get("retry") or s.redis.get_retry()
+        assert retry is not None and retry.get_retries() == 0
+        assert not s.redis.connection_pool.connection_kwargs.get("retry_on_timeout")
+    finally:
+        run(s.aclose())
+
+
+def test_valkey_lock_refuses_fenced_commits():
+    with pytest.raises(ValueError, match="no fencing token"):
+        ValkeyLockSystem("redis://127.0.0.1:1/0", commit_mode="fenced")
+
+
+def kleppmann(valkey, store, system_cls, mode: str, db_suffix: str):
+    """A holds the lock, stalls past its TTL; B acquires and writes; A wakes and writes on belief."""
+    async def go():
+        a = system_cls(valkey.url, store.url, service_instance_id="a", commit_mode=mode)
+        b = system_cls(valkey.url, store.url, service_instance_id="b", commit_mode=mode)
+        doc = f"doc-{db_suffix}-{uuid.uuid4().hex[:8]}"
+        try:
+            old = (await a.acquire(ident(doc), ttl_ms=100)).lease
+            first = await a.commit(old, doc, {"append": ["a", old.fencing_token, 1]})
+            assert first.ok
+            await wait_gone(b, ident(doc))  # A's "GC pause": its lock runs out
+            new = (await b.acquire(ident(doc), ttl_ms=5000)).lease
+            assert (await b.commit(new, doc, {"append": ["b", new.fencing_token, 1]})).ok
+            stale = await a.commit(old, doc, {"append": ["a", old.fencing_token, 2]})
+            db = first.data["commit"]["db"]
+            from lab.couch import CouchClient
+
+            async with CouchClient(store.url) as couch:
+                d = await couch.get(db, doc)
+            return stale, d["entries"]
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    return run(go())
+
+
+def test_unfenced_write_of_an_expired_holder_lands_after_the_successors(valkey, store):
+    stale, entries = kleppmann(valkey, store, ValkeyLockSystem, "unfenced", "u")
+    assert stale.ok  # nothing stops it: the store accepts the stale holder's write
+    assert [e[0] for e in entries] == ["a", "b", "a"]
+
+
+def test_fenced_write_of_an_expired_holder_is_refused_by_the_store(valkey, store):
+    stale, entries = kleppmann(valkey, store, FencedValkeyLockSystem, "fenced", "f")
+    assert stale.outcome == "fail" and stale.code == "stale_token"
+    assert [e[0] for e in entries] == ["a", "b"]
+
+
+def test_fenced_lock_can_also_write_unfenced(valkey, store):
+    stale, entries = kleppmann(valkey, store, FencedValkeyLockSystem, "unfenced", "fu")
+    assert stale.ok and [e[0] for e in entries] == ["a", "b", "a"]
+    assert entries[-1][1] < entries[-2][1]  # the stale write carries the lower token, the store did not check
