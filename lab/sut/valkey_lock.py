@@ -359,14 +359,52 @@ def _timeout_types() -> tuple[type, ...]:
 # -- factories for the registry ----------------------------------------------------------------------------------
 
 def _urls(test: Any, node: str) -> tuple[str, str | None]:
-    """The Valkey URL a worker talks to (`node` when it is one, else the stack's) and the store's URL."""
+    """The Valkey URL a worker talks to (`node`, its client group's proxy) and the store its group writes to."""
     valkey = node if isinstance(node, str) and node.startswith(("redis://", "rediss://", "unix://")) else test.valkey
     if not valkey:
         from lab.sut.protocol import SutError
 
         raise SutError("valkey-lock needs a Valkey URL (redis://host:port/0): run it on a lab stack")
-    store = test.live.get("store_url") or test.store
-    return valkey, store
+    from lab.sut.processes import store_url_for
+
+    return valkey, store_url_for(test, node)
+
+
+def valkey_persistence(test: Any) -> str:
+    """`test.extra["valkey_persistence"]`, else what the run's nemeses ask of Valkey (kill: always), else none."""
+    chosen = (getattr(test, "extra", None) or {}).get("valkey_persistence")
+    if chosen:
+        return str(chosen)
+    from nemesis.registry import stack_options
+
+    return stack_options(getattr(test, "nemesis", None) or []).get("persistence", "none")
+
+
+def valkey_processes(test: Any):
+    """The one process these systems bring: a lab-owned valkey-server, dialled by every client group."""
+    from lab.sut.processes import CLIENTS, LinkSpec, ProcessSpec, SystemProcesses
+
+    persistence = valkey_persistence(test)
+
+    def make(placement):
+        from lab.stack.valkey import ValkeyProcess
+
+        return ValkeyProcess(placement.root, name="valkey", port=placement.port("valkey"), persistence=persistence,
+                             env=placement.env("valkey"))
+
+    def installed():
+        from lab import paths
+
+        paths.valkey_server()
+
+    return SystemProcesses(system=test.sut_name(), processes=(ProcessSpec("valkey", make=make, ports=("client",)),),
+                           links=(LinkSpec(CLIENTS, "valkey", "client"),), client_url=lambda a: f"redis://{a}/0",
+                           install="run `make install`", check_installed=installed)
+
+
+NOT_CLAIMED = {"idempotency": "redis-py's Lock never sees a request id: retries by request id are not a feature it "
+                              "claims"}
+NOT_CLAIMED_UNFENCED = {**NOT_CLAIMED, "fencing": "valkey-lock hands out no fencing token"}
 
 
 def commit_mode_of(test: Any, default: str) -> str:

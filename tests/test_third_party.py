@@ -1,0 +1,76 @@
+"""Third-party lease systems: the token-free stale-write checker, and Kleppmann's argument reproduced on Valkey.
+
+The live runs are short versions of campaigns/third-party.toml (docs/third-party.md): unfenced commits
+under client pause are judged invalid, with the stale commit in the counterexample, on at least 4 of 5 seeds;
+fenced commits are valid on every seed.
+"""
+
+from __future__ import annotations
+
+from test_checker_core import LeaseHistory, kinds
+
+from checkers.stale_write import StaleWriteChecker
+
+
+def read(h: LeaseHistory, entries, doc="d"):
+    """A final read of a token-less document (LeaseHistory.read takes the max token)."""
+    return h.call(9, "read", {"doc": doc}, {"doc": doc, "entries": entries, "token": None})
+
+
+def judge(ops):
+    return StaleWriteChecker().check({}, ops, {})
+
+
+def kleppmann_history(stale_lands_last: bool = True) -> tuple[LeaseHistory, dict]:
+    """A holds the lock (no token), pauses, B acquires and writes, A's write lands after B's."""
+    h = LeaseHistory()
+    h.acquire(0, "A", None, at=0, ttl=100)
+    _, a1 = h.commit(0, "A", None, [0, None, 1], rev="1-x")
+    a_inv = h.invoke(0, "commit", {"request_id": "ra", "lease_id": "A", "doc": "d", "entry": [0, None, 2]})
+    _, b_acq = h.acquire(1, "B", None, at=200, ttl=1000)
+    b0, b1 = h.commit(1, "B", None, [1, None, 1], rev="2-y")
+    entries = [[0, None, 1], [1, None, 1]]
+    a_done = h.complete("ok", 0, "commit", {"doc": "d", "rev": "3-z" if stale_lands_last else None,
+                                             "accepted_token": None})
+    if stale_lands_last:
+        entries.append([0, None, 2])
+    _, read_i = read(h, entries)
+    return h, {"a_inv": a_inv, "a_done": a_done, "b_acq": b_acq, "b_commit": b1, "read": read_i}
+
+
+def test_stale_write_after_the_successors_is_caught_without_tokens():
+    h, ix = kleppmann_history()
+    res = judge(h.ops)
+    assert res["valid"] is False
+    assert set(kinds(res)) == {"stale-write"}
+    orders = {v["order"] for v in res["violations"]}
+    assert orders == {"final-read", "rev"}
+    v = next(v for v in res["violations"] if v["order"] == "final-read")
+    assert v["lease"] == "A" and v["successor"] == "B" and v["stale_commit"] == ix["a_done"]
+    assert {ix["b_acq"], ix["b_commit"], ix["a_inv"], ix["a_done"], ix["read"]} <= set(v["ops"])
+
+
+def test_writes_in_holder_order_are_valid():
+    h, _ = kleppmann_history(stale_lands_last=False)
+    res = judge(h.ops)
+    assert res["valid"] is True and res["keys_with_ordered_holders"] == 1
+
+
+def test_overlapping_acquisitions_are_not_ordered():
+    """A's acquisition spans B's (no real-time order between them): nothing can be judged stale."""
+    h = LeaseHistory()
+    h.invoke(0, "acquire", {"request_id": "r0", "ttl_ms": 100})
+    _, _ = h.acquire(1, "B", None, at=5)
+    h.complete("ok", 0, "acquire", h.lease("A", None, 0))
+    h.commit(1, "B", None, [1, None, 1], rev="1-a")
+    h.commit(0, "A", None, [0, None, 1], rev="2-b")
+    read(h, [[1, None, 1], [0, None, 1]])
+    res = judge(h.ops)
+    assert res["valid"] == "unknown" and "ordered" in res["reason"]
+
+
+def test_no_commit_is_unknown_not_valid():
+    h = LeaseHistory()
+    h.acquire(0, "A", None, at=0)
+    res = judge(h.ops)
+    assert res["valid"] == "unknown" and res["reason"]
