@@ -8,9 +8,19 @@ addresses and credentials, and what the run produced. What can never be saved
 from __future__ import annotations
 
 import copy
+import re
+import secrets
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+
+RUN_SALT = re.compile(r"[0-9A-Za-z]{1,32}")
+
+
+def new_run_salt() -> str:
+    """A fresh per-run salt (8 hex digits): seeded ids stay reproducible, yet differ from every other run's."""
+    return secrets.token_hex(4)
 
 
 @dataclass
@@ -26,6 +36,9 @@ class Test:
     rate: float = 50.0
     keys: int = 3
     seed: int = 0
+    # makes this run's request ids and service instances its own: a second run with the same seed against the
+    # same server must not be answered from the first run's idempotency records (new_run_salt; "" = unsalted)
+    run_salt: str = ""
     ttl_ms: int = 2000
     nemesis: list[str] = field(default_factory=list)
     nemesis_interval: float = 5.0
