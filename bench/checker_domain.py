@@ -133,6 +133,8 @@ def worker(rng: random.Random, keys: list[str], weights: list[float], ids: itert
             yield ("sleep", rng.uniform(1, 20))
             continue
         lease = res[1]
+        if rng.random() < 0.01:  # replay the answered request (its answer taken as lost): same lease (C17)
+            yield ("acquire", key, value)
         if rng.random() < 0.001:  # reuse the request_id with a changed body: idempotency_conflict
             yield ("acquire", key, {**value, "ttl_ms": 3000})
         held = {"lease_id": lease["lease_id"], "fencing_token": lease["fencing_token"], "deadline_ms": DEADLINE_MS}

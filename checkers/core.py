@@ -50,6 +50,8 @@ __all__ = [
     "nemesis_phase",
     "backend_clock_moves",
     "backend_rules_note",
+    "clock_segments",
+    "segment_of",
     "nemesis_ops",
     "nemesis_windows",
     "op_lease_id",
@@ -57,6 +59,7 @@ __all__ = [
     "pair_ops",
     "request_key",
     "safe_check",
+    "sent",
 ]
 
 Valid = bool | str  # True, False or "unknown"
@@ -105,7 +108,10 @@ class Compose:
         self.checkers = dict(checkers)
 
     def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
-        """Run every checker safely (sharing one analysis of the history), time each, merge their validity."""
+        """Run every checker safely (sharing one analysis of the history), time each, merge their validity.
+
+        A history with no client operation at all is "unknown" whatever the checkers say (nothing was tested).
+        """
         results, timings = {}, {}
         with analysis(history):
             for name, c in self.checkers.items():
@@ -113,7 +119,10 @@ class Compose:
                 results[name] = safe_check(c, test, history, opts)
                 timings[name] = round(_time.perf_counter() - t0, 6)
         valid = merge_valid(r.get("valid") for r in results.values())
-        return {"valid": valid, "results": results, "elapsed_s": timings}
+        out = {"valid": valid, "results": results, "elapsed_s": timings}
+        if valid is True and not any(op.get("process") != NEMESIS for op in history):
+            out["valid"], out["reason"] = "unknown", "empty history: no client operation"
+        return out
 
 
 def compose(checkers: Mapping[str, Checker]) -> Compose:
@@ -363,6 +372,33 @@ def backend_clock_moves(history: list[dict]) -> list[int]:
     return moved
 
 
+def clock_segments(history: list[dict]) -> list[int]:
+    """Monotonic times of every nemesis op of the clock fault, sorted: the borders of the stretches of a run
+    within which backend times stay comparable (the clock moves only while such an op is under way)."""
+    bounds = []
+    for op in history:
+        if op.get("process") != NEMESIS:
+            continue
+        v = op.get("value")
+        if "clock" in str(op.get("f")) or (isinstance(v, dict) and v.get("fault") == "clock"):
+            bounds.append(op.get("time", 0))
+    return sorted(bounds)
+
+
+def segment_of(pairs: Iterable[Pair], bounds: list[int]) -> int | None:
+    """The stretch between two clock borders (an index) that every one of `pairs` lies in, with no border
+    inside any of them; None when they straddle a border, or one never completed."""
+    seg = None
+    for p in pairs:
+        if p.t1 is None:
+            return None
+        a, b = bisect.bisect_right(bounds, p.t0), bisect.bisect_left(bounds, p.t1)
+        if a != b or (seg is not None and seg != a):
+            return None
+        seg = a
+    return seg
+
+
 def backend_rules_note(moved: list[int]) -> str:
     """The result field that says why backend-time rules were skipped."""
     return (f"skipped: the nemesis moved Valkey's clock (ops {moved[:5]}{' ...' if len(moved) > 5 else ''}), "
@@ -437,11 +473,29 @@ class Lease:
         return self.acquires[0]
 
 
+def sent(p: Pair) -> dict | None:
+    """What the client put on the wire for this op (`value.sent` of its completion), or None when not recorded.
+
+    docs/history-format.md: every completion of acquire / renew / release / commit carries it; a
+    completion without it either sent nothing (`not_held`) or comes from a run that predates it.
+    """
+    r = p.result
+    s = r.get("sent") if isinstance(r, dict) else None
+    return s if isinstance(s, dict) else None
+
+
 def op_lease_id(p: Pair) -> Any:
-    """The lease an op is about: the invocation's lease_id, or for acquire the one it returned."""
+    """The lease an op is about: the one the invocation or the client's `sent` names, else the one it returned.
+
+    For renew / release / commit what was sent is what the op is about: a reply naming another lease
+    is the server acting on a lease the client did not name.
+    """
     v = p.inv.get("value")
     if isinstance(v, dict) and v.get("lease_id") is not None:
         return v["lease_id"]
+    s = sent(p)
+    if s is not None and s.get("lease_id") is not None:
+        return s["lease_id"]
     r = p.result
     return r.get("lease_id") if isinstance(r, dict) else None
 
@@ -526,11 +580,16 @@ class Violations:
     def __len__(self) -> int:
         return sum(self.counts.values())
 
-    def result(self, **extra: Any) -> dict:
-        """The checker result: valid iff no violation, the (capped) list, and counts by kind."""
+    def result(self, *, unjudged: str | None = None, **extra: Any) -> dict:
+        """The checker result: valid iff no violation, the (capped) list, and counts by kind.
+
+        `unjudged` is the reason the checker had nothing to judge (no successful acquisition, no
+        commit, ...): with no violation the verdict is then "unknown" with that reason, never a vacuous true.
+        """
         n = len(self)
+        extra = {**extra, "reason": unjudged} if unjudged and n == 0 else extra
         return {
-            "valid": n == 0,
+            "valid": False if n else ("unknown" if unjudged else True),
             "violation_count": n,
             "violation_counts": dict(self.counts),
             "violations": self.items,

@@ -8,7 +8,8 @@ Every completion (ok, fail or info) must come at most `slack_ms` after the
 deadline (`deadline-exceeded`); an invocation that never completed although the
 history runs past its deadline plus slack is a `no-completion` violation.
 Ops without a deadline are counted (`no_deadline`); with `require_deadline=True`
-each one is a `missing-deadline` violation.
+each one is a `missing-deadline` violation. With no op carrying a deadline it
+can place the checker has nothing to judge: "unknown" with the reason.
 
 `availability` is informational: per f and per nemesis window, the success rate
 (ok / all invocations, info and never-completed included) and latency quantiles
@@ -16,7 +17,9 @@ each one is a `missing-deadline` violation.
 `checkers.core.nemesis_windows` (value `{"phase": "start"|"end"}` or
 `start-<fault>` / `stop-<fault>` f names); an op belongs to every window its
 invocation falls in, and to `outside` when it falls in none. It is valid unless a
-configured `min_success_rate` (a float for all ops, or {f: float}) is not met.
+configured `min_success_rate` (a float for all ops, or {f: float}) is not met;
+with no operation, or none that succeeded (a wrong URL, a wrong key), it is
+"unknown" with the reason: a run that exercised nothing passes nothing.
 """
 
 from __future__ import annotations
@@ -74,8 +77,13 @@ class DeadlinesChecker:
             else:
                 v.add("deadline-exceeded", p.indices, f"{p.f} by process {p.process} completed ({p.type}) "
                       f"{over / 1e6:.1f} ms after its deadline", f=p.f, overrun_ms=over / 1e6)
+        unjudged = None
+        if not checked:
+            unjudged = ("no operations" if not no_deadline and not unanchored else
+                        "no operation carries a deadline the checker can place (deadline_ms, or deadline_at_ms "
+                        "with the test's start_unix_ms)")
         return v.result(slack_ms=self.slack_ms, checked=checked, no_deadline=no_deadline,
-                        unanchored=unanchored, max_overrun_ms=worst / 1e6)
+                        unanchored=unanchored, max_overrun_ms=worst / 1e6, unjudged=unjudged)
 
 
 def _has_absolute(p: Pair) -> bool:
@@ -127,7 +135,12 @@ class AvailabilityChecker:
         overall = _stats(cols, everything)
         v = Violations()
         self._check_minimum(overall, pairs, v)
-        return v.result(overall=overall, windows=per_window, outside=_stats(cols, outside))
+        unjudged = None
+        if not pairs:
+            unjudged = "no operations"
+        elif not overall["ok"]:
+            unjudged = "every operation failed" if overall["fail"] == len(pairs) else "no operation succeeded"
+        return v.result(overall=overall, windows=per_window, outside=_stats(cols, outside), unjudged=unjudged)
 
     def _check_minimum(self, overall: dict, pairs: list[Pair], v: Violations) -> None:
         """Report each success rate below its configured minimum."""

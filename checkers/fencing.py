@@ -12,6 +12,9 @@ reported (contract C5, C11, verification row 4):
   max over completed acquisitions: O(n log n).
 - `token-order-backend`: acquired_at_ms(A) < acquired_at_ms(B) yet token(A) >= token(B).
   Leases acquired in the same millisecond are not ordered against each other.
+
+With no key acquired (ok) twice there is nothing to compare: the verdict is
+"unknown" with the reason.
 """
 
 from __future__ import annotations
@@ -48,7 +51,20 @@ class FencingChecker:
             _check_realtime(key, ls, first_invoke, v)
             if not moved:
                 _check_backend(key, ls, v)
-        return v.result(keys=len(by_key), leases=len(leases), backend_time_rules=backend_rules_note(moved))
+        compared = sum(1 for ls in by_key.values() if len(ls) > 1)
+        return v.result(keys=len(by_key), leases=len(leases), keys_compared=compared,
+                        backend_time_rules=backend_rules_note(moved), unjudged=_unjudged(leases, compared))
+
+
+def _unjudged(leases: dict[Any, Lease], compared: int) -> str | None:
+    """Why the history gives the token rules nothing to compare (None when it does)."""
+    if not leases:
+        return "no successful acquisition"
+    if not any(lease.token is not None for lease in leases.values()):
+        return "no acquisition reported a fencing token"
+    if not compared:
+        return "no key was acquired twice: token order has nothing to compare"
+    return None
 
 
 def _check_unique(key: Any, leases: list[Lease], v: Violations) -> None:

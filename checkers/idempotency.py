@@ -18,7 +18,15 @@ commits (C17, C18). Violations, each naming the ops:
   carried a different body.
 
 Codes that say nothing about the idempotency record (timeouts, unavailability,
-rate limits, auth, validation: `NOT_RESULTS`) and info ops never violate.
+rate limits, auth, validation: `NOT_RESULTS`) and info ops never violate, nor
+does an attempt that sent nothing (`NOTHING_SENT`: the client could not
+connect, or held no lease; in a history that records what was sent, a
+completion without `value.sent`): it is not a replay, the server never saw it.
+
+The checker judges a request_id when it was retried after an answer (two ok
+attempts, or a definite answer from the server after an ok), or when a server
+answered `idempotency_conflict`. With no such request_id the verdict is
+"unknown" with the reason: the rules need retries of answered requests.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import json
 from collections import defaultdict
 from typing import Mapping
 
-from checkers.core import Pair, Violations, analyzed, error_code, pair_ops
+from checkers.core import Pair, Violations, analyzed, error_code, pair_ops, sent
 
 __all__ = ["IdempotencyChecker"]
 
@@ -37,6 +45,9 @@ NOT_RESULTS = frozenset((
     "timeout", "outcome_unknown", "lease_outcome_unknown", "backend_unavailable", "lease_backend_unavailable",
     "deadline_exceeded", "lease_rate_limited", "invalid_credential", "access_denied", "invalid_lease_request",
 ))
+# Codes the client assigns when nothing reached the server (lab.client.results.CONNECT_ERROR; the workloads'
+# `not_held`): the server never saw such an attempt, so it is no replay.
+NOTHING_SENT = frozenset(("connect_error", "not_held"))
 
 
 class IdempotencyChecker:
@@ -56,14 +67,30 @@ class IdempotencyChecker:
                 if rid is not None:
                     groups[(p.f, p.key, rid)].append(p)
         v = Violations(self.max_violations)
-        retried = 0
+        records_sent = any(sent(p) is not None for ops in groups.values() for p in ops)
+        retried = judged = 0
         for gkey, ops in groups.items():
+            ops = [p for p in ops if not _nothing_sent(p, records_sent)]
             if len(ops) > 1:
                 retried += 1
-                _check_group(gkey, ops, v)
-            elif ops[0].type == "fail" and error_code(ops[0].comp) == CONFLICT:
+                judged += _check_group(gkey, ops, v)
+            elif ops and ops[0].type == "fail" and error_code(ops[0].comp) == CONFLICT:
+                judged += 1
                 _false_conflict(gkey, ops[0], v)
-        return v.result(request_ids=len(groups), retried=retried)
+        unjudged = None
+        if not groups:
+            unjudged = "no operation carries a request_id"
+        elif not judged:
+            unjudged = ("no request_id was retried after an answer: the rules need a retry (same request_id, same "
+                        "or changed body) of a request that was answered, or an idempotency_conflict")
+        return v.result(request_ids=len(groups), retried=retried, judged=judged, unjudged=unjudged)
+
+
+def _nothing_sent(p: Pair, records_sent: bool) -> bool:
+    """A definite failure that never reached the server: not an attempt of its request_id at all."""
+    if p.type != "fail":
+        return False
+    return error_code(p.comp) in NOTHING_SENT or (records_sent and sent(p) is None)
 
 
 def _body(p: Pair) -> str:
@@ -88,11 +115,12 @@ def _false_conflict(gkey: tuple, p: Pair, v: Violations) -> None:
           f"with this request_id carried another body", key=key, request_id=rid)
 
 
-def _check_group(gkey: tuple, ops: list[Pair], v: Violations) -> None:
-    """All rules for the ops sharing one idempotency key (in invocation order)."""
+def _check_group(gkey: tuple, ops: list[Pair], v: Violations) -> bool:
+    """All rules for the ops sharing one idempotency key (in invocation order); whether any rule had a subject."""
     f, key, rid = gkey
     bodies = [_body(p) for p in ops]
     oks = [(p, b) for p, b in zip(ops, bodies) if p.type == "ok"]
+    judged = len(oks) > 1
     for (a, ba), (b, bb) in zip(oks, oks[1:]):
         if ba != bb:
             v.add("changed-body-accepted", [a.i0, a.i1, b.i0, b.i1], f"{f} {rid!r} on key {key!r}: "
@@ -109,17 +137,21 @@ def _check_group(gkey: tuple, ops: list[Pair], v: Violations) -> None:
         if p.type != "fail":
             continue
         code = error_code(p.comp)
-        if code == CONFLICT and len(distinct) == 1:
-            _false_conflict(gkey, p, v)
-            continue
+        if code == CONFLICT:
+            judged = True
+            if len(distinct) == 1:
+                _false_conflict(gkey, p, v)
+                continue
         if code in NOT_RESULTS:
             continue
         before = next((o for o, _ in oks if o.t1 < p.t0), None)
         if before is None:
             continue
+        judged = True
         if _body(before) == b:
             v.add("replay-not-idempotent", [before.i1, p.i0, p.i1], f"{f} {rid!r} on key {key!r}: retry failed "
                   f"with {code} after the original succeeded", key=key, request_id=rid, code=code)
         elif code != CONFLICT:
             v.add("changed-body-not-conflict", [before.i1, p.i0, p.i1], f"{f} {rid!r} on key {key!r}: changed "
                   f"body got {code}, not {CONFLICT}", key=key, request_id=rid, code=code)
+    return judged

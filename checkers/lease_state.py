@@ -14,7 +14,8 @@ C12, C13, C15, verification rows 6-7). Violations, each naming the ops:
   times are in ms, so a renew in the release's own millisecond may have come first.
 - `token-changed`: an ok renew / release / force-release / revoke (or an acquire
   replay) reports a token other than the lease's acquire token; `lease-mismatch`:
-  an ok op on lease L returns another lease_id.
+  an ok op on lease L (named by the invocation or by what the client sent,
+  `value.sent`) returns another lease_id (C12, C13: the exact lease or nothing).
 - `stale-op-succeeded`: a renew / release / force-release / revoke of lease L
   succeeded although a lease with a higher token on the same key had already
   been acquired: its acquire ok completed before the op was invoked, or (renew)
@@ -22,6 +23,11 @@ C12, C13, C15, verification rows 6-7). Violations, each naming the ops:
 
 An op whose request_id was first invoked before the event that makes it stale
 is an idempotent replay of an earlier attempt and is exempt from the time rules.
+The lease an op is about is the one the client sent (`value.sent.lease_id`)
+when the history records it, so a stale holder's renew or release that wrongly
+succeeds on the successor is `lease-mismatch` and `stale-op-succeeded`, not an
+op on the successor. With nothing but first acquisitions succeeding there is
+nothing to judge: "unknown" with the reason.
 """
 
 from __future__ import annotations
@@ -55,14 +61,18 @@ class LeaseStateChecker:
         if moved:
             backend = {}
         v = Violations(self.max_violations)
-        checked = 0
+        checked = judged = 0
         for p in pairs:
             if p.type != "ok" or p.f not in LEASE_OPS and p.f not in ("acquire", "inspect"):
                 continue
-            lease = leases.get(op_lease_id(p))
+            named = op_lease_id(p)
+            if p.f != "acquire":
+                _check_named(p, named, v)
+            lease = leases.get(named)
             if lease is None:
                 continue
             checked += 1
+            judged += p.f != "acquire" or p is not lease.first
             started = first.get(request_key(p), p.t0)
             if p.f == "inspect":
                 _check_inspect(p, lease, v)
@@ -75,7 +85,13 @@ class LeaseStateChecker:
             _check_stale(p, lease, started, realtime.get(lease.key), backend.get(lease.key), v)
         for lease in leases.values() if not moved else ():
             _check_renew_times(lease, v)
-        return v.result(leases=len(leases), ops_checked=checked, backend_time_rules=backend_rules_note(moved))
+        unjudged = None
+        if not leases:
+            unjudged = "no successful acquisition"
+        elif not judged:
+            unjudged = "no renew, release, revoke, inspect or acquire replay of an acquired lease succeeded"
+        return v.result(leases=len(leases), ops_checked=checked, ops_judged=judged,
+                        backend_time_rules=backend_rules_note(moved), unjudged=unjudged)
 
 
 def _res(p: Pair, field: str) -> Any:
@@ -94,12 +110,17 @@ def _successors(leases: dict[Any, Lease]) -> tuple[dict, dict]:
     return ({k: PrefixMax(v) for k, v in realtime.items()}, {k: PrefixMax(v) for k, v in backend.items()})
 
 
+def _check_named(p: Pair, named: Any, v: Violations) -> None:
+    """An ok op on the lease the client named (invocation, or `sent`) reports that lease, not another (C12, C13)."""
+    lid = _res(p, "lease_id")
+    if lid is not None and named is not None and lid != named:
+        v.add("lease-mismatch", [p.i0, p.i1], f"{p.f} sent for lease {named!r} succeeded on lease {lid!r}",
+              key=p.key, lease=named, returned_lease=lid)
+
+
 def _check_identity(p: Pair, lease: Lease, v: Violations) -> None:
-    """The result names the same lease, with the token it was acquired with."""
-    lid, tok = _res(p, "lease_id"), _res(p, "fencing_token")
-    if lid is not None and lid != lease.lease_id:
-        v.add("lease-mismatch", [lease.first.i1, p.i0, p.i1],
-              f"{p.f} of lease {lease.lease_id!r} returned lease {lid!r}", key=p.key, lease=lease.lease_id)
+    """The result carries the token the lease was acquired with (its id is `_check_named`'s)."""
+    tok = _res(p, "fencing_token")
     if tok is not None and tok != lease.token:
         v.add("token-changed", [lease.first.i1, p.i0, p.i1],
               f"{p.f} of lease {lease.lease_id!r} returned token {tok}, acquired with {lease.token}",

@@ -60,10 +60,13 @@ Models (`MODELS`, `get_model(name)`):
   (`expires_at_ms <= acquired_at_ms`), and its token exceeds every earlier
   one; `renew` needs the current active lease unexpired at `renewed_at_ms`;
   `release` / `force-release` / `revoke` need the current active lease;
-  `inspect` must report the current active lease (`null` is always accepted:
-  it carries no time); `commit` needs the current active lease unexpired at
+  `inspect` must report the current lease in its state (active, or its
+  terminal record: released, revoked, expired; by lease_id also a superseded
+  lease's terminal record; `null` is always accepted: it carries no time); `commit` needs the current active lease unexpired at
   `validated_at_ms` and a token not below the high-water mark; the final
-  `read`'s `token` must be the high-water mark. Retries with the same
+  `read`'s `token` must be the high-water mark. An ok renew, release or
+  commit whose reply names another lease or token than the client sent
+  (`value.sent`) is never legal. Retries with the same
   `request_id` are one operation, and a lease only an unanswered acquire can
   have granted is accepted when first seen (rules L1, L2 in `prepare_lease`).
 - `kv`: Porcupine's key-value model: per-key string state, `get` (ok value the
@@ -500,7 +503,8 @@ KV = Model(
 # State: (lease_id, token, expires_at_ms, status, max_token, commit_high_water)
 #   lease_id   None (never granted), the current lease's id, or PENDING: granted by
 #              an acquire whose response was lost, id and token not yet known
-#   status     None, "active", "released" or "revoked"
+#   status     None, "active", "released", "revoked", or "expired" (only once an inspect reported it
+#              expired: expiry is otherwise judged with the ops' own backend times)
 #   expires_at None when unknown (an unanswered renew may have moved it). For a
 #              PENDING lease it is a lower bound: the expiry of the lease that
 #              was live when the unseen grant happened (that grant needed it over).
@@ -512,7 +516,9 @@ KV = Model(
 # linearization (C20: one authoritative backend clock).
 
 PENDING = "<pending>"
-_ACTIVE, _RELEASED, _REVOKED = "active", "released", "revoked"
+_ACTIVE, _RELEASED, _REVOKED, _EXPIRED = "active", "released", "revoked", "expired"
+# the record states inspect may report (C6's `state`), and the model status each one needs
+_INSPECT_STATES = {_ACTIVE: _ACTIVE, _RELEASED: _RELEASED, _REVOKED: _REVOKED, _EXPIRED: _EXPIRED}
 _LEASE_REF_OPS = ("renew", "release", "force-release", "revoke", "commit")
 _ORPHAN = "__orphan__"  # set by prepare_lease on ops that refer to a lease no answered acquire returned
 
@@ -563,9 +569,32 @@ def _bind(s: tuple, ref: _LeaseRef, orphan: bool) -> tuple | None:
     return None
 
 
+def _sent_mismatch(f: str, out: Output) -> bool:
+    """An ok renew / release / commit whose reply names another lease or token than the client sent.
+
+    `value.sent` (docs/history-format.md) is what went on the wire; C12, C13 and C25 act on that exact
+    lease or not at all, so such an op cannot be linearized anywhere.
+    """
+    v = out.value
+    if out.type != "ok" or not isinstance(v, dict) or not isinstance(v.get("sent"), dict):
+        return False
+    sent = v["sent"]
+    pairs = [("lease_id", "lease_id"), ("fencing_token", "fencing_token")]
+    if f == "commit":
+        pairs.append(("fencing_token", "accepted_token"))
+    return any(sent.get(a) is not None and v.get(b) is not None and sent[a] != v[b] for a, b in pairs)
+
+
+def _never(_state: Any) -> Any:
+    """The step of an op that no state explains."""
+    return ILLEGAL
+
+
 def _lease_compile(inp: Input, out: Output) -> Callable[[Any], Any] | None:
     """Compile one lease op (the `_lease_*` builders below say what each one checks)."""
     f, ok = inp.f, out.type == "ok"
+    if f in _LEASE_REF_OPS and _sent_mismatch(f, out):
+        return _never
     if f == "acquire":
         return _lease_acquire(inp, out) if ok else _lease_acquire_info
     if f == "renew":
@@ -665,7 +694,20 @@ def _lease_end(inp: Input, out: Output, to: str) -> Callable[[Any], Any]:
 
 
 def _lease_inspect(inp: Input, out: Output) -> Callable[[Any], Any] | None:
-    """inspect: a reported lease must be the current active one; `null` is always possible.
+    """inspect: the record reported must be what the lease is at that point, terminal states included.
+
+    The contract keeps a lease's terminal record (section 3: "terminal evidence
+    kept") and inspect returns the record with its `state`:
+
+    - `active` (or no `state`): the current lease, active.
+    - `released` / `revoked`: the current lease, ended that way (force-release
+      ends a lease as released).
+    - `expired`: the current lease, not ended; expiry is judged by backend time
+      the op does not carry, so it is believed, and from then on the lease is
+      expired for every op (C10): no renew, release or commit of it succeeds.
+    - an inspect by `lease_id` may also report a superseded lease, whose record
+      is then terminal (one lease per identity is ever active) and whose token
+      was allocated before.
 
     `null` carries no backend time, so the model cannot tell an expired lease
     from a live one and accepts it (the op is dropped).
@@ -674,11 +716,24 @@ def _lease_inspect(inp: Input, out: Output) -> Callable[[Any], Any] | None:
     if r is None:
         return None
     ref = _LeaseRef(_field(inp, r, "lease_id"), _field(inp, r, "fencing_token"))
+    reported = r.get("state") if isinstance(r, dict) else None
+    reported = _ACTIVE if reported is None else reported
+    if reported not in _INSPECT_STATES:
+        raise _bad("lease", inp, f"inspect state must be one of {', '.join(_INSPECT_STATES)}, got {reported!r}")
     orphan = _is_orphan(inp)
+    by_id = isinstance(inp.value, dict) and inp.value.get("lease_id") is not None
+    ended = _INSPECT_STATES[reported]
 
     def step(s: tuple) -> Any:
         b = _bind(s, ref, orphan)
-        return b if b is not None and b[3] == _ACTIVE else ILLEGAL
+        if b is None:  # not the current lease: only an inspect by id may see a superseded lease's terminal record
+            mx = s[4]
+            ok = by_id and reported != _ACTIVE and s[0] != ref.lease_id and mx is not None and ref.token <= mx
+            return s if ok else ILLEGAL
+        lid, tok, exp, st, mx, hw = b
+        if reported == _EXPIRED:
+            return (lid, tok, exp, _EXPIRED, mx, hw) if st in (_ACTIVE, _EXPIRED) else ILLEGAL
+        return b if st == ended else ILLEGAL
 
     return step
 
@@ -719,8 +774,11 @@ def _lease_read(inp: Input, out: Output) -> Callable[[Any], Any] | None:
 
 
 def _lease_read_only(inp: Input, out: Output) -> bool:
-    """read and (non-binding) inspect never change the state when legal."""
-    return inp.f == "read" or (inp.f == "inspect" and not _is_orphan(inp))
+    """read and (non-binding) inspect never change the state when legal (an inspect reporting expiry does)."""
+    if inp.f == "read":
+        return True
+    reported = out.value.get("state") if isinstance(out.value, dict) else None
+    return inp.f == "inspect" and not _is_orphan(inp) and reported != _EXPIRED
 
 
 def prepare_lease(ops: list) -> list:

@@ -27,7 +27,11 @@ another lease's belief is open counts once, against the open belief lasting
 longest; these are the windows that fencing had to cover, with the commits the
 older holder issued inside them.
 
-Per key the check sorts leases and sweeps with heaps: O(n log n).
+Per key the check sorts leases and sweeps with heaps: O(n log n). When the
+nemesis moved Valkey's clock, backend times are comparable only between two
+moves: the sweep runs per key and per such stretch, over the leases whose timed
+ops (acquires, grants, ended releases) all lie in it. With no key holding two
+comparable leases the rule has nothing to judge: "unknown" with the reason.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, Violations, analyzed, error_code, lease_index, op_lease_id, pair_ops
-from checkers.core import backend_clock_moves, backend_rules_note
+from checkers.core import backend_clock_moves, backend_rules_note, clock_segments, segment_of
 
 __all__ = ["MutualExclusionChecker"]
 
@@ -64,11 +68,45 @@ class MutualExclusionChecker:
             by_key[lease.key].append(lease)
         v = Violations(self.max_violations)
         moved = backend_clock_moves(history)
-        for key, ls in by_key.items() if not moved else ():
-            _check_backend_overlaps(key, ls, v)
+        compared = 0
+        groups = by_key.items() if not moved else _by_clock_segment(history, by_key).items()
+        for key, ls in groups:
+            compared += _check_backend_overlaps(key[0] if moved else key, ls, v)
         windows = _unsafe_windows(pairs, leases, by_key, self.max_windows)
-        return v.result(keys=len(by_key), leases=len(leases), unsafe_windows=windows,
-                        backend_time_rules=backend_rules_note(moved))
+        rules = backend_rules_note(moved) if not moved else (
+            "per stretch between clock moves: the nemesis moved Valkey's clock, so only leases whose timed ops "
+            "all lie between the same two moves are compared")
+        return v.result(keys=len(by_key), leases=len(leases), keys_compared=compared, unsafe_windows=windows,
+                        backend_time_rules=rules, unjudged=_unjudged(leases, moved, compared))
+
+
+def _by_clock_segment(history: list[dict], by_key: dict[Any, list[Lease]]) -> dict[tuple, list[Lease]]:
+    """(key, stretch) -> the leases whose every timed op lies in that stretch between clock moves.
+
+    Backend times of one stretch are comparable with each other; a lease with ops on both sides of a
+    move (or never completed) is left out: fewer comparisons, never a false alarm.
+    """
+    bounds = clock_segments(history)
+    out: dict[tuple, list[Lease]] = defaultdict(list)
+    for key, ls in by_key.items():
+        for lease in ls:
+            seg = segment_of([*lease.acquires, *lease.grants, *(e for e in lease.ends if e.type == "ok")], bounds)
+            if seg is not None:
+                out[(key, seg)].append(lease)
+    return out
+
+
+def _unjudged(leases: dict[Any, Lease], moved: list[int], compared: int) -> str | None:
+    """Why the history gives the exclusion rule nothing to judge (None when it does)."""
+    if not leases:
+        return "no successful acquisition"
+    if moved and not compared:
+        return ("the nemesis moved Valkey's clock and no key has two leases between the same two moves, so "
+                "no backend validity intervals were comparable (client-side unsafe windows are still reported)")
+    if not compared:
+        return ("no key has two leases with backend acquisition and expiry times: exclusion has nothing to "
+                "compare")
+    return None
 
 
 def _backend_end(lease: Lease) -> Any:
@@ -82,8 +120,8 @@ def _release_invoked(lease: Lease) -> int | None:
     return min((p.t0 for p in lease.ends), default=None)
 
 
-def _check_backend_overlaps(key: Any, leases: list[Lease], v: Violations) -> None:
-    """Sweep leases by acquired_at_ms, keeping those still valid at each acquisition."""
+def _check_backend_overlaps(key: Any, leases: list[Lease], v: Violations) -> int:
+    """Sweep leases by acquired_at_ms, keeping those still valid at each acquisition; 1 if it compared any."""
     timed = [lease for lease in leases if lease.acquired_at_ms is not None and _backend_end(lease) is not None]
     timed.sort(key=lambda x: (x.acquired_at_ms, x.token if x.token is not None else 0))
     seq = itertools.count()
@@ -118,10 +156,11 @@ def _check_backend_overlaps(key: Any, leases: list[Lease], v: Violations) -> Non
         heapq.heappush(valid, (_backend_end(m), s, m))
         alive.add(m.lease_id)
         rel = _release_invoked(m)
-        if rel is None:
+        if rel is None or m.ended_at_ms is not None:  # a reported backend end time is exact: valid until then
             held[m.lease_id] = m
         else:
             heapq.heappush(released, (-rel, s, m))
+    return int(len(timed) > 1)
 
 
 def _report(key: Any, m: Lease, overlapping: list[Lease], total: int, v: Violations) -> None:

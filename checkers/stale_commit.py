@@ -18,6 +18,8 @@ Reads the `commit` ops and the final-phase `read` ops of a lease history
   same key was acquired before it: strictly earlier `acquired_at_ms` than the
   commit's `validated_at_ms`, or an acquire ok completed before the commit was invoked.
 - `token-mismatch`: `accepted_token` differs from the token the commit carried.
+- `lease-mismatch`: the commit was accepted under a lease other than the one
+  the client sent (`value.sent.lease_id`, C25: this exact lease).
 - `lost-commit`: an ok commit that completed before the final read of its doc
   was invoked is missing from that read.
 - `duplicate-entry`: one entry appears twice in a final read (applied twice).
@@ -29,6 +31,9 @@ would make it stale) are exempt from the real-time rules. Commits whose lease
 no ok acquire reported are counted as `unknown_lease` and not timed.
 The commit's `entry` is expected to be the `[process, token, n]` triple the
 final read lists; any other `entry` is matched as (process, token, entry).
+What a commit carried (lease, token) is read from the invocation, then the
+completion's `value.sent` (what went on the wire), then the rest of the
+completion. With no accepted commit nothing was judged: "unknown" with the reason.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import json
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops
+from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops, sent
 from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key
 
 __all__ = ["StaleCommitChecker"]
@@ -67,22 +72,33 @@ class StaleCommitChecker:
             _check_read(read, v)
         _check_lost_and_phantom(commits, reads, v)
         counts = {t: sum(1 for c in commits if c.p.type == t) for t in ("ok", "fail", "info")}
+        unjudged = None
+        if not commits:
+            unjudged = "no commit"
+        elif not accepted:
+            unjudged = "no commit was accepted (every one failed or is indeterminate)"
         return v.result(commits=counts, docs_read=len(reads), unknown_lease=unknown,
-                        backend_time_rules=backend_rules_note(moved))
+                        backend_time_rules=backend_rules_note(moved), unjudged=unjudged)
 
 
 class Commit:
     """A commit op with the fields the rules use, extracted once."""
 
-    __slots__ = ("p", "key", "token", "carried", "validated", "rev", "lease_id", "request_id", "doc", "entry")
+    __slots__ = ("p", "key", "token", "carried", "validated", "rev", "lease_id", "request_id", "doc", "entry",
+                 "returned_lease")
 
     def __init__(self, p: Pair):
         val = p.inv.get("value")
         val = val if isinstance(val, dict) else {}
         res = p.result if p.type == "ok" and isinstance(p.result, dict) else {}
-        # the client may fill in what it sent (its lease, the entry) only in the completion's value
-        sent = p.comp.get("value") if p.comp is not None and isinstance(p.comp.get("value"), dict) else {}
-        val = {**sent, **{k: v for k, v in val.items() if v is not None}}
+        # the client may fill in what it sent (its lease, the entry) only in the completion's value; `sent`
+        # (docs/history-format.md) is what went on the wire and outranks the rest of the completion
+        comp = p.comp.get("value") if p.comp is not None and isinstance(p.comp.get("value"), dict) else {}
+        wire = sent(p) or {}
+        val = {**comp, **wire, **{k: v for k, v in val.items() if v is not None}}
+        val.pop("sent", None)
+        # the lease the boundary says it accepted the commit under, when a history with `sent` reports one
+        self.returned_lease = res.get("lease_id") if wire else None
         self.p = p
         self.key = p.key
         self.carried = val.get("fencing_token")
@@ -214,6 +230,9 @@ def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
         if c.carried is not None and c.token != c.carried:
             v.add("token-mismatch", p.indices, f"commit carried token {c.carried} but was accepted as {c.token}",
                   key=c.key, token=c.carried, accepted_token=c.token)
+        if c.returned_lease is not None and c.lease_id is not None and c.returned_lease != c.lease_id:
+            v.add("lease-mismatch", p.indices, f"commit sent with lease {c.lease_id!r} was accepted under lease "
+                  f"{c.returned_lease!r}", key=c.key, lease=c.lease_id, returned_lease=c.returned_lease)
         lease = leases.get(c.lease_id)
         if lease is None:
             unknown += 1

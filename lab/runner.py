@@ -96,8 +96,15 @@ def _validate_mutant(test: Test) -> None:
 
 
 def is_external(test: Test) -> bool:
-    """Is the system under test outside the lab (another SUT, or a reference server at a given URL)?"""
-    return test.sut_name() != "reference" or bool(test.extra.get("urls"))
+    """Is the system under test outside the lab (a reference server at a given URL, or another SUT that brings
+    no processes for the lab to run: lab.sut.processes)?"""
+    if test.extra.get("urls"):
+        return True
+    if test.sut_name() == "reference":
+        return False
+    from lab.sut.processes import declares_processes
+
+    return not declares_processes(test)
 
 
 def new_run_dir(store_dir: Path, name: str) -> Path:
@@ -225,7 +232,10 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
         wl = scenario_workload(test, wl)
     if is_external(test):
         return _run_external(test, wl)
-    stack = LocalStack(name="stack", root=test.run_dir / "stack", die_with_parent=True)
+    from lab.sut.processes import stack_for  # a system that brings its own processes: the lab runs those
+
+    stack = stack_for(test, test.run_dir / "stack") or LocalStack(name="stack", root=test.run_dir / "stack",
+                                                                   die_with_parent=True)
     writer = HistoryWriter(test.run_dir / "history.jsonl")
     try:
         status = stack.up(StackOptions(servers=test.extra.get("servers", 2), store=wl.needs_store,
@@ -284,7 +294,9 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
     if checker is None:
         checker = get_workload(test.workload)(test).checker
     write_edn(history, run_dir / "history.edn", overwrite=True)
-    results = safe_check(checker, test.to_json(), history, {})
+    from lab.sut.registry import claimed_checker  # what the system does not claim is neither run nor judged
+
+    results = safe_check(claimed_checker(test, checker), test.to_json(), history, {})
     results["history_problems"] = problems
     results["ops"] = len(history)
     results["replay"] = replay_command(test)

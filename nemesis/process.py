@@ -85,10 +85,14 @@ def _seconds(param: str, value: Any, *, allow_none: bool = False, maximum: float
 
 def _role(name: str) -> str | None:
     """The target role of a stack process name, or None when it is not a target."""
+    from nemesis.topology import role
+
     if name in ("valkey", "store"):
         return name
     if name.startswith("lease-"):
         return "lease server"
+    if role(name) == "server":  # a member of a system that brings its own processes (lab.sut.processes)
+        return "member"
     return None
 
 

@@ -1,7 +1,7 @@
 """The link topology: one Toxiproxy proxy per directed link `<from>_<to>`.
 
 Endpoints are named by role: client process groups `c1..cN`, lease servers
-`lease-1..`, `valkey`, `store`. A link `(frm, to)` is the TCP path `frm` uses to
+`lease-1..` (or a system's own members `<word>-N`, e.g. `etcd-1`), `valkey`, `store`. A link `(frm, to)` is the TCP path `frm` uses to
 reach `to`; its proxy is named `<frm>_<to>` (e.g. `lease-1_valkey`,
 `c1_lease-2`), listens on a free loopback port, and forwards to `to`'s real
 address. Everything is created in one `POST /populate`. `frm` then dials
@@ -26,7 +26,9 @@ __all__ = ["Link", "Topology", "link_name", "role", "standard_links"]
 # No underscore in endpoint names: `_` separates from and to in a proxy name.
 _ENDPOINT = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 _CLIENT = re.compile(r"^c[0-9]+$")
-_SERVER = re.compile(r"^lease-[0-9]+$")
+# a server: a lease server `lease-N`, or a member `<word>-N` of a system under test that brings its own
+# processes (`etcd-1`, lab.sut.processes): the grudges isolate servers whatever their system
+_SERVER = re.compile(r"^[a-z][a-z0-9]*-[0-9]+$")
 
 
 def _check_endpoint(name: Any) -> str:

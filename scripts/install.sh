@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the lab needs into .tools/ (and Debian packages system-wide).
 # Idempotent: each step is skipped when its stamp or binary is already there.
-# Usage: scripts/install.sh [all|python|valkey|toxiproxy|pouchdb|faketime|compose-tools|chromium|ssh]...
+# Usage: scripts/install.sh [all|python|valkey|toxiproxy|pouchdb|etcd|faketime|compose-tools|chromium|ssh]...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -9,6 +9,7 @@ TOOLS=$ROOT/.tools
 VENV=$TOOLS/venv
 TOXIPROXY_VERSION=v2.12.0
 POUCHDB_SERVER_VERSION=4.2.0
+ETCD_VERSION=v3.6.16
 PY=${PYTHON:-python3}
 mkdir -p "$TOOLS/bin" "$TOOLS/stamps"
 
@@ -58,6 +59,34 @@ install_pouchdb() {
     say "installing pouchdb-server@$POUCHDB_SERVER_VERSION from npm"
     mkdir -p "$TOOLS/node"
     npm install --silent --no-audit --no-fund --prefix "$TOOLS/node" "pouchdb-server@$POUCHDB_SERVER_VERSION" >/dev/null
+  fi
+}
+
+install_etcd() {
+  # etcd's server module carries replace directives, so `go install module@version` refuses it; a six-line
+  # main module that calls etcdmain.Main builds the real etcd from the Go module proxy (about 3-8 minutes).
+  if [ "$("$TOOLS/bin/etcd" --version 2>/dev/null | sed -n 's/^etcd Version: //p')" != "${ETCD_VERSION#v}" ]; then
+    need_cmd go "install Go (https://go.dev/dl) to build etcd"
+    say "building etcd $ETCD_VERSION with go build (binary: .tools/bin/etcd; takes minutes)"
+    local dir
+    dir=$(mktemp -d)
+    cat > "$dir/main.go" <<'GO'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+    (cd "$dir" && go mod init fencelab.local/etcd >/dev/null 2>&1 \
+       && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 \
+       && go mod tidy >/dev/null 2>&1 \
+       && go build -trimpath -o "$TOOLS/bin/etcd.new" .) || { rm -rf "$dir"; die "building etcd $ETCD_VERSION failed"; }
+    mv "$TOOLS/bin/etcd.new" "$TOOLS/bin/etcd"
+    rm -rf "$dir"
   fi
 }
 
@@ -125,13 +154,14 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(all)
 for s in "${steps[@]}"; do
   case "$s" in
-    all) install_all_debian; install_python; install_valkey; install_toxiproxy; install_pouchdb ;;
+    all) install_all_debian; install_python; install_valkey; install_toxiproxy; install_pouchdb; install_etcd ;;
     python) install_python ;;
     valkey) install_valkey ;;
     toxiproxy) install_toxiproxy ;;
     pouchdb) install_pouchdb ;;
+    etcd) install_etcd ;;
     faketime) install_debian_step faketime yes ;;
     compose-tools | chromium | ssh | netns) install_debian_step "$s" no ;;
-    *) die "unknown install step '$s' (steps: all python valkey toxiproxy pouchdb faketime compose-tools chromium ssh netns)" ;;
+    *) die "unknown install step '$s' (steps: all python valkey toxiproxy pouchdb etcd faketime compose-tools chromium ssh netns)" ;;
   esac
 done

@@ -138,4 +138,24 @@ class Linearizable:
         except Exception as e:  # noqa: BLE001 - Jepsen's check-safe: a checker never crashes the analysis
             return {"valid": "unknown", "error": f"{type(e).__name__}: {e}", "model": self.model.name}
         res["model"] = self.model.name
+        reason = _nothing_answered(history)
+        if res["valid"] is True and reason:
+            res["valid"], res["reason"] = "unknown", reason
         return res
+
+
+def _nothing_answered(history: list[dict]) -> str | None:
+    """Why a history gives the search nothing to judge: no client op, or none that succeeded (None otherwise).
+
+    Failed ops are dropped and unanswered ones need never take effect, so without an `ok` every
+    history is linearizable: a verdict about nothing.
+    """
+    types = [op.get("type") for op in history if op.get("process") != "nemesis"]
+    if not types:
+        return "no operations"
+    if "ok" in types:
+        return None
+    done = [t for t in types if t != "invoke"]
+    if done and all(t == "fail" for t in done):
+        return "every operation failed"
+    return "no operation succeeded"

@@ -21,13 +21,14 @@ Systems from outside the lab are wrapped so that every result is checked
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from lab.sut.protocol import OPTIONAL_CAPABILITIES, SutError, check_capabilities, check_result, check_system
 
@@ -52,6 +53,11 @@ class SutEntry:
     check: Callable[[Any], None] | None = None  # validates a Test before anything starts (keys, URLs)
     trusted: bool = False  # built-ins are not wrapped in result checks
     accepts_timeout: bool = False  # the factory takes a `timeout_s` keyword
+    # the processes the lab runs for this system (`lab.sut.processes`): test -> SystemProcesses; None: it runs
+    # elsewhere (behind --url, or in-process)
+    processes: Callable[[Any], Any] | None = None
+    # contract features the system does not claim: checker name -> why (the lab neither runs nor judges them)
+    not_claimed: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
@@ -66,11 +72,15 @@ _BY_SPEC: dict[str, SutEntry] = {}  # systems named as module.path:Factory, impo
 
 def register_sut(name: str, factory: Callable[..., Any], *, capabilities: Any = None, doc: str | None = None,
                  check: Callable[[Any], None] | None = None, replace: bool = False,
+                 processes: Callable[[Any], Any] | None = None, not_claimed: Mapping[str, str] | None = None,
                  _trusted: bool = False) -> SutEntry:
     """Register `factory(test, node, service_instance_id) -> LeaseSystem` as system `name`.
 
     `capabilities` defaults to the factory's `capabilities` attribute (none
-    when absent: a system claims only what it declares).
+    when absent: a system claims only what it declares). `processes(test) ->
+    lab.sut.processes.SystemProcesses` makes the lab run the system's own
+    processes (docs/plugging-in-a-system.md); `not_claimed` maps checker
+    names to why the system does not claim what they judge.
     """
     if not isinstance(name, str) or not name or ":" in name or name != name.strip():
         raise SutError(f"a SUT name is a non-empty word without ':' or surrounding spaces, not {name!r}")
@@ -78,6 +88,16 @@ def register_sut(name: str, factory: Callable[..., Any], *, capabilities: Any = 
         raise SutError(f"SUT {name!r} is already registered (by {_REGISTRY[name].where}); pass replace=True "
                        "to replace it")
     entry = _make_entry(name, factory, capabilities, doc, check, _trusted)
+    if processes is None:
+        processes = getattr(factory, "processes", None)
+    if processes is not None and not callable(processes):
+        raise SutError(f"SUT {name!r}: processes must be a function test -> SystemProcesses, not {processes!r}")
+    if not_claimed is None:
+        not_claimed = getattr(factory, "not_claimed", None) or {}
+    if not isinstance(not_claimed, Mapping) or not all(isinstance(k, str) and isinstance(v, str) and v
+                                                       for k, v in not_claimed.items()):
+        raise SutError(f"SUT {name!r}: not_claimed maps checker names to a reason each, not {not_claimed!r}")
+    entry = dataclasses.replace(entry, processes=processes, not_claimed=dict(not_claimed))
     _REGISTRY[name] = entry
     return entry
 
@@ -165,6 +185,10 @@ def validate_test(test: Any) -> SutEntry:
     require_capabilities(entry, test.workload)
     if entry.check is not None:
         entry.check(test)
+    if entry.processes is not None:  # its binaries are installed, and every nemesis asked can apply to it
+        from lab.sut.processes import check_test
+
+        check_test(test)
     return entry
 
 
@@ -322,3 +346,37 @@ def _import_factory(spec: str) -> Callable[..., Any]:
 register_sut("reference", reference_system, capabilities=OPTIONAL_CAPABILITIES, check=_check_reference,
              _trusted=True)
 register_sut("starintel", starintel_system, capabilities={"revoke"}, check=_check_starintel, _trusted=True)
+
+
+
+# -- what a system does not claim ---------------------------------------------------------------------------
+class NotClaimed:
+    """A workload's checker without the checkers judging what the system does not claim; the result says which."""
+
+    def __init__(self, checker: Any, not_claimed: Mapping[str, str]):
+        self.checker = checker
+        self.not_claimed = dict(not_claimed)
+
+    def check(self, test: Any, history: list, opts: Any) -> dict:
+        res = self.checker.check(test, history, opts)
+        if isinstance(res, dict):
+            res["not_claimed"] = dict(self.not_claimed)
+        return res
+
+
+def claimed_checker(test: Any, checker: Any) -> Any:
+    """`checker` minus the named checkers the test's system does not claim (its SutEntry.not_claimed): those
+    properties are neither run nor judged, and the result lists them under `not_claimed` with the reason."""
+    from checkers.core import Compose
+
+    try:
+        entry = sut_of(test)
+    except SutError:
+        return checker
+    if not entry.not_claimed or not isinstance(checker, Compose):
+        return checker
+    dropped = {n: why for n, why in entry.not_claimed.items() if n in checker.checkers}
+    kept = {n: c for n, c in checker.checkers.items() if n not in dropped}
+    if not dropped or not kept:
+        return checker
+    return NotClaimed(Compose(kept), dropped)

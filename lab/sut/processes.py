@@ -1,0 +1,548 @@
+"""Systems that bring their own processes (Jepsen's DB protocol): declared by the system, owned by the lab.
+
+A system under test the lab can run declares what it needs with a
+`SystemProcesses`, returned by a function of the test given at registration:
+
+    register_sut("mysys", MyClient, processes=lambda test: SystemProcesses(
+        system="mysys", install="run `scripts/install.sh mysys`", check_installed=find_binary,
+        processes=(ProcessSpec("mysys-1", argv=lambda p: [...], ports=("client", "peer")), ...),
+        links=(LinkSpec("clients", "mysys-1", "client"), LinkSpec("peers", "mysys-1", "peer"), ...),
+        client_url=lambda address: f"http://{address}"))
+
+- `ProcessSpec`: one process: its name (an endpoint name; `<word>-<n>` is a
+  *member* the clients dial, a "server" to the nemeses' grudges), its command
+  line (`argv(placement)`, built once every port and address is known) or its
+  own `ManagedProcess` (`make(placement)`, e.g. `lab.stack.valkey.ValkeyProcess`),
+  its named ports (the lab picks free loopback ports), its health probe, and
+  whether libfaketime reaches its clock (`fake_clock`: a Go binary reads the
+  kernel's vDSO clock itself, so it cannot be faked).
+- `LinkSpec(frm, to, port)`: `frm` dials `to`'s named `port`. `frm` is
+  `clients` (every client group `c1..cN`, each its own link), a process name,
+  or a word naming a group of senders (`peers`: every member dialling
+  another's peer port shares the one address the cluster advertises for it).
+  With a network nemesis every declared link gets its own Toxiproxy proxy
+  `<frm>_<to>`, and `placement.address(frm, to)` is that proxy's address:
+  the command lines advertise the proxied addresses, so the traffic takes them.
+  The client groups always get a link to the lab's store (they write there).
+- `client_url(address)`: the node URL a worker is given for a member.
+
+`SutStack` (what `lab.runner` starts for such a system, in place of the
+reference `LocalStack`) owns every process exactly like the local stack does:
+a `ManagedProcess` each (pid, log under `<run>/stack/logs/`, data dir, stop by
+pid, dies with the run), `state.json`, Toxiproxy on every declared link and
+libfaketime clocks when the nemeses ask for them, and the lab's CouchDB-API
+store when the workload needs one. It exposes the same `processes` / `info`
+(`toxiproxy`, `topology`, `clocks`) / `process(name)` interface, so the
+existing nemeses (partition, latency, clock, kill, pause, client-pause) act on
+the system's processes unchanged. A nemesis that cannot apply to the system
+(a clock fault on processes libfaketime cannot reach, `netns`, the Valkey
+faults without a Valkey) is refused before the run by `check_nemeses`, naming
+the system and the missing ability. Systems the lab cannot own stay behind `--url`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lab.stack.base import StackFiles
+from lab.stack.clock import faketime_env
+from lab.stack.errors import StackError
+from lab.stack.process import ManagedProcess, ProcessError, free_port, port_open
+
+CLIENTS = "clients"  # the `frm` of a link every client group dials (one proxy per group: c1_<to>, c2_<to>, ...)
+STORE = "store"  # the lab's CouchDB-API store, as a link's `to`
+STORE_PORT = "http"
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process a system brings (see the module docstring)."""
+
+    name: str
+    argv: Callable[["Placement"], list[str]] | None = None  # the command line, once ports and addresses are known
+    make: Callable[["Placement"], ManagedProcess] | None = None  # or the system's own ManagedProcess subclass
+    ports: tuple[str, ...] = ("client",)
+    health: Callable[[ManagedProcess], bool] | None = None  # does it answer? (default: every port accepts TCP)
+    env: Mapping[str, str] = field(default_factory=dict)
+    fake_clock: bool = True  # does libfaketime move its wall clock?
+    clock_note: str = ""  # why not, when fake_clock is False (shown when a clock nemesis is refused)
+
+    @property
+    def member(self) -> bool:
+        """A member the clients dial: named `<word>-<n>` (a "server" to the partition grudges)."""
+        from nemesis.topology import role
+
+        return role(self.name) == "server"
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """`frm` dials the named `port` of process `to` (one Toxiproxy proxy `<frm>_<to>` per client group)."""
+
+    frm: str
+    to: str
+    port: str = "client"
+
+
+@dataclass(frozen=True)
+class SystemProcesses:
+    """Everything the lab needs to run a system's own processes (see the module docstring)."""
+
+    system: str
+    processes: tuple[ProcessSpec, ...]
+    links: tuple[LinkSpec, ...]
+    client_url: Callable[[str], str]
+    install: str = ""  # how to install what is missing (shown when check_installed fails)
+    check_installed: Callable[[], Any] | None = None  # raises (e.g. lab.paths.MissingTool) when a binary is missing
+    ready: Callable[["SutStack"], bool] | None = None  # after start: polled until True (e.g. a leader is elected)
+    ready_timeout_s: float = 60.0
+    start_timeout_s: float = 30.0
+
+    def validate(self) -> None:
+        """Names, ports and links are consistent (SutError naming the problem)."""
+        from lab.sut.protocol import SutError
+        from nemesis.topology import _check_endpoint
+
+        names = [p.name for p in self.processes]
+        if not names:
+            raise SutError(f"SUT {self.system!r} declares no process")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise SutError(f"SUT {self.system!r} declares process {', '.join(dup)} twice")
+        for p in self.processes:
+            try:
+                _check_endpoint(p.name)
+            except ValueError as e:
+                raise SutError(f"SUT {self.system!r}: process {e}") from None
+            if p.name in (STORE, "toxiproxy") or p.name.startswith("c") and p.name[1:].isdigit():
+                raise SutError(f"SUT {self.system!r}: process name {p.name!r} is the lab's own; pick another")
+            if (p.argv is None) == (p.make is None):
+                raise SutError(f"SUT {self.system!r}: process {p.name!r} needs exactly one of argv or make")
+            if not p.ports:
+                raise SutError(f"SUT {self.system!r}: process {p.name!r} declares no port")
+        ports = {p.name: p.ports for p in self.processes}
+        seen = set()
+        for link in self.links:
+            if link.to == STORE:
+                continue
+            if link.to not in ports:
+                raise SutError(f"SUT {self.system!r}: link {link.frm} -> {link.to}: no process {link.to!r}")
+            if link.port not in ports[link.to]:
+                raise SutError(f"SUT {self.system!r}: link {link.frm} -> {link.to}: {link.to} has no port "
+                               f"{link.port!r} (ports: {', '.join(ports[link.to])})")
+            if (link.frm, link.to) in seen:
+                raise SutError(f"SUT {self.system!r}: link {link.frm} -> {link.to} is declared twice")
+            seen.add((link.frm, link.to))
+        if not any(link.frm == CLIENTS for link in self.links):
+            raise SutError(f"SUT {self.system!r}: no link from the clients (LinkSpec('clients', <process>))")
+
+    def members(self) -> list[str]:
+        """The processes the clients dial (their client links' targets), in declaration order."""
+        dialled = {link.to for link in self.links if link.frm == CLIENTS}
+        return [p.name for p in self.processes if p.name in dialled]
+
+    def lacks(self, names: list[str]) -> list[tuple[str, str]]:
+        """(nemesis, why it cannot apply to this system) for each of `names` that cannot."""
+        from nemesis.registry import NEMESES
+
+        out = []
+        for n in names:
+            spec = NEMESES.get(n)
+            if spec is None:
+                continue  # unknown names are reported by nemesis.registry.validate_names
+            family = spec.family
+            if family == "clock":
+                unfakeable = [p for p in self.processes if not p.fake_clock]
+                if unfakeable:
+                    notes = "; ".join(f"{p.name}: {p.clock_note or 'its clock cannot be faked'}" for p in unfakeable)
+                    out.append((n, f"the ability to move its processes' clocks (libfaketime cannot reach {notes})"))
+            elif family == "netns":
+                out.append((n, "network namespaces (the lab runs a system's declared processes on loopback; "
+                               "use partition, which cuts every declared link through Toxiproxy)"))
+            elif family == "valkey":
+                if not any(p.name == "valkey" and p.make is not None for p in self.processes):
+                    out.append((n, "a Valkey process of its own (a lab.stack.valkey.ValkeyProcess named 'valkey')"))
+            elif family == "network" and not self.links:
+                out.append((n, "declared links (the network faults act on links through Toxiproxy)"))
+        return out
+
+
+def declared_processes(test: Any) -> SystemProcesses | None:
+    """The processes the test's system declares, or None (the reference stack, or a system behind --url)."""
+    from lab.sut.registry import sut_of
+
+    if (getattr(test, "extra", None) or {}).get("urls"):
+        return None
+    entry = sut_of(test)
+    if entry.processes is None:
+        return None
+    decl = entry.processes(test)
+    if not isinstance(decl, SystemProcesses):
+        from lab.sut.protocol import SutError
+
+        raise SutError(f"{entry.where}: its processes function returned {type(decl).__name__}, "
+                       "not a lab.sut.processes.SystemProcesses")
+    return decl
+
+
+def declares_processes(test: Any) -> bool:
+    """Does the test's system bring processes the lab runs (and no --url was given)?"""
+    from lab.sut.protocol import SutError
+    from lab.sut.registry import sut_of
+
+    if (getattr(test, "extra", None) or {}).get("urls"):
+        return False
+    try:
+        return sut_of(test).processes is not None
+    except SutError:  # an unknown system: validate_test names it
+        return False
+
+
+def check_test(test: Any) -> None:
+    """Before anything starts: the system's binaries are installed, and every nemesis asked can apply to it."""
+    from lab.sut.protocol import SutError
+
+    decl = declared_processes(test)
+    if decl is None:
+        return
+    decl.validate()
+    if decl.check_installed is not None:
+        try:
+            decl.check_installed()
+        except Exception as e:  # noqa: BLE001 - a missing tool is one clear line
+            raise SutError(f"SUT {decl.system!r}: {e}" + (f"; {decl.install}" if decl.install else "")) from None
+    extra = getattr(test, "extra", None) or {}
+    if extra.get("mutant"):
+        raise SutError(f"--mutant plants a bug in the lab's own reference servers; SUT {decl.system!r} runs "
+                       "its own processes: drop --mutant")
+    if extra.get("scenario"):
+        raise SutError(f"--scenario drives the reference server's hooks; SUT {decl.system!r} runs its own "
+                       "processes: drop --scenario (use --nemesis)")
+    check_nemeses(decl, getattr(test, "nemesis", None) or [])
+
+
+def check_nemeses(decl: SystemProcesses, names: Any) -> None:
+    """SutError naming the system and the missing ability when a nemesis cannot apply to it."""
+    from lab.sut.protocol import SutError
+    from nemesis.registry import _split
+
+    problems = decl.lacks([n for n in _split(names) if n])
+    if problems:
+        n, why = problems[0]
+        raise SutError(f"--nemesis {n} cannot apply to SUT {decl.system!r}: it lacks {why}")
+
+
+# -- placing the processes ---------------------------------------------------------------
+class Placement:
+    """Where everything listens: each process's real ports, and what each link's sender dials."""
+
+    def __init__(self, decl: SystemProcesses, root: Path, client_groups: int, clocks: bool,
+                 persistence: str = "none"):
+        self.decl = decl
+        self.persistence = persistence  # what the nemeses asked of a Valkey (StackOptions.persistence), for make()
+        self.root = Path(root).resolve()
+        self.client_groups = client_groups
+        self.clocks = clocks
+        self.ports: dict[str, dict[str, int]] = {p.name: {k: free_port() for k in p.ports} for p in decl.processes}
+        self.store_address: str | None = None
+        self.proxies: dict[tuple[str, str], str] = {}  # (frm, to) -> proxy listen address, when proxied
+
+    def port(self, name: str, port: str = "client") -> int:
+        """The real port `port` of process `name`."""
+        return self.ports[name][port]
+
+    def real(self, to: str, port: str = "client") -> str:
+        """`host:port` where process `to` (or the store) really listens."""
+        if to == STORE:
+            if self.store_address is None:
+                raise StackError("no store in this stack")
+            return self.store_address
+        return f"127.0.0.1:{self.port(to, port)}"
+
+    def address(self, frm: str, to: str, port: str = "client") -> str:
+        """What `frm` dials to reach `to` (its link's proxy when there is one, else the real address)."""
+        return self.proxies.get((frm, to)) or self.real(to, port)
+
+    def url(self, frm: str, to: str, port: str = "client", scheme: str = "http") -> str:
+        return f"{scheme}://{self.address(frm, to, port)}"
+
+    def data_dir(self, name: str) -> Path:
+        """The process's own data directory (created)."""
+        d = self.root / name
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def log_path(self, name: str) -> Path:
+        return self.root / "logs" / f"{name}.log"
+
+    def clock_file(self, name: str) -> Path:
+        return self.root / "clocks" / f"{name}.rc"
+
+    def env(self, name: str) -> dict[str, str] | None:
+        """libfaketime for process `name` when the clocks are faked (and its clock can be), else None."""
+        spec = next(p for p in self.decl.processes if p.name == name)
+        if not self.clocks or not spec.fake_clock:
+            return None
+        return faketime_env(self.clock_file(name))
+
+    def pairs(self) -> list[tuple[str, str, str]]:
+        """Every proxied link as (frm, to, port): `clients` expanded to c1..cN, plus each client group -> store."""
+        out = []
+        for link in self.decl.links:
+            senders = [f"c{g}" for g in range(1, self.client_groups + 1)] if link.frm == CLIENTS else [link.frm]
+            out += [(s, link.to, link.port) for s in senders]
+        if self.store_address is not None and not any(t == STORE for _, t, _ in out):
+            out += [(f"c{g}", STORE, STORE_PORT) for g in range(1, self.client_groups + 1)]
+        return out
+
+
+class DeclaredProcess(ManagedProcess):
+    """A process of a system under test, run from its declared command line; healthy by its declared probe."""
+
+    def __init__(self, spec: ProcessSpec, placement: Placement):
+        env = dict(spec.env)
+        env.update(placement.env(spec.name) or {})
+        super().__init__(name=spec.name, argv=[str(a) for a in spec.argv(placement)],
+                         log_path=placement.log_path(spec.name), ports=dict(placement.ports[spec.name]),
+                         env=env or None, cwd=placement.data_dir(spec.name))
+        self.probe = spec.health
+        self.data_dir = placement.data_dir(spec.name)
+
+    def healthy(self) -> bool:
+        if self.probe is None:
+            return super().healthy()
+        try:
+            return bool(self.probe(self))
+        except Exception:  # noqa: BLE001 - a probe that raises means "not answering yet"
+            return False
+
+    def state(self) -> dict:
+        d = super().state()
+        d.update(data_dir=str(self.data_dir), declared=True)
+        return d
+
+
+class SutStack(StackFiles):
+    """The lab-owned processes of one system under test (+ the store, Toxiproxy, fake clocks); see module doc."""
+
+    def __init__(self, decl: SystemProcesses, *, root: Path, die_with_parent: bool = False, name: str = "stack"):
+        self.decl = decl
+        self.name = name
+        self.home = None
+        self.root = Path(root)
+        self.die_with_parent = die_with_parent
+        self.processes: list[ManagedProcess] = []
+        self.info: dict[str, Any] = {"system": decl.system}
+        self.netns_hosts = None  # declared processes run on loopback (the netns nemesis is refused)
+        self.placement: Placement | None = None
+
+    # -- up ---------------------------------------------------------------
+    def up(self, opts: Any) -> dict[str, Any]:
+        """Start the store (if asked), Toxiproxy with a proxy per declared link (if asked), then the system's
+        processes (all spawned, then each waited for: a cluster needs its peers to come up); on any failure
+        everything started is stopped and the error raised."""
+        from lab.secrets import redact_url
+        from lab.stack.local import ExternalStore
+        from lab.stack.store import PouchDBProcess
+
+        opts.validate()
+        if getattr(opts, "netns", False):
+            raise StackError(f"SUT {self.decl.system!r}: its processes run on loopback; network namespaces "
+                             "(netns) are not available for them")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        groups = int(getattr(opts, "client_groups", 2))
+        placement = self.placement = Placement(self.decl, self.dir, groups, bool(getattr(opts, "fake_clocks", False)),
+                                               getattr(opts, "persistence", "none"))
+        try:
+            store = None
+            if opts.store and opts.store_url:
+                store = ExternalStore(opts.store_url)
+                self.info["store"] = redact_url(opts.store_url)
+            elif opts.store:
+                store = self._start(PouchDBProcess(self.dir))
+                self.info["store"] = store.url
+            if isinstance(store, PouchDBProcess):  # the lab's own store: the client groups reach it by links
+                placement.store_address = store.address
+            if opts.toxiproxy:
+                self._build_topology(placement)
+            procs = []
+            for spec in self.decl.processes:
+                proc = spec.make(placement) if spec.make is not None else DeclaredProcess(spec, placement)
+                if not isinstance(proc, ManagedProcess):
+                    raise StackError(f"SUT {self.decl.system!r}: make() for {spec.name!r} returned "
+                                     f"{type(proc).__name__}, not a lab.stack ManagedProcess")
+                if placement.clocks and spec.fake_clock:
+                    self.info.setdefault("clocks", {})[spec.name] = str(placement.clock_file(spec.name))
+                procs.append(self._start(proc, wait=False))
+            for proc in procs:
+                proc.wait_healthy(self.decl.start_timeout_s)
+            self._wait_ready()
+            self._describe(placement, store)
+            self.save_state()
+        except BaseException:
+            self.down()
+            raise
+        return self.status()
+
+    def _wait_ready(self) -> None:
+        """Poll the system's own readiness (e.g. a leader elected) until it holds."""
+        if self.decl.ready is None:
+            return
+        deadline = time.monotonic() + self.decl.ready_timeout_s
+        while time.monotonic() < deadline:
+            dead = [p for p in self.processes if not p.alive()]
+            if dead:
+                raise ProcessError(f"{dead[0].name} exited during start-up; log {dead[0].log_path}:\n"
+                                   f"{dead[0].log_tail()}")
+            try:
+                if self.decl.ready(self):
+                    return
+            except Exception:  # noqa: BLE001 - not ready yet
+                pass
+            time.sleep(0.2)
+        tails = "\n".join(f"--- {p.name} ({p.log_path})\n{p.log_tail(8)}" for p in self.processes)
+        raise ProcessError(f"SUT {self.decl.system!r} not ready after {self.decl.ready_timeout_s:.0f}s:\n{tails}")
+
+    def _build_topology(self, placement: Placement) -> None:
+        """Start Toxiproxy and one proxy per declared link (listening on ports chosen now, so the command lines
+        can advertise them); the description goes into info["topology"] for the network nemeses."""
+        import asyncio
+
+        from lab.stack.toxiproxy import ToxiproxyProcess
+        from nemesis.topology import Link, Topology, link_name
+        from nemesis.toxiproxy import ToxiproxyClient, ToxiproxyError
+
+        tp = self._start(ToxiproxyProcess(self.dir))
+        self.info["toxiproxy"] = tp.url
+        body, links = [], []
+        for frm, to, port in placement.pairs():
+            listen = f"127.0.0.1:{free_port()}"
+            upstream = placement.real(to, port)
+            body.append({"name": link_name(frm, to), "upstream": upstream, "listen": listen})
+            links.append(Link(frm, to, listen, upstream))
+            placement.proxies[(frm, to)] = listen
+
+        async def build() -> dict[str, Any]:
+            async with ToxiproxyClient(tp.url) as client:
+                made = {p["name"] for p in await client.populate(body)}
+                missing = [b["name"] for b in body if b["name"] not in made]
+                if missing:
+                    raise ToxiproxyError(f"Toxiproxy did not create proxies {', '.join(missing)}", proxy=missing[0])
+                return Topology(client, links).describe()
+
+        self.info["topology"] = asyncio.run(build())
+        self.save_state()
+
+    def _describe(self, placement: Placement, store: Any) -> None:
+        """info: the members' URLs, the client nodes (group g -> member m through its proxy) and each node's store."""
+        from lab.stack.store import PouchDBProcess
+
+        members = self.decl.members()
+        url = self.decl.client_url
+        self.info["members"] = {m: url(placement.real(m)) for m in members}
+        nodes, node_store = [], {}
+        for g in range(1, placement.client_groups + 1):
+            for m in members:
+                node = url(placement.address(f"c{g}", m))
+                nodes.append(node)
+                if isinstance(store, PouchDBProcess):  # a --store-url store is reached directly (its URL is secret)
+                    node_store[node] = store.via(placement.address(f"c{g}", STORE))
+        self.info["client_nodes"] = nodes
+        self.info["node_store"] = node_store
+
+    def _start(self, proc: ManagedProcess, *, wait: bool = True) -> ManagedProcess:
+        """Start one process and record it in state.json at once (so `down` can always find it)."""
+        proc.die_with_parent = self.die_with_parent
+        self.processes.append(proc)
+        try:
+            proc.start(wait=wait)
+        finally:
+            self.save_state()
+        return proc
+
+    # -- what the runner and the nemeses read -------------------------------
+    def status(self) -> dict[str, Any]:
+        """The runner's view (the same keys as LocalStack.status)."""
+        procs = [{"name": p.name, "pid": p.pid, "alive": p.alive(), "ports": p.ports, "log": str(p.log_path)}
+                 for p in self.processes]
+        return {
+            "name": self.name,
+            "system": self.decl.system,
+            "up": bool(procs) and all(p["alive"] for p in procs),
+            "lease_servers": list(self.info.get("members", {}).values()),
+            "members": self.info.get("members", {}),
+            "valkey": None,
+            "store": self.info.get("store"),
+            "toxiproxy": self.info.get("toxiproxy"),
+            "client_nodes": self.info.get("client_nodes", []),
+            "topology": self.info.get("topology"),
+            "clocks": self.info.get("clocks", {}),
+            "netns": None,
+            "credentials": None,
+            "dir": str(self.dir),
+            "processes": procs,
+        }
+
+    def store_url_for(self, node: str) -> str | None:
+        """The store as the client group of `node` reaches it (through its proxy when there is one)."""
+        return self.info.get("node_store", {}).get(node) or self.info.get("store")
+
+    # -- down -------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Stop every process this stack started (reverse start order, by pid) and remove state.json."""
+        stopped, errors = [], []
+        for p in reversed(self.processes):
+            try:
+                if p.alive():
+                    p.stop()
+                    stopped.append(p.name)
+                else:
+                    p.stop()  # closes its log file
+            except ProcessError as e:
+                errors.append(str(e))
+        if errors:
+            raise StackError("; ".join(errors))
+        self.processes = []
+        if self.state_file.exists():
+            self.state_file.unlink()
+        return stopped
+
+
+def stack_for(test: Any, root: Path) -> SutStack | None:
+    """The stack that runs the test's system's own processes, or None (the reference LocalStack, or --url)."""
+    decl = declared_processes(test)
+    return None if decl is None else SutStack(decl, root=root, die_with_parent=True)
+
+
+def store_url_for(test: Any, node: str) -> str | None:
+    """The store a worker bound to `node` writes into: its client group's link to the store, when the lab runs
+    the system's processes; else the run's store (`test.live["store_url"]`, `test.store`)."""
+    stack = (getattr(test, "live", None) or {}).get("stack")
+    if isinstance(stack, SutStack) and not test.live.get("store_url"):
+        found = stack.store_url_for(node)
+        if found:
+            return found
+    return test.live.get("store_url") or test.store
+
+
+def member_processes(test: Any) -> dict[str, ManagedProcess]:
+    """The running system's processes by name (the store and Toxiproxy excluded)."""
+    stack = (getattr(test, "live", None) or {}).get("stack")
+    if not isinstance(stack, SutStack):
+        return {}
+    names = {p.name for p in stack.decl.processes}
+    return {p.name: p for p in stack.processes if p.name in names}
+
+
+def wait_port(host: str, port: int, timeout_s: float = 10.0) -> bool:
+    """Until something accepts on host:port (True) or the timeout (False)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if port_open(host, port):
+            return True
+        time.sleep(0.05)
+    return False
