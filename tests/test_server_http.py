@@ -249,8 +249,11 @@ async def test_openapi_is_served_equals_the_docs_file_and_covers_every_route(srv
     r = await srv.client.get("/openapi.json")
     assert r.status_code == 200
     served = r.json()
-    assert served == json.loads((REPO / "docs" / "openapi.json").read_text()) == json.loads(
-        json.dumps(openapi_document()))
+    # a server describes its own bounds (this one: min_ttl_ms=50); the docs file holds the defaults
+    assert served == json.loads(json.dumps(openapi_document(srv.server.settings)))
+    assert served["paths"][P + "/acquire"]["post"]["requestBody"]["content"]["application/json"]["schema"][
+        "properties"]["ttl_ms"]["minimum"] == 50
+    assert json.loads((REPO / "docs" / "openapi.json").read_text()) == json.loads(json.dumps(openapi_document()))
     assert served["openapi"].startswith("3.")
     for route in srv.app.routes:
         assert route.path in served["paths"], route.path
@@ -258,3 +261,30 @@ async def test_openapi_is_served_equals_the_docs_file_and_covers_every_route(srv
             assert method.lower() in served["paths"][route.path], (route.path, method)
     documented_codes = set(served["components"]["schemas"]["Error"]["properties"]["code"]["enum"])
     assert documented_codes == {c for c, s in HTTP_STATUS.items() if s != 200}
+
+
+# -- deadline_at is RFC 3339, not whatever fromisoformat takes -----------------------------------------
+
+RFC3339_OK = ["2099-01-01T00:00:00Z", "2099-01-01t00:00:00z", "2099-01-01T00:00:00.123456789+05:30",
+              "2098-12-31T23:59:60Z", "2099-01-01T00:00:00-00:00"]
+RFC3339_BAD = ["2099-W01-1T00:00:00Z",            # ISO 8601 week date
+               "20990101T000000Z",                # ISO 8601 basic format
+               "2099-01-01T00:00Z",               # no seconds
+               "2099-01-01T00:00:00",             # no zone
+               "2099-01-01T00:00:00+0530",        # offset without a colon
+               "2099-01-01 00:00:00Z",            # a space for the T
+               "2099-02-30T00:00:00Z",            # no such day
+               "2099-01-01T00:00:00+24:00",       # no such offset
+               "\uff12099-01-01T00:00:00Z",       # a fullwidth digit
+               "2099-01-01T00:00:00.\u0661Z"]     # an Arabic-Indic digit
+
+
+async def test_deadline_at_is_parsed_as_rfc3339(srv):
+    for i, text in enumerate(RFC3339_OK):
+        r = await srv.acquire(target_id=f"rfc-{i}", deadline_at=text)
+        assert_success(r, "lease_acquired")
+    for text in RFC3339_BAD:
+        b = assert_error(await srv.acquire(target_id="rfc-bad", deadline_at=text), 400, "invalid_lease_request")
+        assert b["msg"].startswith("deadline_at:") and b["retryable"] is False, (text, b)
+    past = assert_error(await srv.acquire(deadline_at="2001-01-01T00:00:00Z"), 408, "deadline_exceeded")
+    assert past["retryable"] is True

@@ -8,14 +8,20 @@ and the counter's own INFO.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import select
+import socket
+import time
 
+import httpx
 import pytest
 import redis
 
 from lab.server import backend as keys
 from lab.server.audit import AUDIT_FIELDS, EVENT_TYPES, event_from_stream
-from lab.server.testing import CommandCounter, body, command_delta, in_process_server
+from lab.server.testing import CommandCounter, body, command_delta, demo_principals, identity, in_process_server
+from lab.stack.leaseserver import LeaseServerProcess
 
 P = "/api/v1/target-leases"
 
@@ -180,3 +186,229 @@ async def test_principals_file_and_logs_hold_no_keys(srv, run_dir):
     text = (run_dir / "principals.json").read_text()
     for api_key in srv.keys.values():
         assert api_key.split(".")[2] not in text
+
+
+# -- an attacker's inputs, against `python -m lab.server` over real HTTP ------------------------------
+
+SHORT_TIMEOUTS = {"header_timeout_ms": 1000, "body_timeout_ms": 1000}
+
+
+@pytest.fixture
+def live(valkey, run_dir):
+    """A real server process (uvicorn, 1 s header and body timeouts) on the session Valkey."""
+    principals, api_keys = demo_principals(run_dir)
+    config = run_dir / "server.json"
+    config.write_text(json.dumps(SHORT_TIMEOUTS))
+    server = LeaseServerProcess(run_dir, valkey_url=valkey.url, principals_file=principals, name="lease-hostile",
+                                config_file=config)
+    server.start()
+    server.keys = api_keys
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def wait_until(condition, timeout: float = 30.0, what: str = "the condition"):
+    """Poll `condition()` until it is truthy (its value is returned); fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def server_log(server) -> str:
+    return server.log_path.read_text(errors="replace")
+
+
+def assert_quiet_log(server):
+    """No traceback and no error line: hostile input is the client's problem, not the server's."""
+    text = server_log(server)
+    assert "Traceback" not in text and " ERROR " not in text, text[-2000:]
+
+
+def raw_request(server, head: str) -> socket.socket:
+    """A socket to the server with `head` (request line and headers, CRLF-separated) already sent."""
+    sock = socket.create_connection((server.host, server.ports["http"]), timeout=30)
+    sock.sendall(head.encode("latin-1"))
+    return sock
+
+
+def closed_by_peer(sock: socket.socket) -> bool:
+    """Has the server closed this connection (EOF or reset) without us reading a response?"""
+    readable, _, _ = select.select([sock], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return sock.recv(65536) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def audited_refusals(valkey, code: str) -> list[dict]:
+    vk = redis.Redis.from_url(valkey.url, decode_responses=True)
+    try:
+        events = [event_from_stream(f) for _, f in vk.xrange(keys.AUDIT_STREAM)]
+    finally:
+        vk.close()
+    return [e for e in events if e.get("result_code") == code]
+
+
+def test_hostile_bodies_and_queries_are_400_not_retryable_without_a_traceback(live):
+    headers = {"authorization": f"Bearer {live.keys['lease-a1']}"}
+    deep: object = 0
+    for _ in range(254):
+        deep = [deep]
+    commit = {**body(ttl_ms=None), "fencing_token": 1, "lease_id": "l-1", "doc": "doc-1", "body": {"append": deep}}
+    acquire_deadlines = ["\u0662\u0660\u0663\u0660-01-01T00:00:00Z", "2030-01-01T00:00:00\u00b2Z", "9" * 4400]
+    with httpx.Client(base_url=live.url, headers=headers, timeout=30) as c:
+        replies = [c.post("/api/v1/commits", json=commit),
+                   c.post(P + "/acquire", json={**body(), "metadata": {"k": deep}})]
+        for text in acquire_deadlines:
+            replies.append(c.post(P + "/acquire", json={**body(), "deadline_at": text}))
+        for value in ("\u00b2", "\u0661", "9" * 4400, "\u0661\u0660"):
+            replies.append(c.get(P, params={"deadline_at": value}))
+            replies.append(c.get(P, params={"limit": value}))
+            replies.append(c.get(P + "/00000000-0000-4000-8000-000000000000", params={"deadline_at": value}))
+        for r in replies:
+            b = r.json()
+            assert (r.status_code, b["code"], b["retryable"]) == (400, "invalid_lease_request", False), r.text
+        assert c.get("/healthz").status_code == 200  # and the server is still fine
+    assert_quiet_log(live)
+
+
+def test_a_client_that_leaves_mid_body_is_a_400_and_no_error(live, valkey):
+    sock = raw_request(live, f"POST {P}/acquire HTTP/1.1\r\nHost: lease\r\nContent-Type: application/json\r\n"
+                             f"Authorization: Bearer {live.keys['lease-a1']}\r\nContent-Length: 500\r\n\r\n")
+    sock.sendall(b'{"tenant_id": "tenant-a", "program_id": "pro')
+    wait_until(lambda: live.healthy(), what="the request to reach the app")  # a later request: ours is in
+    sock.close()
+    events = wait_until(lambda: audited_refusals(valkey, "invalid_lease_request"), what="the refusal's audit event")
+    assert [(e["http_status"], e["retryable"], e["principal_id"]) for e in events] == [(400, False, "lease-a1")]
+    assert_quiet_log(live)
+
+
+def test_slow_request_headers_are_cut_off(live):
+    idle = socket.create_connection((live.host, live.ports["http"]), timeout=60)  # sends nothing at all
+    slow = raw_request(live, f"GET {P} HTTP/1.1\r\nHost: lease\r\n")
+    sent = 0
+    while not closed_by_peer(slow):  # one header byte every 50 ms: 60 s of trickle if never cut off
+        assert sent < 1200, "the server kept a connection whose headers never completed"
+        try:
+            slow.sendall(b"X-Slow: 1\r\n"[sent % 11:sent % 11 + 1])
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        sent += 1
+        time.sleep(0.05)
+    assert idle.recv(1) == b""  # closed by the server, not by our 60 s socket timeout
+    slow.close()
+    idle.close()
+    assert_quiet_log(live)
+
+
+def test_a_slow_body_is_cut_off_with_a_400(live):
+    sock = raw_request(live, f"POST {P}/acquire HTTP/1.1\r\nHost: lease\r\nContent-Type: application/json\r\n"
+                             f"Authorization: Bearer {live.keys['lease-a1']}\r\nContent-Length: 2000\r\n\r\n")
+    sock.settimeout(0)
+    reply = b""
+    for i in range(1200):  # one body byte every 50 ms: 60 s of trickle if never cut off
+        try:
+            chunk = sock.recv(65536)
+        except BlockingIOError:
+            chunk = None
+        except ConnectionResetError:
+            break
+        if chunk == b"":
+            break
+        if chunk:
+            reply += chunk
+            continue
+        try:
+            sock.sendall(b" ")
+        except (BrokenPipeError, ConnectionResetError, BlockingIOError):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the server kept reading a body that never completed")
+    sock.close()
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"connection: close" in head.lower(), reply
+    b = json.loads(payload)
+    assert (b["code"], b["retryable"]) == ("invalid_lease_request", False) and b["msg"].startswith("body:")
+    assert_quiet_log(live)
+
+
+# -- waiting acquires are shared out ---------------------------------------------------------------
+
+async def until(condition, timeout: float = 30.0, what: str = "the condition"):
+    """Poll `condition()` on the event loop until it is truthy; fail after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def test_one_tenant_cannot_take_every_waiting_slot(valkey, run_dir):
+    async with in_process_server(run_dir, valkey.url, max_waiters=4, max_waiters_per_tenant=2,
+                                 min_ttl_ms=100) as s:
+        service = s.server.service
+        held = (await s.acquire(target_id="busy-a", ttl_ms=60_000)).json()["lease"]
+        greedy = [asyncio.create_task(s.acquire(p, target_id="busy-a", wait_ms=2500, deadline_in_ms=4000))
+                  for p in ("lease-a1", "lease-a1-peer", "lease-a1", "lease-a1-peer")]
+        # every tenant-a request is either waiting or already answered
+        await until(lambda: service.waiters + sum(t.done() for t in greedy) == len(greedy), what="tenant a")
+        assert service.waiters == 2  # tenant a's share; its other two got the plain conflict at once
+        b_lease = (await s.acquire("lease-b1", tenant_id="tenant-b", target_id="busy-b")).json()["lease"]
+        waiter = asyncio.create_task(s.acquire("lease-b1", tenant_id="tenant-b", target_id="busy-b",
+                                               wait_ms=4000, deadline_in_ms=5000))
+        await until(lambda: service.waiters == 3 or waiter.done(), what="tenant b's waiter")
+        assert not waiter.done(), (await waiter).text  # tenant b still got a waiting slot
+        assert (await s.release(b_lease, principal="lease-b1")).status_code == 200
+        r = await waiter
+        assert r.json()["code"] == "lease_acquired", r.text
+        assert (await s.release(held)).status_code == 200
+        codes = sorted(r.json()["code"] for r in await asyncio.gather(*greedy))
+        assert codes.count("lease_conflict") >= 2 and set(codes) <= {"lease_conflict", "lease_acquired"}
+        assert service.waiters == 0 and not service.waiters_by
+
+
+# -- no credential in a body, however it is spelled ------------------------------------------------
+
+def _escape_one(text: str, secret: str) -> str:
+    """`text` (JSON) with one character of `secret` written as a \\u escape."""
+    return text.replace(secret, secret[:7] + "\\u%04x" % ord(secret[7]) + secret[8:])
+
+
+async def test_a_secret_in_a_body_is_refused_however_it_is_escaped(srv, valkey):
+    own = srv.keys["lease-a1"]
+    other = srv.keys["lease-b1"]
+    assert (await srv.acquire("lease-b1", tenant_id="tenant-b", target_id="warm")).status_code == 200
+    attempts = [
+        _escape_one(json.dumps(body(metadata={"note": own.split(".")[2]})), own.split(".")[2]),
+        _escape_one(json.dumps(body(target_id="x-" + own.split(".")[2])), own.split(".")[2]),
+        json.dumps(body(target_id=other)),                          # another principal's whole key
+        _escape_one(json.dumps(body(target_id=other)), other.split(".")[2]),
+        json.dumps(body(target_id=other.split(".")[2])),            # its bare secret (it has authenticated)
+        json.dumps(body(metadata={"k": "flk.someone-k1." + "A" * 43})),  # any key-shaped value
+        json.dumps({**body(), "metadata": {other.split(".")[2]: 1}}),  # as an object key
+    ]
+    for text in attempts:
+        r = await srv.client.post(P + "/acquire", content=text.encode(), headers=srv.headers(
+            "lease-a1", **{"content-type": "application/json"}))
+        b = r.json()
+        assert (r.status_code, b["code"]) == (400, "invalid_lease_request"), text
+        assert b["msg"].startswith("body:") and "key" in b["msg"]
+    r = await srv.client.get(P, params={**identity(target_id=other)}, headers=srv.headers("lease-a1"))
+    assert (r.status_code, r.json()["msg"].split(":")[0]) == (400, "query")
+    vk = redis.Redis.from_url(valkey.url)
+    try:
+        stored = b"".join(vk.dump(k) or b"" for k in vk.keys("*"))
+    finally:
+        vk.close()
+    for api_key in (own, other):
+        assert api_key.split(".")[2].encode() not in stored

@@ -97,11 +97,13 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from lab.server.app import create_app
+    from lab.server.protocol import protocol_class
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                loop="auto", http="auto", lifespan="on", timeout_graceful_shutdown=3,
+                loop="auto", http=protocol_class(settings.header_timeout_ms), lifespan="on",
+                timeout_graceful_shutdown=3,
                 proxy_headers=False, server_header=False)
 
 

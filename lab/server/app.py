@@ -32,7 +32,7 @@ from typing import Any, AsyncIterator
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -50,15 +50,18 @@ from lab.server.store import DocumentStore, StoreError
 from lab.server.wire import (
     INSPECT_QUERY_FIELDS,
     LIST_QUERY_FIELDS,
+    KnownSecrets,
+    ascii_int,
     check_fields,
     check_lease_id,
     check_query,
     ensure_no_credential,
-    parse_deadline,
+    json_strings,
     parse_identity,
     parse_json_object,
     parse_mutation,
     now_ms,
+    query_deadline,
 )
 
 log = logging.getLogger("lab.server")
@@ -66,6 +69,7 @@ log = logging.getLogger("lab.server")
 _CID_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 _CURSOR_RE = re.compile(r"c1\.[A-Za-z0-9_-]{43}\Z")
 _PRINCIPAL_RE = re.compile(r"[a-z0-9][a-z0-9._:-]{0,63}\Z")
+_DIGITS_RE = re.compile(r"[0-9]{1,16}\Z")
 DEFAULT_READ_TIMEOUT_MS = 2_000
 _BACKEND_ANSWERED = frozenset({"lease_conflict", "lease_lost", "idempotency_conflict", "lease_not_found"})
 JSON = "application/json"
@@ -106,19 +110,32 @@ def correlation_id_of(request: Request) -> str:
     return uuid.uuid4().hex
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refusing anything over `limit` bytes before reading it all."""
+class IncompleteBody(LeaseError):
+    """A body that never arrived whole (too slow, or the client left): 400, and the connection is closed."""
+
+    def __init__(self, problem: str):
+        super().__init__("invalid_lease_request", f"body: {problem}")
+
+
+async def read_body(request: Request, limit: int, timeout_s: float = 10.0) -> bytes:
+    """The request body within `timeout_s`, refusing anything over `limit` bytes before reading it all."""
     length = request.headers.get("content-length")
     if length is not None:
-        if not length.isdigit():
-            raise invalid("content-length", "must be a non-negative integer")
+        if not _DIGITS_RE.match(length):
+            raise invalid("content-length", "must be a non-negative integer of ASCII digits")
         if int(length) > limit:
             raise invalid("body", f"must be at most {limit} bytes (got {length})")
     chunks = bytearray()
-    async for chunk in request.stream():
-        chunks += chunk
-        if len(chunks) > limit:
-            raise invalid("body", f"must be at most {limit} bytes")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                chunks += chunk
+                if len(chunks) > limit:
+                    raise invalid("body", f"must be at most {limit} bytes")
+    except TimeoutError:
+        raise IncompleteBody(f"not received within {round(timeout_s * 1000)} ms (slow sender)") from None
+    except ClientDisconnect:
+        raise IncompleteBody("the client disconnected before sending all of it") from None
     return bytes(chunks)
 
 
@@ -136,13 +153,14 @@ class LeaseServer:
         self.auth = authenticator or Authenticator.from_file(settings.principals_file)
         self.backend = backend_cls(settings)
         self.store = DocumentStore(settings) if settings.store_url else None
-        self.gate = RecoveryGate(active=settings.recovery == "on" and self.store is not None)
+        self.gate = RecoveryGate(active=settings.recovery == "on")  # without a store it fails closed (recovery.py)
         self.service = service_cls(settings, self.backend, self.gate)
         self.commits = commits_cls(settings, self.service, self.store, self.gate)
         self.audit = AuditLog(self.backend, settings.audit_log or None, stream_maxlen=settings.audit_stream_maxlen,
                               queue_max=settings.audit_queue_max)
         self.recovery = Recovery(settings, self.backend, self.store, self.gate, on_revoked=self.recovery_revoked)
-        self._openapi = orjson.dumps(openapi_document())
+        self._openapi = orjson.dumps(openapi_document(self.settings))
+        self.secrets = KnownSecrets()  # digests of verified secrets: the no-credential-in-body rule
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -233,9 +251,11 @@ class LeaseServer:
     # -- the request pipeline ------------------------------------------------------------
     def authenticate(self, request: Request, op: str, event: dict[str, Any]) -> Principal:
         """Credential (401), then capability (403) — before anything else is looked at."""
-        principal = self.auth.authenticate(request.headers.get("authorization"))
+        authorization = request.headers.get("authorization")
+        principal = self.auth.authenticate(authorization)
         if principal is None:
             raise LeaseError("invalid_credential", "missing, malformed or unknown API key (use Authorization: Bearer)")
+        self.secrets.add(authorization)
         event["principal_id"] = principal.principal_id
         event["credential_id"] = principal.credential_id
         if not any(principal.can(cap) for cap in CAPABILITY[op]):
@@ -257,9 +277,9 @@ class LeaseServer:
             lease_id = "" if op in ("acquire", "commit") else check_lease_id(request.path_params["lease_id"])
             if lease_id:
                 event["lease_id"] = lease_id
-            raw = await read_body(request, self.settings.max_body_bytes)
-            body = parse_json_object(raw)
-            ensure_no_credential(raw, request.headers.get("authorization"))
+            raw = await read_body(request, self.settings.max_body_bytes, self.settings.body_timeout_ms / 1000)
+            body = parse_json_object(raw, self.settings.max_body_depth)
+            ensure_no_credential(raw, request.headers.get("authorization"), json_strings(body), self.secrets.found_in)
             identity = parse_identity(body)
             event.update(identity.as_dict())
             if not principal.allows(identity):
@@ -321,6 +341,8 @@ class LeaseServer:
         try:
             principal = self.authenticate(request, op, event)
             query = self.query(request)
+            ensure_no_credential(request.url.query.encode(), request.headers.get("authorization"),
+                                 [*query, *query.values()], self.secrets.found_in, where="query")
             deadline_ms = self.read_deadline(query)
             if "lease_id" in request.path_params:
                 check_query(query, frozenset({"deadline_at"}))
@@ -376,7 +398,10 @@ class LeaseServer:
             self.audit.emit(event)
         except Exception:  # noqa: BLE001 - a failed audit write must not turn into a 500
             log.exception("audit emit failed")
-        return json_response(err.envelope(cid), err.status, cid, err.retry_after_ms)
+        response = json_response(err.envelope(cid), err.status, cid, err.retry_after_ms)
+        if isinstance(err, IncompleteBody):  # the rest of the body is not worth waiting for
+            response.headers["connection"] = "close"
+        return response
 
     # -- query helpers ------------------------------------------------------------------
     @staticmethod
@@ -395,7 +420,7 @@ class LeaseServer:
         raw = query.get("deadline_at")
         if raw is None:
             return now_ms() + DEFAULT_READ_TIMEOUT_MS
-        return parse_deadline(int(raw) if raw.isdigit() else raw)
+        return query_deadline(raw)
 
     def list_params(self, query: dict[str, str]) -> tuple[dict[str, str], int, str]:
         """Filters, page size and the cursor's lock key for list."""
@@ -413,9 +438,7 @@ class LeaseServer:
             raise invalid("target" if e.field == "target_id" else e.field, e.problem) from None
         limit = self.settings.default_page_size
         if "limit" in query:
-            if not query["limit"].isdigit() or not 1 <= int(query["limit"]) <= self.settings.max_page_size:
-                raise invalid("limit", f"must be an integer between 1 and {self.settings.max_page_size}")
-            limit = int(query["limit"])
+            limit = ascii_int(query["limit"], "limit", 1, self.settings.max_page_size)
         after = ""
         if "cursor" in query:
             if not _CURSOR_RE.match(query["cursor"]):

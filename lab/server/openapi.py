@@ -16,19 +16,36 @@ from typing import Any
 
 from lab.server.errors import COMMIT_ACCEPTED, HTTP_STATUS, LEASE_SUCCESS_CODES, SUCCESS_CODES
 from lab.server.identity import IDENTITY_FIELDS, OPERATION_CLASSES
+from lab.server.settings import JSON_SAFE_MAX, Settings
 
-_ID = {"type": "string", "pattern": r"^[A-Za-z0-9._:@+-]{1,128}$"}
-_IDENTIFIER = {"type": "string", "maxLength": 64, "description": "lowercased; [a-z0-9][a-z0-9._:@+-]*, no '..'"}
-_DEADLINE = {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer", "minimum": 1}],
-             "description": "RFC 3339 timestamp or integer Unix milliseconds; required and finite"}
-_TOKEN = {"type": "integer", "minimum": 1, "maximum": 2**53 - 1}
+_ID = {"type": "string", "pattern": r"^[A-Za-z0-9._:@+-]{1,128}$", "minLength": 1, "maxLength": 128}
+# the bounds below are the ones lab/server/wire.py and identity.py enforce, so a schema fuzzer reaches valid requests
+_IDENTIFIER = {"type": "string", "minLength": 1, "maxLength": 64,
+               "pattern": r"^[A-Za-z0-9](?:[A-Za-z0-9_:@+-]|\.(?!\.))*$",
+               "description": "case-insensitive (lowercased); ASCII letters, digits and . _ : @ + -, no '..'"}
+_TARGET_ID = {"type": "string", "minLength": 1, "maxLength": 128,
+              "pattern": r"^(?!\s)(?!.*\s$)(?!.*\.\.)[^/\\\u0000-\u001f\u007f-\u009f\u2028\u2029]+$",
+              "description": "case-sensitive NFC text, at most 256 UTF-8 bytes; no control or format characters, "
+                             "'/', '\\\\', '..', nor leading or trailing whitespace"}
+# RFC 3339 date-time (the server's own parser, wire.rfc3339_ms, takes exactly this)
+_RFC3339 = (r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
+            r"([Zz]|[+-][0-9]{2}:[0-9]{2})")
+_TOKEN = {"type": "integer", "minimum": 1, "maximum": JSON_SAFE_MAX}
+_DEADLINE = {"oneOf": [{"type": "string", "format": "date-time", "pattern": f"^{_RFC3339}$", "maxLength": 40},
+                       {"type": "integer", "minimum": 1, "maximum": JSON_SAFE_MAX}],
+             "description": "RFC 3339 timestamp with a zone, or integer Unix milliseconds; required; a past "
+                            "deadline is 408"}
+_LEASE_ID = {"type": "string", "pattern": "^[A-Za-z0-9-]{1,64}$", "minLength": 1, "maxLength": 64}
+_LOCK_KEY = {"type": "string", "pattern": r"^starintel:target-lease:v1:[A-Za-z0-9_-]{43}$"}
+_REASON = {"type": "string", "minLength": 1, "maxLength": 256, "pattern": r"\S",
+           "description": "printable text (no control characters); trimmed"}
 
 
 def _identity_props() -> dict[str, Any]:
     props: dict[str, Any] = {name: dict(_IDENTIFIER) for name in IDENTITY_FIELDS}
-    props["target_id"] = {"type": "string", "maxLength": 128,
-                          "description": "case-sensitive NFC text; no control characters, '/', '\\\\' or '..'"}
-    props["operation_class"] = {"type": "string", "enum": list(OPERATION_CLASSES), "default": "default"}
+    props["target_id"] = dict(_TARGET_ID)
+    props["operation_class"] = {"type": "string", "enum": list(OPERATION_CLASSES), "default": "default",
+                                "description": "case-insensitive"}
     return props
 
 
@@ -89,11 +106,22 @@ def _post(summary: str, body: dict[str, Any], success: str, codes: list[str], pa
     return {"post": op}
 
 
-def openapi_document() -> dict[str, Any]:
-    """The OpenAPI document of the reference lease server."""
+def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
+    """The OpenAPI document of a reference lease server with `settings` (the defaults: docs/openapi.json)."""
+    st = settings or Settings()
     p = "/api/v1/target-leases"
-    q = lambda name, desc: {"name": name, "in": "query", "required": False, "schema": {"type": "string"},  # noqa: E731
-                            "description": desc}
+
+    def q(name: str, desc: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+        return {"name": name, "in": "query", "required": False, "schema": schema or {"type": "string"},
+                "description": desc}
+
+    query_deadline = {"type": "string", "maxLength": 40, "pattern": f"^([0-9]{{1,16}}|{_RFC3339})$"}
+    metadata = {"type": "object", "maxProperties": st.max_metadata_bytes // 8,
+                "propertyNames": {"minLength": 1, "maxLength": 64, "pattern": "^[^\\u0000-\\u001f]+$"},
+                "description": f"at most {st.max_metadata_bytes} bytes of JSON, {st.max_metadata_depth} levels "
+                               "deep; no key or value that looks like a credential"}
+    body_note = (f"A request body is at most {st.max_body_bytes} bytes and {st.max_body_depth} levels of JSON "
+                 "nesting, and holds no API key or secret (after JSON escapes are decoded).")
     read_codes = ["invalid_lease_request", "invalid_credential", "access_denied", "lease_not_found",
                   "deadline_exceeded", "lease_backend_unavailable"]
     return {
@@ -101,7 +129,7 @@ def openapi_document() -> dict[str, Any]:
         "info": {"title": "fencelab reference lease server", "version": "1",
                  "description": "Target leases, fencing tokens and the fenced-write boundary (docs/server.md, "
                                 "the lease contract rules C1-C29). `commit_accepted` extends section 9's "
-                                "200 codes, which list none for commits."},
+                                "200 codes, which list none for commits. " + body_note},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "API key flk.<credential_id>.<secret>"}},
@@ -150,14 +178,18 @@ def openapi_document() -> dict[str, Any]:
         "paths": {
             p + "/acquire": _post(
                 "acquire-if-free (C11)",
-                _body({"ttl_ms": {"type": "integer"}, "maximum_lifetime_ms": {"type": "integer"},
-                       "metadata": {"type": "object"}, "client_id": _ID,
-                       "wait_ms": {"type": "integer", "minimum": 0, "description": "bounded retry on conflict"}},
+                _body({"ttl_ms": {"type": "integer", "minimum": st.min_ttl_ms, "maximum": st.max_ttl_ms},
+                       "maximum_lifetime_ms": {"type": "integer", "minimum": 1, "maximum": st.max_lifetime_ms,
+                                               "description": "at least ttl_ms"},
+                       "metadata": metadata, "client_id": _ID,
+                       "wait_ms": {"type": "integer", "minimum": 0, "maximum": st.max_acquire_wait_ms,
+                                   "description": "bounded retry on conflict"}},
                       ["ttl_ms"]),
                 "lease_acquired", _AUTH_ERRORS + ["deadline_exceeded", "lease_conflict", "idempotency_conflict",
                                                   "lease_rate_limited", "lease_outcome_unknown"], False),
             p + "/{lease_id}/renew": _post(
-                "renew-if-owner (C12)", _body({"fencing_token": _TOKEN, "ttl_ms": {"type": "integer"}},
+                "renew-if-owner (C12)", _body({"fencing_token": _TOKEN, "ttl_ms": {
+                    "type": "integer", "minimum": st.min_ttl_ms, "maximum": st.max_ttl_ms}},
                                               ["fencing_token"]),
                 "lease_renewed", _MUTATION_ERRORS + ["lease_rate_limited"], True),
             p + "/{lease_id}/release": _post(
@@ -165,27 +197,33 @@ def openapi_document() -> dict[str, Any]:
                 "lease_released", _MUTATION_ERRORS, True),
             p + "/{lease_id}/force-release": _post(
                 "admin force-release of the observed lease (C15)",
-                _body({"fencing_token": _TOKEN, "reason": {"type": "string", "maxLength": 256}},
+                _body({"fencing_token": _TOKEN, "reason": _REASON},
                       ["fencing_token", "reason"]),
                 "lease_released", _MUTATION_ERRORS, True),
             p + "/{lease_id}/revoke": _post(
                 "admin revoke of the observed lease (C15)",
-                _body({"fencing_token": _TOKEN, "reason": {"type": "string", "maxLength": 256},
+                _body({"fencing_token": _TOKEN, "reason": _REASON,
                        "incident_id": _ID}, ["fencing_token", "reason"]),
                 "lease_revoked", _MUTATION_ERRORS, True),
             p + "/{lease_id}": {"get": {
                 "summary": "inspect a lease by id (404 also when outside the caller's scope)",
                 "security": [{"bearer": []}],
-                "parameters": [{"name": "lease_id", "in": "path", "required": True, "schema": {"type": "string"}},
-                               q("deadline_at", "optional deadline")],
+                "parameters": [{"name": "lease_id", "in": "path", "required": True, "schema": _LEASE_ID},
+                               q("deadline_at", "optional deadline", query_deadline)],
                 "responses": _responses("lease_inspected", read_codes)}},
             p: {"get": {
                 "summary": "inspect by identity (when any identity field is given) or list (C14)",
                 "security": [{"bearer": []}],
-                "parameters": [q(name, "identity field (inspect)") for name in IDENTITY_FIELDS] + [
-                    q("owner", "list filter: owner principal id"), q("program", "list filter: program_id"),
-                    q("target", "list filter: target_id"), q("limit", "list page size (server maximum applies)"),
-                    q("cursor", "opaque list cursor from next_cursor"), q("deadline_at", "optional deadline")],
+                "parameters": [q(name, "identity field (inspect)", schema)
+                               for name, schema in _identity_props().items()] + [
+                    q("owner", "list filter: owner principal id",
+                      {"type": "string", "pattern": "^[a-z0-9][a-z0-9._:-]{0,63}$"}),
+                    q("program", "list filter: program_id", _IDENTIFIER),
+                    q("target", "list filter: target_id", _TARGET_ID),
+                    q("limit", "list page size", {"type": "integer", "minimum": 1, "maximum": st.max_page_size}),
+                    q("cursor", "opaque list cursor from next_cursor",
+                      {"type": "string", "pattern": "^c1\\.[A-Za-z0-9_-]{43}$"}),
+                    q("deadline_at", "optional deadline", query_deadline)],
                 "responses": {**_responses("lease_inspected", read_codes),
                               "200": {"description": "lease_inspected (inspect) or lease_listed (list)",
                                       "content": {"application/json": {"schema": {"oneOf": [
@@ -193,17 +231,20 @@ def openapi_document() -> dict[str, Any]:
                                           {"$ref": "#/components/schemas/ListResult"}]}}}}}}},
             "/api/v1/commits": _post(
                 "the fenced-write boundary (C24-C29): validate the lease, then write the document conditionally",
-                _body({"fencing_token": _TOKEN, "lease_id": {"type": "string", "pattern": "^[A-Za-z0-9-]{1,64}$"},
-                       "lock_key": {"type": "string", "description": "optional; must be the key the identity "
-                                                                     "derives (C24)"},
+                _body({"fencing_token": _TOKEN, "lease_id": _LEASE_ID,
+                       "lock_key": {**_LOCK_KEY, "description": "optional; must be the key the identity "
+                                                                "derives (C24)"},
                        "expires_at": {**_DEADLINE, "description": "optional, informational: backend time decides"},
-                       "doc": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$"},
+                       "doc": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,199}$", "maxLength": 200},
                        "body": {"oneOf": [
                            {"type": "object", "required": ["append"], "additionalProperties": False,
-                            "properties": {"append": {"description": "appended to the document's entries"}}},
+                            "properties": {"append": {"not": {"type": "null"},
+                                                      "description": "appended to the document's entries"}}},
                            {"type": "object", "required": ["set"], "additionalProperties": False,
-                            "properties": {"set": {"type": "object", "description": "merged into the document "
-                                                   "(not entries, _* or fence_* fields)"}}}]}},
+                            "properties": {"set": {
+                                "type": "object", "minProperties": 1,
+                                "propertyNames": {"pattern": r"^(?!_|fence_|entries$)[A-Za-z0-9][A-Za-z0-9._:@+-]{0,63}$"},
+                                "description": "merged into the document (not entries, _* or fence_* fields)"}}}]}},
                       ["fencing_token", "lease_id", "doc", "body"]),
                 COMMIT_ACCEPTED, _MUTATION_ERRORS, False),
             "/healthz": {"get": {"summary": "200 when Valkey answers, the scripts are loaded and the recovery "

@@ -11,6 +11,7 @@ only clock that decides a lease (C20); the server clock only bounds deadlines.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import random
 import time
@@ -124,6 +125,7 @@ class LeaseService:
         self.rate_target = TokenBuckets(settings.rate_per_principal_target, settings.burst_per_principal_target)
         self.rate_principal = TokenBuckets(settings.rate_per_principal, settings.burst_per_principal)
         self.waiters = 0
+        self.waiters_by: collections.Counter = collections.Counter()  # ("tenant"|"principal", id) -> waiting
 
     # -- shared steps ------------------------------------------------------------
     def call_deadline(self, deadline_ms: int) -> float:
@@ -206,7 +208,7 @@ class LeaseService:
                 s.history_retention_ms, s.expired_record_retention_ms, expected, self.gate.floor]
         res = await self.run("acquire", key_list, args, self.call_deadline(req.deadline_ms), mutation=True)
         if res[0] == "lease_conflict" and f["wait_ms"]:
-            res = await self._wait_and_retry(res, key_list, args, req)
+            res = await self._wait_and_retry(res, key_list, args, req, principal)
         status = res[0]
         audit = {"requested_ttl_ms": f["ttl_ms"]}
         if status == "lease_acquired":
@@ -235,14 +237,38 @@ class LeaseService:
                              retry_after_ms=max(1, int(res[2])), backend_health="ok")
         raise self.common_failure(res, expected) or corrupt()
 
-    async def _wait_and_retry(self, res: list, key_list: list[str], args: list[Any], req: MutationRequest) -> list:
-        """Retry a conflicting acquire with jittered backoff within wait_ms and the deadline (C22)."""
+    def _take_waiter(self, principal: Principal, req: MutationRequest) -> tuple | None:
+        """A waiting slot, or None when the instance, this tenant or this principal has used its share."""
+        s = self.settings
+        shares = (("tenant", req.identity.tenant_id), s.max_waiters_per_tenant), \
+                 (("principal", principal.principal_id), s.max_waiters_per_principal)
+        if self.waiters >= s.max_waiters or any(self.waiters_by[key] >= cap for key, cap in shares):
+            return None
+        self.waiters += 1
+        for key, _ in shares:
+            self.waiters_by[key] += 1
+        return tuple(key for key, _ in shares)
+
+    def _give_waiter(self, slot: tuple) -> None:
+        self.waiters -= 1
+        for key in slot:
+            self.waiters_by[key] -= 1
+            if not self.waiters_by[key]:
+                del self.waiters_by[key]
+
+    async def _wait_and_retry(self, res: list, key_list: list[str], args: list[Any], req: MutationRequest,
+                              principal: Principal) -> list:
+        """Retry a conflicting acquire with jittered backoff within wait_ms and the deadline (C22).
+
+        Waiting slots are shared out: one tenant or one principal cannot hold
+        them all (a caller over its share gets the plain conflict at once).
+        """
         s = self.settings
         loop = asyncio.get_running_loop()
         wait_until = loop.time() + req.fields["wait_ms"] / 1000
-        if self.waiters >= s.max_waiters:
+        slot = self._take_waiter(principal, req)
+        if slot is None:
             return res
-        self.waiters += 1
         try:
             attempt = 0
             while res[0] == "lease_conflict":
@@ -256,7 +282,7 @@ class LeaseService:
                 res = await self.run("acquire", key_list, args, self.call_deadline(req.deadline_ms), mutation=True)
             return res
         finally:
-            self.waiters -= 1
+            self._give_waiter(slot)
 
     async def renew(self, principal: Principal, req: MutationRequest) -> Outcome:
         """renew-if-owner (C12)."""

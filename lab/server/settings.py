@@ -51,8 +51,13 @@ class Settings:
     acquire_retry_base_ms: int = 10          # first retry backoff; doubles, full jitter
     acquire_retry_max_ms: int = 200
     max_waiters: int = 256                   # concurrent waiting acquires per instance
+    max_waiters_per_tenant: int = 64         # ... of which one tenant may hold at most this many
+    max_waiters_per_principal: int = 64      # ... and one principal at most this many
     # -- request limits (C8, C14) -------------------------------------------
     max_body_bytes: int = 16_384
+    max_body_depth: int = 32                 # JSON nesting levels of a request body
+    header_timeout_ms: int = 10_000          # a request's line and headers must arrive within this (slow senders)
+    body_timeout_ms: int = 10_000            # and its body within this, once the headers are in
     max_metadata_bytes: int = 1_024
     max_metadata_depth: int = 4
     default_page_size: int = 50
@@ -112,7 +117,9 @@ class Settings:
                     "list_scan_budget", "history_max_entries", "fence_max", "audit_stream_maxlen",
                     "audit_queue_max", "valkey_max_connections", "valkey_connect_timeout_ms",
                     "acquire_retry_base_ms", "acquire_retry_max_ms", "history_retention_ms",
-                    "commit_max_attempts", "commit_applied_max", "recovery_check_interval_ms")
+                    "commit_max_attempts", "commit_applied_max", "recovery_check_interval_ms",
+                    "max_body_depth", "header_timeout_ms", "body_timeout_ms", "max_waiters_per_tenant",
+                    "max_waiters_per_principal")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise SettingsError(f"{name}: must be > 0")

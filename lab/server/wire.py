@@ -21,7 +21,7 @@ import hashlib
 import re
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import orjson
@@ -82,8 +82,12 @@ class MutationRequest:
         return self.fields.get(name, default)
 
 
-def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or 400."""
+def parse_json_object(raw: bytes, max_depth: int = 32) -> dict[str, Any]:
+    """The body as a JSON object nested at most `max_depth` levels, or 400.
+
+    The depth bound keeps every later step (the digest's `orjson.dumps`, whose
+    recursion limit is 254, the store write) from failing on what parsed.
+    """
     if not raw:
         raise invalid("body", "must be a JSON object (the body is empty)")
     try:
@@ -92,7 +96,42 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise invalid("body", f"is not valid JSON ({str(e).split(':')[0]})") from None
     if not isinstance(body, dict):
         raise invalid("body", "must be a JSON object")
+    if json_depth(body, max_depth) > max_depth:
+        raise invalid("body", f"nests deeper than {max_depth} levels")
     return body
+
+
+def json_depth(value: Any, stop_after: int) -> int:
+    """The nesting depth of a decoded JSON value (a scalar is 0), counted up to `stop_after` + 1.
+
+    Iterative, so no input can exhaust the Python stack.
+    """
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > stop_after:
+                    return deepest
+            stack.extend((x, depth) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def json_strings(value: Any) -> list[str]:
+    """Every string of a decoded JSON value, object keys included (after `parse_json_object` bounded its depth)."""
+    out, stack = [], [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, dict):
+            out.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return out
 
 
 def parse_identity(source: dict[str, Any]) -> Identity:
@@ -251,16 +290,55 @@ def parse_deadline(value: Any, field: str = "deadline_at") -> int:
             raise invalid(field, "must be a positive integer of Unix milliseconds")
         return value
     if isinstance(value, str):
-        if len(value) > 40 or "T" not in value.upper():
-            raise invalid(field, "must be an RFC 3339 timestamp such as 2030-01-01T00:00:00.000Z")
-        try:
-            dt = datetime.fromisoformat(value)
-        except ValueError:
-            raise invalid(field, "must be an RFC 3339 timestamp such as 2030-01-01T00:00:00.000Z") from None
-        if dt.tzinfo is None:
-            raise invalid(field, "must carry a time zone (Z or +hh:mm)")
-        return int(dt.timestamp() * 1000)
+        return rfc3339_ms(value, field)
     raise invalid(field, "must be an RFC 3339 timestamp or integer Unix milliseconds")
+
+
+# RFC 3339 section 5.6 `date-time`, ASCII digits only: written out because datetime.fromisoformat (and
+# pyRFC3339, which wraps it) also takes ISO 8601 forms RFC 3339 does not (week dates, basic format, no seconds).
+_RFC3339_RE = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[Tt]([0-9]{2}):([0-9]{2}):([0-9]{2})(\.[0-9]{1,9})?"
+                         r"(?:([Zz])|([+-])([0-9]{2}):([0-9]{2}))\Z")
+_RFC3339_EXAMPLE = "must be an RFC 3339 timestamp such as 2030-01-01T00:00:00.000Z"
+
+
+def rfc3339_ms(text: str, field: str = "deadline_at") -> int:
+    """An RFC 3339 `date-time` (zone required) as Unix ms, or 400 naming `field`."""
+    m = _RFC3339_RE.match(text) if len(text) <= 40 else None
+    if m is None:
+        raise invalid(field, _RFC3339_EXAMPLE)
+    year, month, day, hour, minute, second = (int(g) for g in m.group(1, 2, 3, 4, 5, 6))
+    leap = second == 60  # RFC 3339 allows a leap second; it is read as the next second's start
+    try:
+        dt = datetime(year, month, day, hour, minute, 59 if leap else second, tzinfo=timezone.utc)
+        if m.group(9):
+            oh, om = int(m.group(10)), int(m.group(11))
+            if oh > 23 or om > 59:
+                raise ValueError("offset")
+            sign = 1 if m.group(9) == "+" else -1
+            dt -= sign * timedelta(hours=oh, minutes=om)
+    except (ValueError, OverflowError):
+        raise invalid(field, _RFC3339_EXAMPLE + " (a real date and time)") from None
+    ms = int(dt.timestamp()) * 1000 + (1000 if leap else 0) + int((m.group(7) or ".0")[1:4].ljust(3, "0"))
+    if not 0 < ms <= JSON_SAFE_MAX:
+        raise invalid(field, "must be after 1970-01-01T00:00:00Z")
+    return ms
+
+
+def ascii_int(text: str, field: str, lo: int, hi: int) -> int:
+    """A query-string integer: ASCII digits only (str.isdigit and int() also take '²' and '١'), in [lo, hi]."""
+    if not re.fullmatch(r"[0-9]{1,16}", text):
+        raise invalid(field, f"must be an integer of ASCII digits between {lo} and {hi}")
+    value = int(text)
+    if not lo <= value <= hi:
+        raise invalid(field, f"must be an integer between {lo} and {hi}")
+    return value
+
+
+def query_deadline(raw: str, field: str = "deadline_at") -> int:
+    """A query `deadline_at`: integer Unix ms of ASCII digits, or an RFC 3339 timestamp."""
+    if raw[:1].isascii() and raw[:1].isdigit() and "T" not in raw.upper():
+        return ascii_int(raw, field, 1, JSON_SAFE_MAX)
+    return parse_deadline(raw, field)
 
 
 def parse_metadata(value: Any, settings: Settings) -> dict[str, Any]:
@@ -315,10 +393,61 @@ def check_query(query: dict[str, str], allowed: frozenset[str]) -> None:
             raise invalid(name[:64], "unknown query parameter")
 
 
-def ensure_no_credential(raw: bytes, authorization: str | None) -> None:
-    """400 when the caller's own API key appears in the body (no credential reaches the backend)."""
+# an API key `flk.<credential_id>.<43 base64url chars>` (lab/server/auth.py), anywhere in a string
+_KEY_SHAPE_RE = re.compile(r"flk\.[a-z0-9][a-z0-9._:-]{0,63}\.[A-Za-z0-9_-]{43}")
+_B64_RUN_RE = re.compile(r"[A-Za-z0-9_-]{43,}")
+SECRET_CHARS = 43
+
+
+class KnownSecrets:
+    """The secrets of the credentials this instance has verified, kept only as SHA-256 digests.
+
+    The principals file holds salted hashes of whole keys, so a bare secret can
+    be recognized only once its key has been seen; a whole key is recognized by
+    its shape whether or not it is valid. A secret hidden inside a longer run of
+    base64url characters is found by hashing every 43-character window (at most
+    one hash per body byte).
+    """
+
+    def __init__(self, max_secrets: int = 100_000):
+        self._digests: set[bytes] = set()
+        self.max_secrets = max_secrets
+
+    def add(self, api_key: str) -> None:
+        secret = api_key.rsplit(".", 1)[-1]
+        if len(secret) == SECRET_CHARS and len(self._digests) < self.max_secrets:
+            self._digests.add(hashlib.sha256(secret.encode()).digest())
+
+    def found_in(self, texts: list[str]) -> bool:
+        """Does any text hold an API key (by shape) or a known secret?"""
+        for text in texts:
+            if len(text) < SECRET_CHARS:
+                continue
+            if _KEY_SHAPE_RE.search(text):
+                return True
+            if not self._digests:
+                continue
+            for m in _B64_RUN_RE.finditer(text):
+                run = m.group()
+                for i in range(len(run) - SECRET_CHARS + 1):
+                    if hashlib.sha256(run[i:i + SECRET_CHARS].encode()).digest() in self._digests:
+                        return True
+        return False
+
+
+def ensure_no_credential(raw: bytes, authorization: str | None, texts: list[str] = (),
+                         holds_secret: Any = None, where: str = "body") -> None:
+    """400 when a credential appears in a request (no credential reaches the backend, the store or the audit).
+
+    `raw` is checked for the caller's own key as sent; `texts` are the decoded
+    strings (so a secret split by a JSON or URL escape is still seen) and go to
+    `holds_secret` (Authenticator.holds_secret), which knows every key's shape
+    and the secrets of every credential this instance has verified.
+    """
     if authorization and authorization.startswith("Bearer "):
         secret = authorization[7:].strip().rsplit(".", 1)[-1].encode("utf-8", "replace")
         if len(secret) >= 16 and secret in raw:
-            raise invalid("body", "must not contain the API key")
+            raise invalid(where, "must not contain the API key")
+    if holds_secret is not None and holds_secret(texts):
+        raise invalid(where, "must not contain an API key or its secret")
 
