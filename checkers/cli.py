@@ -4,7 +4,8 @@
                            [--json] [--out DIR] [--format jsonl|edn]
 
 Checkers default to `linearizable` when a model is given, else every domain
-checker. Exit codes: 0 all valid, 1 any invalid, 2 any unknown (and none
+checker whose operations appear in the history (`checkers.core.applicable_checkers`;
+with none, the file is "unknown" with the reason). Exit codes: 0 all valid, 1 any invalid, 2 any unknown (and none
 invalid), 3 bad input (a missing or malformed file, a missing required field,
 an unknown model or checker, a bad option), reported as one line naming the
 file, line and problem; never a traceback.
@@ -20,7 +21,7 @@ from typing import Any
 
 import click
 
-from checkers.core import CHECKERS, DOMAIN_CHECKERS, Checker, compose, get_checker, merge_valid
+from checkers.core import CHECKERS, DOMAIN_CHECKERS, Checker, applicable_checkers, compose, get_checker, merge_valid
 
 __all__ = ["check", "exit_code", "summarize"]
 
@@ -107,6 +108,8 @@ def summarize(file: str, model: str | None, history: list[dict], results: dict, 
                for n, r in results["results"].items() if r.get("valid") not in (True, False)}
     if unknown:
         out["unknown"] = unknown
+    if results.get("reason"):
+        out["reason"] = results["reason"]
     return out
 
 
@@ -114,6 +117,8 @@ def _human(summary: dict, results: dict) -> str:
     """A short human summary of one file's result."""
     lines = [f"{summary['file']}: valid={_valid_text(summary['valid'])} ({summary['ops']:,} ops, "
              f"checked in {summary['elapsed_s']:.3f} s)"]
+    if summary.get("reason"):
+        lines.append(f"  ({summary['reason']})")
     for name, r in results["results"].items():
         line = f"  {name}: {_valid_text(r.get('valid'))}"
         if r.get("valid") is False:
@@ -161,7 +166,8 @@ def _write_outputs(directory: Path, file: str, history: list[dict], results: dic
 @click.option("--model", metavar="NAME", help="Model for the linearizable checker (see checkers.models).")
 @click.option("--checker", "checker_names", multiple=True, metavar="NAME",
               help=f"Checker to run (repeatable): {', '.join(CHECKERS)}. "
-                   "Default: linearizable with --model, else every domain checker.")
+                   "Default: linearizable with --model, else every domain checker whose operations "
+                   "the history has.")
 @click.option("--time-limit", type=float, metavar="S", help="Seconds the linearizability search may take.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line per file.")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), metavar="DIR",
@@ -179,6 +185,7 @@ def check(files: tuple[Path, ...], model: str | None, checker_names: tuple[str, 
     except BadInput as e:
         _fail(str(e))
     composed = compose(checkers)
+    auto = not checker_names and not model  # every domain checker whose operations the history has
     valids, used = [], set()
     for path in files:
         try:
@@ -188,7 +195,7 @@ def check(files: tuple[Path, ...], model: str | None, checker_names: tuple[str, 
         for problem in problems:
             click.echo(f"fencelab check: warning: {problem}", err=True)
         t0 = time.perf_counter()
-        results = composed.check({"name": path.stem, "history_file": str(path)}, history, {})
+        results = _run(composed, checkers, auto, {"name": path.stem, "history_file": str(path)}, history)
         elapsed = time.perf_counter() - t0
         summary = summarize(str(path), model, history, results, elapsed)
         valids.append(results["valid"])
@@ -203,6 +210,17 @@ def check(files: tuple[Path, ...], model: str | None, checker_names: tuple[str, 
             for p in written:
                 click.echo(f"  wrote {p}")
     sys.exit(exit_code(valids))
+
+
+def _run(composed: Checker, checkers: dict[str, Checker], auto: bool, test: dict, history: list[dict]) -> dict:
+    """The composed result for one history; by default only the checkers its operations give something to
+    judge, and "unknown" with the reason when none does (a verdict about nothing is never a pass)."""
+    if not auto:
+        return composed.check(test, history, {})
+    names, why = applicable_checkers(history)
+    if not names:
+        return {"valid": "unknown", "reason": why, "results": {}, "elapsed_s": {}}
+    return compose({n: checkers[n] for n in names}).check(test, history, {})
 
 
 def _fail(msg: str) -> None:

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from checkers import core
+from checkers.cli import exit_code
 from lab.cli import main
 from test_checker_core import LeaseHistory
 from test_checker_render import Page
@@ -28,10 +29,19 @@ def register_ops(stale: bool) -> list[dict]:
 
 
 def lease_ops(duplicate: bool) -> list[dict]:
+    """Two leases on one key (ops 1 and 3 the acquisitions), then a replay, a renew and a release of the
+    second: every checker `check` runs by default has something to judge."""
     h = LeaseHistory()
     h.acquire(0, "L1", 1, at=0, ttl=100)
-    h.acquire(1, "L2", 1 if duplicate else 2, at=200, ttl=100)
+    token = 1 if duplicate else 2
+    h.acquire(1, "L2", token, at=200, ttl=100, rid="a2")
+    h.call(2, "acquire", {"request_id": "a2", "ttl_ms": 100}, h.lease("L2", token, at=200, ttl=100))
+    h.renew(1, "L2", token, at=200, renewed=250, exp=350)
+    h.release(1, "L2", token, at=200)
     return h.ops
+
+
+APPLICABLE = {"fencing", "mutual-exclusion", "lease-state", "idempotency", "availability"}  # for lease_ops
 
 
 def invoke(*args: str):
@@ -74,8 +84,8 @@ def test_json_lines_shape(tmp_path):
     first, second = (json.loads(line) for line in res.stdout.splitlines())
     for line, path in ((first, good), (second, bad)):
         assert {"file", "valid", "model", "ops", "elapsed_s", "checkers"} <= set(line)
-        assert line["file"] == path and line["ops"] == 4 and line["model"] is None
-        assert set(line["checkers"]) == set(core.DOMAIN_CHECKERS)
+        assert line["file"] == path and line["ops"] == 10 and line["model"] is None
+        assert set(line["checkers"]) == APPLICABLE  # no commit, no deadline: stale-commit, deadlines not run
         assert isinstance(line["elapsed_s"], float) and line["elapsed_s"] >= 0
     assert first["valid"] is True and "counterexample" not in first
     assert second["valid"] is False
@@ -132,10 +142,10 @@ def test_edn_histories(tmp_path):
 
 
 def test_torn_last_line_is_reported_and_skipped(tmp_path):
-    f = write_jsonl(tmp_path / "h.jsonl", lease_ops(duplicate=False), tail='{"index": 4, "ti')
+    f = write_jsonl(tmp_path / "h.jsonl", lease_ops(duplicate=False), tail='{"index": 10, "ti')
     res = invoke(f, "--json")
-    assert res.exit_code == 0
-    assert json.loads(res.stdout)["ops"] == 4
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["ops"] == 10
     assert "torn last line" in res.stderr
 
 
@@ -178,3 +188,25 @@ def test_unwritable_out_dir_is_bad_input(tmp_path):
     blocker.write_text("not a directory")
     res = invoke(good, "--out", str(blocker / "sub"))
     assert res.exit_code == 3 and "cannot write results" in res.stderr and "Traceback" not in res.output
+
+
+def test_without_a_model_only_the_checkers_whose_operations_appear_run(tmp_path):
+    """A register history must not pass lease checkers that had nothing to check: unknown, with the reason."""
+    reg = write_jsonl(tmp_path / "register.jsonl", register_ops(stale=False))
+    res = invoke(reg, "--json")
+    assert res.exit_code == exit_code(["unknown"]), res.output
+    line = json.loads(res.stdout)
+    assert line["valid"] == "unknown" and line["checkers"] == {}
+    assert "no checker applies" in line["reason"] and "read, write" in line["reason"] and "--model" in line["reason"]
+    human = invoke(reg)
+    assert "valid=\"unknown\"" in human.stdout and "no checker applies" in human.stdout
+    # with a model the same file is judged (valid); naming a checker runs it, whatever it finds
+    assert invoke(reg, "--model", "register").exit_code == 0
+    named = json.loads(invoke(reg, "--checker", "fencing", "--json").stdout)
+    assert named["checkers"] == {"fencing": "unknown"} and "no successful acquisition" in named["unknown"]["fencing"]
+    # a commit history gets stale-commit and idempotency; deadlines only where ops carry one
+    h = LeaseHistory()
+    h.call(0, "commit", {"request_id": "c", "lease_id": "L1", "fencing_token": 1, "doc": "d", "entry": [0, 1, 1],
+                         "deadline_ms": 100}, {"doc": "d", "rev": 1, "accepted_token": 1})
+    line = json.loads(invoke(write_jsonl(tmp_path / "c.jsonl", h.ops), "--json").stdout)
+    assert set(line["checkers"]) == {"stale-commit", "idempotency", "deadlines", "availability"}

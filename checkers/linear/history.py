@@ -7,6 +7,8 @@ completion or an invocation that never completed becomes an indeterminate op:
 it may take effect at any point after its invocation, or never (its return is
 at +infinity). Event order is the order of the history's lines; an op's `call`
 and `ret` are positions in it, so a return precedes a call iff its line does.
+An op's input is its invocation's value with what the client sent (its
+completion's `value.sent`: request id, lease, token) merged in (`_as_sent`).
 """
 
 from __future__ import annotations
@@ -110,11 +112,35 @@ def pair_history(history: Iterable[dict]) -> list[Op]:
         key = inv.get("key")
         if key is None:
             key = op.get("key")
-        slots[i] = Op(inv.get("index", ipos), proc, f, key, new_tuple(Input, (f, frz(inv.get("value")))),
-                      out, ipos, ret)
+        iv = inv.get("value")
+        cv = op.get("value")
+        if cv.__class__ is dict and (iv is None or iv.__class__ is dict):
+            iv = _as_sent(iv, cv, typ)
+        slots[i] = Op(inv.get("index", ipos), proc, f, key, new_tuple(Input, (f, frz(iv))), out, ipos, ret)
     for ipos, inv, i in open_.values():  # never completed: indeterminate
         slots[i] = _make(inv, None, ipos, None)
     return [o for o in slots if o is not None]
+
+
+_SENT_FIELDS = ("request_id", "lease_id", "fencing_token")
+
+
+def _as_sent(iv: dict | None, cv: dict, typ: str) -> dict | None:
+    """The invocation value with what the client put on the wire, as its completion records it.
+
+    The workloads record an op before the client picks the lease it holds, so the lease a renew,
+    release or commit named is in its completion: `value.sent` (docs/history-format.md), which is
+    the truth and wins; in older histories an `info` completion's value is what was attempted and
+    only fills fields the invocation lacks.
+    """
+    sent = cv.get("sent")
+    if sent.__class__ is dict:
+        extra = {k: sent[k] for k in _SENT_FIELDS if sent.get(k) is not None}
+        return {**(iv or {}), **extra} if extra else iv
+    if typ != "info":
+        return iv
+    extra = {k: cv[k] for k in _SENT_FIELDS if cv.get(k) is not None and (iv is None or k not in iv)}
+    return {**(iv or {}), **extra} if extra else iv
 
 
 def _make(inv: dict, comp: dict | None, call: int, ret: int | None) -> Op:
