@@ -70,14 +70,16 @@ class MutualExclusionChecker:
         moved = backend_clock_moves(history)
         compared = 0
         groups = by_key.items() if not moved else _by_clock_segment(history, by_key).items()
+        excused = _RollbackExcuse(history, pairs)
         for key, ls in groups:
-            compared += _check_backend_overlaps(key[0] if moved else key, ls, v)
+            compared += _check_backend_overlaps(key[0] if moved else key, ls, v, excused)
         windows = _unsafe_windows(pairs, leases, by_key, self.max_windows)
         rules = backend_rules_note(moved) if not moved else (
             "per stretch between clock moves: the nemesis moved Valkey's clock, so only leases whose timed ops "
             "all lie between the same two moves are compared")
         return v.result(keys=len(by_key), leases=len(leases), keys_compared=compared, unsafe_windows=windows,
-                        backend_time_rules=rules, unjudged=_unjudged(leases, moved, compared))
+                        backend_time_rules=rules, unjudged=_unjudged(leases, moved, compared),
+                        **excused.summary())
 
 
 def _by_clock_segment(history: list[dict], by_key: dict[Any, list[Lease]]) -> dict[tuple, list[Lease]]:
@@ -120,8 +122,76 @@ def _release_invoked(lease: Lease) -> int | None:
     return min((p.t0 for p in lease.ends), default=None)
 
 
-def _check_backend_overlaps(key: Any, leases: list[Lease], v: Violations) -> int:
-    """Sweep leases by acquired_at_ms, keeping those still valid at each acquisition; 1 if it compared any."""
+class _RollbackExcuse:
+    """The contract's restore row (section 8, "backup / restore, failover"): after Valkey lost or rolled back
+    its state, a system may move to "a higher epoch and all restored leases invalid" instead of proving its
+    counters. An overlap of lease L with lease M is then no violation when the history shows exactly that:
+
+    - a Valkey loss E (the nemesis killed Valkey: `valkey-crash` or `kill` of `valkey`, or restored it from an
+      older snapshot: `valkey-restore` end) completed after L's acquire was invoked and before M's was;
+    - M's token is greater than L's (the higher epoch);
+    - no renew, release or commit of L invoked after E succeeded (L really was invalid after E).
+
+    A system that kept L valid across E (a later success of L) and granted M over it is still convicted, and
+    a token issued twice is the fencing checker's. Nothing else is excused.
+    """
+
+    SUCCESS_FS = frozenset(("renew", "release", "commit"))
+
+    def __init__(self, history: list[dict], pairs: list[Pair]):
+        self.losses = sorted(_valkey_losses(history))
+        self.last_success: dict[Any, int] = {}
+        for p in pairs if self.losses else ():
+            if p.type == "ok" and p.f in self.SUCCESS_FS:
+                lid = op_lease_id(p)
+                if lid is not None:
+                    self.last_success[lid] = max(self.last_success.get(lid, p.t0), p.t0)
+        self.count = 0
+
+    def __call__(self, lease: Lease, m: Lease) -> bool:
+        if not self.losses or lease.token is None or m.token is None or not m.token > lease.token:
+            return False
+        lo, hi = lease.first.t0, m.first.t0
+        i = bisect.bisect_left(self.losses, hi) - 1  # the latest loss before M's acquire was invoked
+        if i < 0 or not self.losses[i] > lo:
+            return False
+        if self.last_success.get(lease.lease_id, lo) > self.losses[i]:
+            return False
+        self.count += 1
+        return True
+
+    def summary(self) -> dict:
+        if not self.losses:
+            return {}
+        return {"valkey_losses": len(self.losses), "overlaps_after_valkey_loss": self.count,
+                "valkey_loss_rule": "a lease acquired before Valkey was killed or restored and never used "
+                                    "successfully after it may be invalid (contract section 8, backup / restore: "
+                                    "a higher epoch and all restored leases invalid); its overlaps with leases "
+                                    "of higher tokens acquired after the loss are not violations"}
+
+
+def _valkey_losses(history: list[dict]) -> list[int]:
+    """Times of the nemesis completions after which Valkey may have lost or rolled back state."""
+    out = []
+    for op in history:
+        v = op.get("value")
+        if op.get("process") != "nemesis" or op.get("type") != "info" or not isinstance(v, dict):
+            continue
+        fault, phase = v.get("fault"), v.get("phase")
+        killed = fault == "valkey-crash" and phase == "start"
+        killed = killed or (fault == "kill" and phase == "start" and "valkey" in (v.get("targets") or ()))
+        restored = fault == "valkey-restore" and phase == "end" and v.get("restored") is True
+        if (killed or restored) and isinstance(op.get("time"), int):
+            out.append(op["time"])
+    return out
+
+
+def _check_backend_overlaps(key: Any, leases: list[Lease], v: Violations, excused=None) -> int:
+    """Sweep leases by acquired_at_ms, keeping those still valid at each acquisition; 1 if it compared any.
+
+    `excused(lease, m)`: an overlap of `m` with `lease` that is not a violation (_RollbackExcuse).
+    """
+    excused = excused or (lambda lease, m: False)
     timed = [lease for lease in leases if lease.acquired_at_ms is not None and _backend_end(lease) is not None]
     timed.sort(key=lambda x: (x.acquired_at_ms, x.token if x.token is not None else 0))
     seq = itertools.count()
@@ -135,8 +205,9 @@ def _check_backend_overlaps(key: Any, leases: list[Lease], v: Violations) -> int
             held.pop(gone.lease_id, None)
             alive.discard(gone.lease_id)
         granted = min(p.t1 for p in m.acquires)
-        overlapping = list(itertools.islice(held.values(), MAX_NAMED))
-        total = len(held)
+        unexcused = [lease for lease in held.values() if not excused(lease, m)]
+        overlapping = unexcused[:MAX_NAMED]
+        total = len(unexcused)
         popped = []
         while released and len(overlapping) < MAX_NAMED:
             neg_rel, s, lease = released[0]
@@ -146,6 +217,8 @@ def _check_backend_overlaps(key: Any, leases: list[Lease], v: Violations) -> int
             if -neg_rel < granted:
                 break  # every remaining release may have taken effect before m was granted
             popped.append(heapq.heappop(released))
+            if excused(lease, m):
+                continue
             overlapping.append(lease)
             total += 1
         for e in popped:

@@ -67,13 +67,13 @@ NEMESES: dict[str, NemesisSpec] = {s.name: s for s in (
     _spec("clock", "bump or strobe the wall clocks of Valkey, lease servers and clients; reset",
           "clock", {"fake_clocks": True}, starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
     _spec("kill", "SIGKILL a lease server, Valkey or the store; restart it at the stop", "process",
-          {"persistence": "always"}),
+          {"persistence": "always", "recovery_store": True}),
     _spec("pause", "SIGSTOP a lease server, Valkey or the store; SIGCONT at the stop", "process"),
     _spec("client-pause", "hold one client thread at its gates (a GC-paused lease holder)", "client"),
     _spec("valkey-crash", "SIGKILL Valkey, restart it from its own files (everysec: may lose ~1 s)", "valkey",
-          {"persistence": "everysec"}),
+          {"persistence": "everysec", "recovery_store": True}),
     _spec("valkey-restore", "snapshot Valkey, later restart it from that older snapshot (rolls counters back)",
-          "valkey", {"persistence": "always"}),
+          "valkey", {"persistence": "always", "recovery_store": True}),
 )}
 
 # When two names ask for different persistence, the one that exposes more wins:

@@ -2,8 +2,11 @@
 
 Both faults can roll every fencing counter back, which contract rule C5 and
 the restore row of the races table forbid. These tests show the lab produces
-that regression for real: through the reference lease server (which has no
-recovery rule today), the same fencing token is issued twice.
+that regression for real: through the reference lease server with its recovery
+rule switched off (the `counter-from-snapshot` planted bug) the same fencing
+token is issued twice; with the rule and a store the next token is above every
+earlier one; with the rule and no store (no durable epoch) the server fails
+closed after the restart instead of re-issuing a token.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import json
 import time
 
+import httpx
 import pytest
 import redis
 
@@ -67,10 +71,12 @@ async def restore_scenario(stack) -> dict:
 
 
 # The recovery rule (C5, section 8's restore row: after a restore every token exceeds any token issued
-# before it) keeps its epoch in the store, so it is on exactly when the servers have a store.
+# before it) keeps its epoch in the store; `recovery: off` (the counter-from-snapshot mutant) trusts the
+# restored counters.
 @pytest.mark.parametrize("recovery_rule", [False, True])
 async def test_restore_from_an_older_snapshot_reissues_a_fencing_token(make_stack, recovery_rule):
-    stack = make_stack(servers=1, store=recovery_rule, persistence="always")
+    stack = make_stack(servers=1, store=True, persistence="always",
+                       mutant="" if recovery_rule else "counter-from-snapshot")
     out = await restore_scenario(stack)
     snap, restored = out["snapshot"]["value"], out["restored"]["value"]
     assert snap["phase"] == "start" and snap["fault"] == "valkey-restore" and snap["keys"] >= 1
@@ -85,7 +91,9 @@ async def test_restore_from_an_older_snapshot_reissues_a_fencing_token(make_stac
         assert c == b, f"without a recovery rule the restored counter issues token {b} a second time: {out['tokens']}"
 
 
-async def test_valkey_crash_without_persistence_resets_the_fencing_counter(make_stack):
+async def test_valkey_crash_without_persistence_and_store_fails_closed(make_stack):
+    """No persistence: the crash loses every counter. Without a store there is no durable epoch to move
+    to, so the server must refuse (a definite 503) rather than issue token 1 again."""
     stack = make_stack(servers=1, store=False, persistence="none")
     nem = valkey_crash(stack.process("valkey"))
     await nem.setup(None)
@@ -98,6 +106,26 @@ async def test_valkey_crash_without_persistence_resets_the_fencing_counter(make_
         assert crashed["value"]["keys_before"] >= 1
         back = await nem.invoke(None, op("stop-valkey-crash"))
         assert back["value"]["phase"] == "end" and back["value"]["keys_after"] == 0
+        b = await acquire_when_free(w2, ident, ttl_ms=1000, timeout_s=3.0)
+        assert b.outcome == "fail" and b.code == "lease_backend_unavailable", b  # refused, never token 1 again
+        async with httpx.AsyncClient() as http:
+            health = await http.get(stack.process("lease-1").url + "/healthz")
+        assert health.status_code == 503 and "recovering" in health.json()["msg"], health.text
+        assert "mutations stay refused until an operator restarts" in stack.process("lease-1").log_path.read_text()
+    await nem.teardown(None)
+
+
+async def test_valkey_crash_without_persistence_reissues_a_token_without_the_recovery_rule(make_stack):
+    stack = make_stack(servers=1, store=False, persistence="none", mutant="counter-from-snapshot")
+    nem = valkey_crash(stack.process("valkey"))
+    await nem.setup(None)
+    ident = identity_for("k-crash")
+    async with holder_client(stack, "w-1") as w1, holder_client(stack, "w-2") as w2:
+        a = await w1.acquire(ident, ttl_ms=1000)
+        assert a.outcome == "ok", a
+        await nem.invoke(None, op("start-valkey-crash"))
+        back = await nem.invoke(None, op("stop-valkey-crash"))
+        assert back["value"]["keys_after"] == 0
         b = await acquire_when_free(w2, ident, ttl_ms=1000)
         assert b.outcome == "ok", b
         assert b.lease.fencing_token == a.lease.fencing_token, "the counter restarted: one token issued twice"
@@ -170,3 +198,49 @@ async def test_discarded_snapshot_changes_nothing_and_crash_keeps_aof_data(tmp_p
         assert v.alive() and v.healthy()
     finally:
         v.stop()
+
+
+# -- what mutual-exclusion makes of a Valkey loss (the contract's restore row: "a higher epoch and all
+# restored leases invalid"): synthetic histories, each rule proven both ways ----------------------------
+def _loss_history(loss: dict | None, *, new_token: int = 2 << 32, old_success_after: bool = False):
+    from test_checker_core import LeaseHistory
+
+    h = LeaseHistory()
+    h.acquire(0, "L1", 1, at=0, ttl=10_000)  # valid until 10 s of backend time
+    if loss is not None:
+        h.nemesis(loss["f"], None)
+        h.nemesis(loss["f"], loss["value"])
+    if old_success_after:
+        h.renew(0, "L1", 1, at=0, renewed=200, exp=10_200)
+    h.acquire(1, "L2", new_token, at=300, ttl=1000)
+    return h.ops
+
+
+CRASH = {"f": "start-valkey-crash", "value": {"fault": "valkey-crash", "phase": "start", "target": "valkey"}}
+RESTORE = {"f": "stop-valkey-restore", "value": {"fault": "valkey-restore", "phase": "end", "restored": True}}
+KILL_VALKEY = {"f": "start-kill", "value": {"fault": "kill", "phase": "start", "targets": ["valkey"]}}
+
+
+@pytest.mark.parametrize("loss", [CRASH, RESTORE, KILL_VALKEY], ids=["crash", "restore", "kill-valkey"])
+def test_a_lease_invalidated_by_a_valkey_loss_is_no_overlap(loss):
+    from test_checker_core import run
+
+    res = run("mutual-exclusion", _loss_history(loss))
+    assert res["valid"] is True, res["violations"]
+    assert res["valkey_losses"] == 1 and res["overlaps_after_valkey_loss"] == 1
+
+
+@pytest.mark.parametrize("case", ["no-loss", "server-killed", "restore-discarded", "old-lease-used-after",
+                                  "token-not-higher"])
+def test_an_overlap_the_loss_does_not_explain_is_still_a_violation(case):
+    from test_checker_core import kinds, run
+
+    loss = {"no-loss": None,
+            "server-killed": {"f": "start-kill", "value": {"fault": "kill", "phase": "start", "targets": ["lease-1"]}},
+            "restore-discarded": {"f": "stop-valkey-restore",
+                                  "value": {"fault": "valkey-restore", "phase": "end", "restored": False}},
+            }.get(case, CRASH)
+    ops = _loss_history(loss, old_success_after=case == "old-lease-used-after",
+                        new_token=1 if case == "token-not-higher" else 2 << 32)
+    res = run("mutual-exclusion", ops)
+    assert kinds(res) == ["overlap"], res

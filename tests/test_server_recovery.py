@@ -233,3 +233,25 @@ async def test_without_a_reachable_store_mutations_stay_refused(valkey, run_dir,
         health = await s.client.get("/healthz")
         assert health.status_code == 503 and "recovering" in health.json()["msg"]
     assert s.server.gate.state != "ready" and s.server.gate.last_error
+
+
+async def test_without_a_store_a_valkey_restart_fails_closed(own_valkey, run_dir):
+    """No store, no durable epoch: the first Valkey is trusted; after a restart (which may have rolled the
+    counters back) every mutation is refused, definitely, and no token is issued again."""
+    async with in_process_server(run_dir, own_valkey.url, recovery_check_interval_ms=100) as s:
+        one = await acquired(s, ttl_ms=1000)
+        assert one["fencing_token"] == 1
+        assert (await s.client.get("/healthz")).json()["recovery"]["state"] == "ready"
+        await save_snapshot(own_valkey, run_dir / "snap.rdb")
+        two = await acquired(s, ttl_ms=1000, target_id="other.example")
+        await restore_snapshot(own_valkey, run_dir / "snap.rdb")  # lease `two` and its counter are gone
+        for _ in range(40):  # well past detection: never a grant, always a definite refusal
+            r = await s.acquire(ttl_ms=1000, target_id="other.example", service_instance_id="worker-2")
+            assert r.status_code == 503 and r.json()["code"] == "lease_backend_unavailable", r.text
+            assert r.json().get("submitted") is False, r.text
+            await asyncio.sleep(0.025)
+        assert s.server.gate.state == "failed_closed" and "without a store" in s.server.gate.last_error
+        assert (await s.renew(one)).status_code == 503
+        health = await s.client.get("/healthz")
+        assert health.status_code == 503
+    assert two["fencing_token"] == 1

@@ -39,10 +39,16 @@ store's `<` guard.
   `submitted: false`).
 - A fresh store and an empty Valkey start at epoch 0 (tokens 1, 2, ...).
 
-The rule needs a store (`store_url`): without one there is no durable place for
-the epoch and no downstream to protect, so it is inactive (logged). `recovery:
-off` (the `counter-from-snapshot` planted bug, `--allow-mutants` only) trusts
-whatever counters Valkey comes back with.
+The epoch needs a store (`store_url`). Without one there is no durable place
+for a new epoch, so the rule **fails closed**: the first Valkey incarnation the
+server sees is trusted (epoch 0, as a fresh start over a store would be), and
+after any restart or restore (a new `run_id`) every mutation stays refused
+(503, `submitted: false`, `/healthz` 503 `failed_closed`) until an operator
+restarts the server, because the restarted Valkey may have lost or rolled back
+counters and re-issuing a token is what C5 forbids (a Valkey without durable
+persistence loses every counter in a crash). `recovery: off` (the
+`counter-from-snapshot` planted bug, `--allow-mutants` only) trusts whatever
+counters Valkey comes back with.
 """
 
 from __future__ import annotations
@@ -87,6 +93,7 @@ class RecoveryGate:
         self.floor = 0
         self.state = "unverified" if active else "inactive"
         self.recoveries = 0
+        self.first_run_id: str | None = None  # without a store: the only incarnation mutations are allowed on
         self.last_error: str | None = None
         self._wake: Callable[[], None] = lambda: None
 
@@ -110,7 +117,8 @@ class RecoveryGate:
         """The Valkey incarnation changed (or is unknown): refuse mutations and recover."""
         if self.active:
             self.run_id = None
-            self.state = "recovering"
+            if self.state != "failed_closed":
+                self.state = "recovering"
             self._wake()
 
     def refused(self, expected: str) -> None:
@@ -153,9 +161,10 @@ class Recovery:
     async def start(self) -> None:
         """Recover once now (when the backends answer) and keep watching the run_id."""
         if not self.gate.active:
-            if self.settings.recovery == "on" and not self.settings.store_url:
-                log.warning("recovery rule inactive: no --store-url (the epoch needs a durable store)")
             return
+        if self.store is None:
+            log.warning("recovery rule without a store (no --store-url): no durable epoch, so after a Valkey restart "
+                        "or restore mutations stay refused (fail closed) until this server is restarted")
         self.gate._wake = self._wake.set
         self.backend.connect_hook = self._on_connect
         await self._check_logged()
@@ -222,7 +231,9 @@ class Recovery:
     async def recover(self, run_id: str) -> None:
         """Establish (or adopt) the epoch for Valkey incarnation `run_id`, sweep restored leases, then accept."""
         async with self._lock:
-            assert self.store is not None
+            if self.store is None:
+                self._without_store(run_id)
+                return
             await self.store.prepare(self._deadline())
             epoch, adopted = await self._establish(run_id)
             floor = epoch << EPOCH_BITS
@@ -233,6 +244,19 @@ class Recovery:
             self.gate.recoveries += 1
             log.warning("recovery: Valkey run_id %s, epoch %d (%s), floor %d, %d restored leases revoked",
                         run_id, epoch, "adopted" if adopted else "new", floor, revoked)
+
+    def _without_store(self, run_id: str) -> None:
+        """No store: trust the first incarnation this server sees; any later one fails closed."""
+        if self.gate.first_run_id is None:
+            self.gate.first_run_id = run_id
+        if run_id != self.gate.first_run_id:
+            self.gate.state = "failed_closed"
+            raise RecoveryFailed(f"Valkey restarted or was restored (run_id {self.gate.first_run_id} -> {run_id}); "
+                                 "without a store (--store-url) there is no durable epoch above the tokens already "
+                                 "issued, so mutations stay refused until an operator restarts this server")
+        self.gate.established(run_id, 0, 0)
+        self.gate.recoveries += 1
+        log.warning("recovery: Valkey run_id %s trusted (no store: epoch 0; a restart of it fails closed)", run_id)
 
     async def _establish(self, run_id: str) -> tuple[int, bool]:
         """The epoch for `run_id`: adopted from the epoch document, or a new one written with _rev CAS."""

@@ -584,7 +584,8 @@ class ComposeStack(StackFiles):
                 raise StackError(f"stack {self.name!r} is already up; run `fencelab down --name {self.name}` first")
             self.down()  # a stale project (an earlier up that died): remove its containers and volumes first
         self.processes = []
-        opts = StackOptions(**{**vars(opts), "toxiproxy": True})  # every link goes through Toxiproxy here
+        opts = StackOptions(**{**vars(opts), "toxiproxy": True,  # every link goes through Toxiproxy here
+                               "store": opts.wants_store, "recovery_store": False})  # the recovery rule's epoch too
         self.info = {"name": self.name, "backend": BACKEND, "dir": str(self.dir), "project": project_name(self.name),
                      "compose_file": str(Path(self.compose_file).resolve()), "options": vars(opts),
                      "services": self._services(opts), "credentials": str(self.credentials_file),

@@ -80,6 +80,14 @@ class StackOptions:
     mutant: str = ""  # a planted bug in every lease server (lab/server/mutants, docs/mutants.md); "" = none
     store_url: str | None = None  # a CouchDB-API store the user runs (e.g. real CouchDB) instead of pouchdb-server
     netns: bool = False  # each server in its own network namespace, clients here (the netns nemesis; root only)
+    # start the store even when the workload needs none: the lease servers' recovery rule keeps its epoch there
+    # (the nemeses that restart Valkey from its files need it: without it the servers fail closed after a restart)
+    recovery_store: bool = False
+
+    @property
+    def wants_store(self) -> bool:
+        """Does the stack run (or use) a store: for the workload, or for the recovery rule's epoch?"""
+        return self.store or self.recovery_store
 
     def validate(self) -> None:
         if not 1 <= self.servers <= 16:
@@ -160,10 +168,10 @@ class LocalStack(StackFiles):
         write_principals_file(records, principals_file)
         write_private_json(self.credentials_file, credentials)
         store = None
-        if opts.store and opts.store_url:
+        if opts.wants_store and opts.store_url:
             store = ExternalStore(opts.store_url)
             self.info["store"] = redact_url(opts.store_url)
-        elif opts.store:
+        elif opts.wants_store:
             store = self._start(PouchDBProcess(self.dir))
             self.info["store"] = store.url
         names = [f"lease-{i}" for i in range(1, opts.servers + 1)]
@@ -239,7 +247,8 @@ class LocalStack(StackFiles):
 
         try:
             sweep_stale()  # what killed runs left
-            names = ["valkey", *(["store"] if opts.store else []), *(f"lease-{i}" for i in range(1, opts.servers + 1))]
+            names = ["valkey", *(["store"] if opts.wants_store else []),
+                     *(f"lease-{i}" for i in range(1, opts.servers + 1))]
             self.netns_hosts = NetnsHosts(names, subnet=free_subnet(), outside=NETNS_CLIENTS)
             self.info["netns"] = self.netns_hosts.describe()
             self.save_state()  # recorded before anything exists: `down` finds even a half-made set
