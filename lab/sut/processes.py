@@ -101,6 +101,8 @@ class SystemProcesses:
     ready: Callable[["SutStack"], bool] | None = None  # after start: polled until True (e.g. a leader is elected)
     ready_timeout_s: float = 60.0
     start_timeout_s: float = 30.0
+    client_clock: bool = True  # does the system's client read a clock the client-clock nemesis could move?
+    client_clock_note: str = ""  # why not
 
     def validate(self) -> None:
         """Names, ports and links are consistent (SutError naming the problem)."""
@@ -166,6 +168,8 @@ class SystemProcesses:
             elif family == "valkey":
                 if not any(p.name == "valkey" and p.make is not None for p in self.processes):
                     out.append((n, "a Valkey process of its own (a lab.stack.valkey.ValkeyProcess named 'valkey')"))
+            elif n == "client-clock" and not self.client_clock:
+                out.append((n, f"a client clock to move ({self.client_clock_note or 'its client reads no clock'})"))
             elif family == "network" and not self.links:
                 out.append((n, "declared links (the network faults act on links through Toxiproxy)"))
         return out
@@ -532,8 +536,11 @@ def store_url_for(test: Any, node: str) -> str | None:
 def member_processes(test: Any) -> dict[str, ManagedProcess]:
     """The running system's processes by name (the store and Toxiproxy excluded)."""
     stack = (getattr(test, "live", None) or {}).get("stack")
-    if not isinstance(stack, SutStack):
-        return {}
+    return member_processes_of(stack) if isinstance(stack, SutStack) else {}
+
+
+def member_processes_of(stack: "SutStack") -> dict[str, ManagedProcess]:
+    """A SutStack's own system processes by name (the store and Toxiproxy excluded)."""
     names = {p.name for p in stack.decl.processes}
     return {p.name: p for p in stack.processes if p.name in names}
 

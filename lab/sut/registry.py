@@ -21,7 +21,6 @@ Systems from outside the lab are wrapped so that every result is checked
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import inspect
 import os
@@ -87,7 +86,22 @@ def register_sut(name: str, factory: Callable[..., Any], *, capabilities: Any = 
     if name in _REGISTRY and not replace:
         raise SutError(f"SUT {name!r} is already registered (by {_REGISTRY[name].where}); pass replace=True "
                        "to replace it")
-    entry = _make_entry(name, factory, capabilities, doc, check, _trusted)
+    entry = _make_entry(name, factory, capabilities, doc, check, _trusted, processes, not_claimed)
+    _REGISTRY[name] = entry
+    return entry
+
+
+def _make_entry(name: str, factory: Callable[..., Any], capabilities: Any = None, doc: str | None = None,
+                check: Callable[[Any], None] | None = None, trusted: bool = False,
+                processes: Callable[[Any], Any] | None = None,
+                not_claimed: Mapping[str, str] | None = None) -> SutEntry:
+    """A validated registry entry (capabilities, processes and not_claimed default to the factory's attributes
+    of those names, else none: a system claims only what it declares)."""
+    if not callable(factory):
+        raise SutError(f"SUT {name!r}: the factory must be callable as factory(test, node, service_instance_id), "
+                       f"not {factory!r}")
+    if capabilities is None:
+        capabilities = getattr(factory, "capabilities", ())
     if processes is None:
         processes = getattr(factory, "processes", None)
     if processes is not None and not callable(processes):
@@ -97,22 +111,10 @@ def register_sut(name: str, factory: Callable[..., Any], *, capabilities: Any = 
     if not isinstance(not_claimed, Mapping) or not all(isinstance(k, str) and isinstance(v, str) and v
                                                        for k, v in not_claimed.items()):
         raise SutError(f"SUT {name!r}: not_claimed maps checker names to a reason each, not {not_claimed!r}")
-    entry = dataclasses.replace(entry, processes=processes, not_claimed=dict(not_claimed))
-    _REGISTRY[name] = entry
-    return entry
-
-
-def _make_entry(name: str, factory: Callable[..., Any], capabilities: Any = None, doc: str | None = None,
-                check: Callable[[Any], None] | None = None, trusted: bool = False) -> SutEntry:
-    """A validated registry entry (capabilities default to the factory's `capabilities` attribute, else none)."""
-    if not callable(factory):
-        raise SutError(f"SUT {name!r}: the factory must be callable as factory(test, node, service_instance_id), "
-                       f"not {factory!r}")
-    if capabilities is None:
-        capabilities = getattr(factory, "capabilities", ())
     return SutEntry(name=name, factory=factory, capabilities=check_capabilities(capabilities, f"SUT {name!r}"),
                     doc=doc if doc is not None else (inspect.getdoc(factory) or "").split("\n", 1)[0],
-                    check=check, trusted=trusted, accepts_timeout=_accepts(factory, "timeout_s"))
+                    check=check, trusted=trusted, accepts_timeout=_accepts(factory, "timeout_s"),
+                    processes=processes, not_claimed=dict(not_claimed))
 
 
 def unregister_sut(name: str) -> None:
@@ -246,6 +248,9 @@ def api_key_for(test: Any, capability: str = "targets:lease") -> str:
             key = Path(path).read_text(encoding="utf-8").strip()
         except OSError as e:
             raise SutError(f"--api-key-file {path}: cannot read it ({e.strerror or e})") from None
+        if key.startswith(("[", "{")):  # a stack's credentials.json (every principal): one key is wanted
+            raise SutError(f"--api-key-file {path}: this is a list of credentials, not one key; write one key "
+                           "with `fencelab api-key --name STACK` (docs/cli.md#api-keys)")
         if not key or "\n" in key:
             raise SutError(f"--api-key-file {path}: it must hold exactly one API key on one line")
     elif test.credentials_file:
@@ -348,6 +353,17 @@ register_sut("reference", reference_system, capabilities=OPTIONAL_CAPABILITIES, 
 register_sut("starintel", starintel_system, capabilities={"revoke"}, check=_check_starintel, _trusted=True)
 
 
+def _register_etcd() -> None:
+    """`etcd` (lab.sut.etcd): a 3-member etcd cluster the lab runs; etcd's lease + lock key, create-revision token."""
+    from lab.sut import etcd
+
+    register_sut("etcd", etcd.etcd_system, capabilities={"commit"}, check=etcd.check_etcd,
+                 processes=etcd.etcd_processes, not_claimed=etcd.NOT_CLAIMED, _trusted=True)
+
+
+_register_etcd()
+
+
 
 # -- what a system does not claim ---------------------------------------------------------------------------
 class NotClaimed:
@@ -360,8 +376,37 @@ class NotClaimed:
     def check(self, test: Any, history: list, opts: Any) -> dict:
         res = self.checker.check(test, history, opts)
         if isinstance(res, dict):
+            _drop_rules(res, {n: why for n, why in self.not_claimed.items() if "." in n})
             res["not_claimed"] = dict(self.not_claimed)
         return res
+
+
+def _drop_rules(res: dict, rules: Mapping[str, str]) -> None:
+    """Remove the violations of unclaimed rules (`checker.kind`) from a composed result; re-merge the verdicts.
+
+    A checker whose only violations were of such kinds is then valid (it judged the rest and found nothing)."""
+    from checkers.core import merge_valid
+
+    results = res.get("results")
+    if not rules or not isinstance(results, dict):
+        return
+    changed = False
+    for name in {n.split(".", 1)[0] for n in rules}:
+        r = results.get(name)
+        kinds = {n.split(".", 1)[1] for n in rules if n.split(".", 1)[0] == name}
+        if not isinstance(r, dict) or not isinstance(r.get("violation_counts"), dict):
+            continue
+        dropped = {k: c for k, c in r["violation_counts"].items() if k in kinds}
+        if not dropped:
+            continue
+        r["violation_counts"] = {k: c for k, c in r["violation_counts"].items() if k not in kinds}
+        r["violations"] = [v for v in r.get("violations") or [] if v.get("type") not in kinds]
+        r["violation_count"] = sum(r["violation_counts"].values())
+        r["not_claimed_violations"] = dropped
+        if r.get("valid") is False and not r["violation_count"]:
+            r["valid"], changed = True, True
+    if changed and res.get("valid") is False:
+        res["valid"] = merge_valid(r.get("valid") for r in results.values() if isinstance(r, dict))
 
 
 def claimed_checker(test: Any, checker: Any) -> Any:
@@ -376,7 +421,9 @@ def claimed_checker(test: Any, checker: Any) -> Any:
     if not entry.not_claimed or not isinstance(checker, Compose):
         return checker
     dropped = {n: why for n, why in entry.not_claimed.items() if n in checker.checkers}
+    # `checker.kind`: one rule of a checker the system does not claim (its violations are dropped, the rest judged)
+    rules = {n: why for n, why in entry.not_claimed.items() if "." in n and n.split(".", 1)[0] in checker.checkers}
     kept = {n: c for n, c in checker.checkers.items() if n not in dropped}
-    if not dropped or not kept:
+    if not (dropped or rules) or not kept:
         return checker
-    return NotClaimed(Compose(kept), dropped)
+    return NotClaimed(Compose(kept), {**dropped, **rules})
