@@ -7,7 +7,9 @@ checker or in the test map, to be placed on the history's monotonic clock).
 Every completion (ok, fail or info) must come at most `slack_ms` after the
 deadline (`deadline-exceeded`); an invocation that never completed although the
 history runs past its deadline plus slack is a `no-completion` violation.
-Ops without a deadline are counted (`no_deadline`); with `require_deadline=True`
+Ops that overlap a `client-pause` window are not judged (`client_paused`): the
+lab held its own client there, so a late completion says nothing about the
+system. Ops without a deadline are counted (`no_deadline`); with `require_deadline=True`
 each one is a `missing-deadline` violation. With no op carrying a deadline it
 can place the checker has nothing to judge: "unknown" with the reason.
 
@@ -33,6 +35,8 @@ from checkers.core import Pair, Violations, analyzed, history_end_time, nemesis_
 __all__ = ["AvailabilityChecker", "DeadlinesChecker"]
 
 TYPES = ("ok", "fail", "info")
+# Faults that hold the lab's own clients (a paused worker completes late through no fault of the system).
+LAB_PAUSES = frozenset(("client-pause",))
 
 
 class DeadlinesChecker:
@@ -54,9 +58,13 @@ class DeadlinesChecker:
         slack = int(self.slack_ms * 1_000_000)
         end = history_end_time(history)
         v = Violations(self.max_violations)
-        checked = no_deadline = unanchored = 0
+        checked = no_deadline = unanchored = paused = 0
         worst = 0
+        held = [(w["start"], w["end"]) for w in nemesis_windows(history) if w["fault"] in LAB_PAUSES]
         for p in pair_ops(history):
+            if held and _overlaps(p, held, end):
+                paused += 1  # the lab held this client: its lateness is the lab's, not the system's
+                continue
             limit = _deadline_ns(p, anchor)
             if limit is None:
                 missing = _has_absolute(p)
@@ -83,7 +91,13 @@ class DeadlinesChecker:
                         "no operation carries a deadline the checker can place (deadline_ms, or deadline_at_ms "
                         "with the test's start_unix_ms)")
         return v.result(slack_ms=self.slack_ms, checked=checked, no_deadline=no_deadline,
-                        unanchored=unanchored, max_overrun_ms=worst / 1e6, unjudged=unjudged)
+                        unanchored=unanchored, client_paused=paused, max_overrun_ms=worst / 1e6, unjudged=unjudged)
+
+
+def _overlaps(p: Pair, windows: list[tuple[int, int]], end: int) -> bool:
+    """Whether the op's span [invoked, completed] meets one of the windows."""
+    t1 = p.t1 if p.t1 is not None else end
+    return any(p.t0 <= w_end and t1 >= w_start for w_start, w_end in windows)
 
 
 def _has_absolute(p: Pair) -> bool:

@@ -3,9 +3,10 @@
 Ops are grouped by idempotency key, approximated from the history as
 (f, key, request_id) (contract C16; the owner principal is not in the op record).
 The "body" of a request is `value.body` when the workload recorded it, else the
-whole invocation value (canonical JSON). The result that must repeat is
-(lease_id, fencing_token) for lease operations and (doc, rev, accepted_token) for
-commits (C17, C18). Violations, each naming the ops:
+invocation value without per-attempt fields (deadlines, the lab's session
+tag) plus the lease and token the client sent (`value.sent`), as canonical
+JSON. The result that must repeat is (lease_id, fencing_token) for lease
+operations and (doc, rev, accepted_token) for commits (C17, C18). Violations, each naming the ops:
 
 - `replay-different-result`: two ok ops with the same body returned different results.
 - `changed-body-accepted`: two ok ops with different bodies (only one body can be recorded).
@@ -48,6 +49,9 @@ NOT_RESULTS = frozenset((
 # Codes the client assigns when nothing reached the server (lab.client.results.CONNECT_ERROR; the workloads'
 # `not_held`): the server never saw such an attempt, so it is no replay.
 NOTHING_SENT = frozenset(("connect_error", "not_held"))
+# Invocation fields of one attempt, not of the request: deadlines (each retry has its own) and the lab's
+# session tag. C16's digest covers what affects behaviour; a retry differing only here is the same request.
+PER_ATTEMPT = frozenset(("deadline_ms", "deadline_at_ms", "session"))
 
 
 class IdempotencyChecker:
@@ -94,9 +98,18 @@ def _nothing_sent(p: Pair, records_sent: bool) -> bool:
 
 
 def _body(p: Pair) -> str:
-    """Canonical text of what the request asked (its recorded body, else its whole value)."""
+    """Canonical text of what the request asked: its recorded body, else its invocation value without the
+    per-attempt fields no digest can cover (a retry's deadline is always later), with the lease and token the
+    client sent (`value.sent`: the invocation of a renew or release names no lease)."""
     val = p.inv.get("value")
-    body = val["body"] if isinstance(val, dict) and "body" in val else val
+    if isinstance(val, dict) and "body" in val:
+        body = val["body"]
+    elif isinstance(val, dict):
+        body = {k: v for k, v in val.items() if k not in PER_ATTEMPT}
+        wire = sent(p) or {}
+        body.update({k: wire[k] for k in ("lease_id", "fencing_token") if wire.get(k) is not None})
+    else:
+        body = val
     return json.dumps(body, sort_keys=True, default=str)
 
 

@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import click
+
+from lab.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, verdict_exit
 
 from lab.paths import MissingTool
 from lab.stack.local import LocalStack, StackError, StackOptions
@@ -22,9 +29,11 @@ home_option = click.option("--home", type=click.Path(file_okay=False, path_type=
                            envvar="FENCELAB_HOME", help="State directory for named stacks [default: ~/.fencelab].")
 
 
-def fail(msg: str, code: int = 2) -> None:
-    """Print one clear line and exit (no traceback)."""
-    click.echo(f"fencelab: error: {msg}", err=True)
+def fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
+    """Print one clear line and exit (no traceback); a URL's user info in it is hidden."""
+    from lab.secrets import redact_secrets
+
+    click.echo(f"fencelab: error: {redact_secrets(str(msg))}", err=True)
     sys.exit(code)
 
 
@@ -152,9 +161,48 @@ def _print_status(st: dict, as_json: bool) -> None:
         click.echo(f"  store         {st['store']}")
     for url in st["lease_servers"]:
         click.echo(f"  lease server  {url}")
-    click.echo(f"  credentials   {st['credentials']}")
+    if st.get("toxiproxy"):
+        click.echo(f"  toxiproxy     {st['toxiproxy']}  (every link below goes through its own proxy)")
+    for link in (st.get("topology") or {}).values():  # what clients and servers really dial
+        scheme = "redis://" if link["to"].startswith("valkey") else "http://"
+        click.echo(f"  proxy         {link['from'] + ' -> ' + link['to']:<18} {scheme + link['listen']:<30} "
+                   f"(to {link['upstream']})")
+    click.echo(f"  credentials   {st['credentials']}  (API keys; one key file: docs/cli.md#api-keys)")
     for p in st["processes"]:
         click.echo(f"  {p['name']:<12}  pid {p['pid']:<8} {'alive' if p['alive'] else 'DEAD'}  log {p['log']}")
+
+
+@main.command("api-key")
+@name_option
+@home_option
+@click.option("--principal", default=None, help="The principal whose key to write [default: the one the lease "
+                                                 "workloads act as: targets:lease for tenant-a/program-1/actor-1].")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the key to this file (mode 0600) [default: <stack dir>/api-key.txt].")
+def api_key_cmd(name: str, home: Path | None, principal: str | None, out: Path | None) -> None:
+    """Write one API key of a stack to a file, for `fencelab test --url ... --api-key-file FILE`; prints its path."""
+    from workloads.common import pick_credential
+
+    try:
+        stack = _existing_stack(name, home)
+        if stack.load_state() is None:
+            fail(f"stack {name!r} is not up: start it with `fencelab up --name {name}`")
+        path = Path(stack.status()["credentials"])
+        creds = json.loads(path.read_text())
+        cred = (next((c for c in creds if c.get("principal_id") == principal), None) if principal
+                else pick_credential(creds))
+    except (StackError, OSError, ValueError) as e:
+        fail(str(e))
+    if cred is None:
+        fail(f"no principal {principal!r} in {path}; known: {', '.join(c.get('principal_id', '?') for c in creds)}")
+    out = out or path.parent / "api-key.txt"
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(cred["api_key"] + "\n")
+    except OSError as e:
+        fail(f"--out {out}: cannot write it ({e.strerror or e})")
+    click.echo(str(out))
 
 
 @main.command()
@@ -177,10 +225,28 @@ main.add_command(_check)
 
 # -- tests ------------------------------------------------------------------------------------
 
-VERDICT_EXIT = {True: 0, False: 1, "unknown": 3}
 
 
-@main.command("test")
+class _TestCommand(click.Command):
+    """`fencelab test`: its help ends with the nemesis and scenario names (imported only when help is shown)."""
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        from lab.scenarios import PROBE_SCENARIOS, RACE_SCENARIOS
+        from nemesis.registry import known_names
+        from workloads import WORKLOADS
+
+        for title, names in (("Workloads (--workload, docs/workloads.md)", sorted(WORKLOADS)),
+                             ("Nemeses (--nemesis a,b; docs/nemesis.md)", known_names()),
+                             ("Race scenarios (--scenario, docs/scenarios.md)", RACE_SCENARIOS),
+                             ("Probe scenarios (--scenario)", PROBE_SCENARIOS)):
+            with formatter.section(title):
+                formatter.write_text(", ".join(names))
+        with formatter.section("Exit codes (docs/cli.md#exit-codes)"):
+            formatter.write_text("0 valid, 1 invalid, 2 bad input, 3 unknown, 130 interrupted")
+        super().format_epilog(ctx, formatter)
+
+
+@main.command("test", cls=_TestCommand)
 @click.option("--workload", "-w", default="lease", show_default=True, help="Workload name (see docs/workloads.md).")
 @click.option("--time-limit", default=10.0, show_default=True, type=float, help="Seconds of the main phase.")
 @click.option("--concurrency", "-c", default=5, show_default=True, type=int, help="Client processes.")
@@ -188,6 +254,10 @@ VERDICT_EXIT = {True: 0, False: 1, "unknown": 3}
 @click.option("--keys", default=3, show_default=True, type=int, help="Independent keys (lock identities).")
 @click.option("--ttl-ms", default=2000, show_default=True, type=int, help="Lease TTL the workloads ask for.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed: same seed, same op choices.")
+@click.option("--run-salt", default="new", show_default=True, metavar="SALT|new",
+              help="Makes the run's request ids and service instances its own (test.json run_salt): 'new' draws a "
+                   "fresh one, so a server that remembers an earlier run's requests cannot answer from them; give an "
+                   "earlier run's salt to send its very request ids again (docs/cli.md#run-identity).")
 @click.option("--test-count", default=1, show_default=True, type=int, help="Run the test this many times.")
 @click.option("--nemesis", default="", help="Comma-separated faults, e.g. partition,clock,kill.")
 @click.option("--nemesis-interval", default=5.0, show_default=True, type=float, help="Seconds between faults.")
@@ -209,10 +279,10 @@ VERDICT_EXIT = {True: 0, False: 1, "unknown": 3}
 @click.option("--mutant", default=None,
               help="Plant a named bug in the lab's reference servers (docs/mutants.md): the checkers must catch it.")
 def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
-             servers, name, store_dir, sut, urls, api_key_file, scenario, store_url, mutant) -> None:
+             servers, name, store_dir, sut, urls, api_key_file, scenario, store_url, mutant, run_salt="new") -> None:
     """Run a workload against a fresh local stack; record, check, and store the run.
 
-    Exit code: 0 valid, 1 invalid, 2 bad options, 3 unknown (any run).
+    Exit code (docs/cli.md#exit-codes): 0 valid, 1 invalid, 2 bad input, 3 unknown (any run), 130 interrupted.
     """
     from lab.runner import RunError, run_test, validate
     from lab.testmap import Test
@@ -220,9 +290,10 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
     if test_count < 1:
         fail(f"--test-count must be >= 1, not {test_count}")
     nemeses = [n.strip() for n in nemesis.split(",") if n.strip()]
-    tests = [Test(name=name or workload, workload=workload, time_limit=time_limit, concurrency=concurrency,
+    tests = [Test(name=workload if name is None else name, workload=workload, time_limit=time_limit, concurrency=concurrency,
                   rate=rate, keys=keys, ttl_ms=ttl_ms, seed=seed + i, nemesis=nemeses,
-                  nemesis_interval=nemesis_interval, extra=_test_extra(servers, sut, urls, api_key_file))
+                  nemesis_interval=nemesis_interval, extra=_test_extra(servers, sut, urls, api_key_file),
+                  run_salt="" if run_salt == "new" else run_salt)
              for i in range(test_count)]
     if store_url:
         from lab.secrets import redact_url
@@ -257,18 +328,63 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
         fail(str(e))
     verdicts = []
     for t in tests:
+        from lab.sut import SutError
+
         try:
-            results = run_test(t, store_dir)
-        except (RunError, StackError, ProcessError, MissingTool) as e:
+            with sigterm_interrupts():
+                results = run_test(t, store_dir)
+        except (RunError, StackError, ProcessError, MissingTool, SutError) as e:
             fail(str(e))
+        except KeyboardInterrupt:
+            interrupted(t.run_dir)
         verdicts.append(results["valid"])
-        click.echo(f"{t.run_dir}: valid={json.dumps(results['valid'])} ops={results['ops']}")
+        print_verdict(t.run_dir, results)
         if results.get("report"):
             click.echo(f"  report: {results['report']}")
         click.echo(f"  replay: {results['replay']}")
     from checkers.core import merge_valid
 
-    sys.exit(VERDICT_EXIT.get(merge_valid(verdicts), 3))
+    sys.exit(verdict_exit(merge_valid(verdicts)))
+
+
+def print_verdict(run_dir: Path, results: dict) -> None:
+    """`<dir>: valid=... ops=N (M entries)`, then each checker that is not valid with its first violation."""
+    from checkers.cli import checker_lines
+
+    entries = results.get("entries")
+    click.echo(f"{run_dir}: valid={json.dumps(results['valid'])} ops={results['ops']}"
+               + (f" ({entries} history entries)" if entries is not None else ""))
+    if isinstance(results.get("results"), dict):
+        for line in checker_lines(results, violations=1, only_not_valid=True):
+            click.echo(line)
+
+
+def interrupted(run_dir: Path | None) -> None:
+    """Ctrl-C or SIGTERM: say where the partial run is and how to judge it, exit 130 (no traceback)."""
+    if run_dir is not None and Path(run_dir).exists():
+        click.echo(f"fencelab: interrupted; the partial run is kept in {run_dir}", err=True)
+        if (Path(run_dir) / "history.jsonl").exists():
+            click.echo(f"  judge what it recorded: fencelab analyze {shlex.quote(str(run_dir))}", err=True)
+    else:
+        click.echo("fencelab: interrupted before the run started", err=True)
+    sys.exit(EXIT_INTERRUPTED)
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt (like Ctrl-C), so the run stops its stack and keeps its partial history."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _test_extra(servers: int, sut: str, urls: tuple[str, ...], api_key_file: Path | None) -> dict:
@@ -289,21 +405,26 @@ def _test_extra(servers: int, sut: str, urls: tuple[str, ...], api_key_file: Pat
 def analyze(run_dir: Path | None, store_dir: Path) -> None:
     """Re-run the checkers on a stored run (default: the store's latest run).
 
-    Exit code: 0 valid, 1 invalid, 2 bad input, 3 unknown.
+    Exit code (docs/cli.md#exit-codes): 0 valid, 1 invalid, 2 bad input, 3 unknown, 130 interrupted.
     """
     from lab.runner import RunError, analyze as analyze_run
 
     run_dir = run_dir or store_dir / "latest"
     if not run_dir.exists():
         fail(f"no run directory {run_dir}")
+    if not run_dir.is_dir():
+        fail(f"{run_dir} is not a run directory (give STORE/<test>/<timestamp>)")
     try:
         results = analyze_run(run_dir.resolve())
     except RunError as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        click.echo("fencelab analyze: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
     for problem in results.get("history_problems", []):
         click.echo(f"history: {problem}", err=True)
-    click.echo(f"{run_dir}: valid={json.dumps(results['valid'])} ops={results['ops']}")
-    sys.exit(VERDICT_EXIT.get(results["valid"], 3))
+    print_verdict(run_dir, results)
+    sys.exit(verdict_exit(results["valid"]))
 
 
 # -- reports ----------------------------------------------------------------------------------

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from lab import __version__
-from lab.secrets import redact_url
-from lab.testmap import Test
+from lab.secrets import redact_secrets, redact_tree, redact_url
+from lab.testmap import RUN_SALT, Test, new_run_salt
 
 
 class RunError(RuntimeError):
@@ -53,6 +53,9 @@ def validate(test: Test) -> None:
     for ok, msg in checks:
         if not ok:
             raise RunError(msg)
+    check_name(test.name)
+    if test.run_salt and not RUN_SALT.fullmatch(str(test.run_salt)):
+        raise RunError(f"--run-salt must be 1 to 32 letters or digits (or 'new'), not {test.run_salt!r}")
     from lab.sut import SutError, validate_test
 
     try:
@@ -66,6 +69,12 @@ def validate(test: Test) -> None:
             validate_scenario(test)
         except ScenarioError as e:
             raise RunError(str(e)) from None
+    from lab.sut.registry import LAB_ONLY_WORKLOADS
+
+    if test.workload in LAB_ONLY_WORKLOADS and test.extra.get("urls"):
+        raise RunError(f"workload {test.workload!r} tests the lab's own Valkey (it needs the stack the lab starts), "
+                       "not a lease server at a URL: drop --url, or use a lease-API workload (lease, idempotency, "
+                       "fenced-append)")
     if is_external(test):
         if test.nemesis:
             raise RunError("--nemesis needs a stack the lab runs (faults act on its processes and links); "
@@ -107,43 +116,98 @@ def is_external(test: Test) -> bool:
     return not declares_processes(test)
 
 
+def check_name(name: str) -> None:
+    """A test name is a relative path inside the store (`a` or `a/b`): never absolute, empty, `.`/`..` or `latest`."""
+    parts = str(name).split("/")
+    if (not isinstance(name, str) or not name.strip() or name.startswith("/") or "\\" in name
+            or any(p in ("", ".", "..", "latest") or not p.isprintable() for p in parts)):
+        raise RunError(f"--name must be a plain name inside the store (letters, digits, '-', '_', '.', "
+                       f"optionally a/b), not {name!r}")
+
+
 def new_run_dir(store_dir: Path, name: str) -> Path:
-    """A fresh `store/<name>/<timestamp>/`, with `latest` links (per test and store-wide) pointing at it."""
+    """A fresh `store/<name>/<timestamp>/`; `link_latest` points the `latest` links at it once it is judged."""
+    check_name(name)
     store_dir = Path(store_dir)
     if store_dir.exists() and not store_dir.is_dir():
         raise RunError(f"--store-dir {store_dir} exists and is not a directory")
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     run_dir = store_dir / name / stamp
-    run_dir.mkdir(parents=True, exist_ok=False)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=False)
+    except OSError as e:
+        raise RunError(f"cannot create the run directory {run_dir}: {e.strerror or e}") from None
+    return run_dir
+
+
+def link_latest(run_dir: Path, store_dir: Path, name: str) -> None:
+    """Point `store/<name>/latest` and `store/latest` at a run that completed and was judged (never an aborted one)."""
+    store_dir, stamp = Path(store_dir), Path(run_dir).name
     for link, target in ((store_dir / name / "latest", Path(stamp)), (store_dir / "latest", Path(name) / stamp)):
         tmp = link.with_name(link.name + ".tmp")
         if tmp.is_symlink():
             tmp.unlink()
         tmp.symlink_to(target)
         os.replace(tmp, link)
-    return run_dir
+
+
+# Test fields given on `fencelab test`'s command line (the rest of its options live in Test.extra by option name)
+_REPLAY_FIELDS = ("workload", "time_limit", "concurrency", "rate", "keys", "ttl_ms", "seed", "nemesis",
+                  "nemesis_interval", "name", "run_salt")
 
 
 def replay_command(test: Test) -> str:
-    """The exact command line that replays this test (same seed, same options)."""
-    args = ["fencelab", "test", "--workload", test.workload, "--time-limit", str(test.time_limit),
-            "--concurrency", str(test.concurrency), "--rate", str(test.rate), "--keys", str(test.keys),
-            "--ttl-ms", str(test.ttl_ms), "--seed", str(test.seed), "--name", test.name]
-    if test.nemesis:
-        args += ["--nemesis", ",".join(test.nemesis), "--nemesis-interval", str(test.nemesis_interval)]
-    if test.sut_name() != "reference":
-        args += ["--sut", test.sut_name()]
-    if test.extra.get("scenario"):
-        args += ["--scenario", str(test.extra["scenario"])]
-    if test.extra.get("mutant"):
-        args += ["--mutant", str(test.extra["mutant"])]
-    for url in test.extra.get("urls", []):
-        args += ["--url", url]
-    if test.extra.get("api_key_file"):
-        args += ["--api-key-file", str(test.extra["api_key_file"])]
-    if test.extra.get("store_url"):  # redacted: give the password back, or set FENCELAB_STORE_URL instead
-        args += ["--store-url", str(test.extra["store_url"])]
-    return shlex.join(args)
+    """The command line that replays this test: every `fencelab test` option it was given, same seed.
+
+    Built from the command's own options, so an option added to `fencelab test` and kept in `Test.extra`
+    under its name is replayed too (tests/test_cli_safety.py parses the command back into the same Test).
+    The run salt is pinned when the lab ran the system (a fresh stack remembers nothing, so the replay sends
+    the very same request ids) and left out for an external system, whose idempotency records would answer
+    the replay with the first run's replies: add `--run-salt` from test.json to reuse it anyway. URLs keep
+    no user info (give the password back, or set FENCELAB_STORE_URL).
+    """
+    import click
+
+    from lab.cli import test_cmd
+
+    args = ["fencelab", "test"]
+    for p in test_cmd.params:
+        if not isinstance(p, click.Option) or p.name in ("test_count", "store_dir"):
+            continue
+        if p.name in _REPLAY_FIELDS:
+            value = getattr(test, p.name)
+            if p.name == "nemesis":
+                value = ",".join(value)
+            elif p.name == "run_salt" and is_external(test):
+                value = None
+        elif p.name == "sut":
+            value = test.extra.get("sut_import") or test.sut_name()
+        elif p.name == "servers" and test.extra.get("urls"):  # the lab's own stack only: --url names the servers
+            value = None
+        else:
+            value = test.extra.get(p.name)
+        flag = next((o for o in p.opts if o.startswith("--")), p.opts[0])
+        if value is None or value == "" or value == [] or (p.name == "sut" and value == "reference"):
+            continue
+        if p.is_flag:
+            if value:
+                args.append(flag)
+            elif p.secondary_opts:
+                args.append(p.secondary_opts[0])
+            continue
+        for v in (value if p.multiple else [value]):
+            args += [flag, str(v)]
+    store_dir = _store_dir_of(test)
+    if store_dir is not None:
+        args += ["--store-dir", str(store_dir)]
+    return redact_secrets(shlex.join(args))
+
+
+def _store_dir_of(test: Test) -> Path | None:
+    """The store a run landed in: run_dir is STORE/<name>/<timestamp> (a name may have several parts)."""
+    if not test.run_dir:
+        return None
+    return Path(test.run_dir).parents[len(str(test.name).split("/"))]
 
 
 def write_test_json(test: Test) -> None:
@@ -151,8 +215,9 @@ def write_test_json(test: Test) -> None:
     d = test.to_json()
     d["versions"] = {"fencelab": __version__, "python": platform.python_version(), "platform": platform.platform()}
     d["replay"] = replay_command(test)
-    d["argv"] = [redact_url(a) if "://" in a else a for a in sys.argv]  # a --store-url may carry a password
-    (test.run_dir / "test.json").write_text(json.dumps(d, indent=2, default=str))
+    d["argv"] = list(sys.argv)
+    # a --url or --store-url (also as --store-url=URL) may carry user info: none of it is written down
+    (test.run_dir / "test.json").write_text(json.dumps(redact_tree(d), indent=2, default=str))
 
 
 async def _run(test: Test, wl, writer) -> None:
@@ -196,7 +261,7 @@ async def _show_progress(test: Test, writer, plain_every_s: float = 10.0) -> Non
         while True:
             await asyncio.sleep(plain_every_s)
             print(f"  [{test.name}] {time.monotonic() - start:5.0f}s / {test.time_limit:.0f}s  "
-                  f"{writer.count} history ops", flush=True)
+                  f"{writer.count} history entries", flush=True)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
@@ -223,6 +288,9 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     from workloads import get_workload
 
     validate(test)
+    if not test.run_salt or test.run_salt == "new":
+        test.run_salt = new_run_salt()
+    _record_sut_import(test)
     test.run_dir = new_run_dir(store_dir, test.name)
     write_test_json(test)
     wl = get_workload(test.workload)(test)
@@ -231,12 +299,14 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
 
         wl = scenario_workload(test, wl)
     if is_external(test):
-        return _run_external(test, wl)
+        results = _run_external(test, wl)
+        link_latest(test.run_dir, store_dir, test.name)
+        return results
     from lab.sut.processes import stack_for  # a system that brings its own processes: the lab runs those
 
     stack = stack_for(test, test.run_dir / "stack") or LocalStack(name="stack", root=test.run_dir / "stack",
                                                                    die_with_parent=True)
-    writer = HistoryWriter(test.run_dir / "history.jsonl")
+    writer = None
     try:
         status = stack.up(StackOptions(servers=test.extra.get("servers", 2), store=wl.needs_store,
                                        store_url=test.live.get("store_url"), mutant=test.extra.get("mutant", ""),
@@ -249,11 +319,32 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
         test.store, test.credentials_file = status.get("store"), status["credentials"]
         test.nodes = wl.nodes(test)
         write_test_json(test)
+        writer = HistoryWriter(test.run_dir / "history.jsonl")  # time 0 of the history: the workload starts now
         asyncio.run(_run(test, wl, writer))
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
         stack.down()
-    return analyze(test.run_dir, checker=wl.checker, test=test)
+    results = analyze(test.run_dir, checker=wl.checker, test=test)
+    link_latest(test.run_dir, store_dir, test.name)
+    return results
+
+
+def _record_sut_import(test: Test) -> None:
+    """A SUT registered in-process (a conftest, a plugin) is replayed by its import path, `module:Factory`."""
+    name = test.sut_name()
+    if name == "reference" or ":" in name:
+        return
+    from importlib import metadata
+
+    from lab.sut import get_sut
+
+    if get_sut(name).trusted or any(ep.name == name for ep in metadata.entry_points(group="fencelab.suts")):
+        return  # a built-in (starintel, valkey-lock, ...) or an installed system: its name replays it
+    factory = get_sut(name).factory
+    module, qual = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
+    if module and qual and "<" not in qual and module != "__main__":
+        test.extra["sut_import"] = f"{module}:{qual}"
 
 
 def _run_external(test: Test, wl) -> dict[str, Any]:
@@ -298,17 +389,25 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
 
     results = safe_check(claimed_checker(test, checker), test.to_json(), history, {})
     results["history_problems"] = problems
-    results["ops"] = len(history)
+    results["ops"] = count_operations(history)  # operations the clients invoked (each is 2 entries when complete)
+    results["entries"] = len(history)
     results["replay"] = replay_command(test)
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    (run_dir / "results.json").write_text(json.dumps(redact_tree(results), indent=2, default=str))
     from lab.report import ReportError, write_report
 
     try:
         results["report"] = str(write_report(run_dir))
     except ReportError as e:  # the verdict stands without its report; say why there is none
         results["history_problems"].append(f"report: {e}")
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+        (run_dir / "results.json").write_text(json.dumps(redact_tree(results), indent=2, default=str))
     return results
+
+
+def count_operations(history: list[dict]) -> int:
+    """Client operations: the invocations by client processes (not the nemesis), whatever their outcome."""
+    from lab.history.ops import is_client_process
+
+    return sum(1 for op in history if op.get("type") == "invoke" and is_client_process(op.get("process")))
 
 
 def load_test(run_dir: Path) -> Test:

@@ -99,3 +99,15 @@ def test_availability_minimums():
     assert res["violations"][0]["ops"] == not_ok  # the invocations of the acquires that did not succeed
     with pytest.raises(ValueError, match="within"):
         AvailabilityChecker(min_success_rate=1.5)
+
+
+def test_an_op_the_lab_paused_is_not_the_systems_lateness():
+    """The client-pause nemesis holds a lab client before it sends: its op completes late on a correct server."""
+    h = LeaseHistory()
+    h.nemesis("start-client-pause", {"fault": "client-pause", "phase": "start", "thread": 0})
+    i0, i1 = timed(h, 0, "renew", {"deadline_ms": 5}, 20)
+    h.nemesis("stop-client-pause", {"fault": "client-pause", "phase": "end"})
+    j0, j1 = timed(h, 1, "renew", {"deadline_ms": 5}, 20)  # after the pause: the system's own lateness
+    res = run("deadlines", h.ops, slack_ms=0)
+    assert res["client_paused"] == 1 and res["checked"] == 1
+    assert kinds(res) == ["deadline-exceeded"] and res["violations"][0]["ops"] == [j0, j1]

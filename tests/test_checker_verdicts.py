@@ -303,3 +303,28 @@ def test_an_info_op_takes_its_lease_from_what_was_sent():
     h.release(1, "L1", 1, at=0)
     res = linear(h.ops)
     assert res["valid"] is True, res
+
+
+def test_a_retry_with_its_own_deadline_is_the_same_request():
+    """A retry always carries a later deadline: no digest can cover it, so it is no changed body."""
+    h = LeaseHistory()
+    h.call(0, "acquire", {"request_id": "a", "ttl_ms": 1000, "deadline_ms": 5}, h.lease("L1", 1, at=0))
+    h.call(1, "acquire", {"request_id": "a", "ttl_ms": 1000, "deadline_ms": 2000}, h.lease("L1", 1, at=0))
+    res = run("idempotency", h.ops)
+    assert res["valid"] is True and res["judged"] == 1
+    h.call(2, "acquire", {"request_id": "a", "ttl_ms": 999}, h.lease("L1", 1, at=0))  # really changed
+    assert kinds(run("idempotency", h.ops)) == ["changed-body-accepted"]
+
+
+def test_a_same_request_id_sent_for_another_lease_is_a_changed_body():
+    """The renew's invocation names no lease; what was sent does: a conflict there is no false conflict."""
+    h = LeaseHistory()
+    h.acquire(0, "L1", 1, at=0)
+    h.call(0, "renew", {"request_id": "r"}, {**h.lease("L1", 1, at=0, renewed=5, exp=1005),
+                                             "sent": sent("r", "L1", 1)})
+    h.call(1, "renew", {"request_id": "r"}, {"request_id": "r", "sent": sent("r", "L9", 4)}, type="fail",
+           error="idempotency_conflict")
+    res = run("idempotency", h.ops)
+    assert res["valid"] is True and res["judged"] == 1
+    h.ops[-1]["value"]["sent"] = sent("r", "L1", 1)  # the same lease sent again: nothing to conflict with
+    assert kinds(run("idempotency", h.ops)) == ["false-conflict"]
