@@ -5,10 +5,10 @@
 
 Checkers default to `linearizable` when a model is given, else every domain
 checker whose operations appear in the history (`checkers.core.applicable_checkers`;
-with none, the file is "unknown" with the reason). Exit codes: 0 all valid, 1 any invalid, 2 any unknown (and none
-invalid), 3 bad input (a missing or malformed file, a missing required field,
-an unknown model or checker, a bad option), reported as one line naming the
-file, line and problem; never a traceback.
+with none, the file is "unknown" with the reason). Exit codes (lab.exitcodes, docs/cli.md#exit-codes): 0 all valid,
+1 any invalid, 3 any unknown (and none invalid), 2 bad input (a missing or
+malformed file, a missing required field, an unknown model or checker, a bad
+option), reported as one line naming the file, line and problem; never a traceback.
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from typing import Any
 import click
 
 from checkers.core import CHECKERS, DOMAIN_CHECKERS, Checker, applicable_checkers, compose, get_checker, merge_valid
+from lab.exitcodes import EXIT_BAD_INPUT, EXIT_INVALID, EXIT_UNKNOWN, EXIT_VALID  # the one table (docs/cli.md)
 
-__all__ = ["check", "exit_code", "summarize"]
-
-EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN, EXIT_BAD_INPUT = 0, 1, 2, 3
+__all__ = ["check", "checker_lines", "exit_code", "summarize"]
 
 
 class BadInput(Exception):
@@ -33,7 +32,7 @@ class BadInput(Exception):
 
 
 class _Check(click.Command):
-    """A click command whose usage errors exit with 3 (bad input), since 2 means "unknown"."""
+    """A click command whose usage errors exit with the table's bad-input code (lab.exitcodes)."""
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
@@ -91,7 +90,7 @@ def load(path: Path, fmt: str | None) -> tuple[list[dict], list[str]]:
 
 
 def exit_code(valids: list[Any]) -> int:
-    """0 when all are valid, 1 when any is invalid, 2 when any is unknown (and none invalid)."""
+    """0 when all are valid, 1 when any is invalid, 3 when any is unknown (and none invalid)."""
     merged = merge_valid(valids)
     return EXIT_VALID if merged is True else EXIT_INVALID if merged is False else EXIT_UNKNOWN
 
@@ -119,7 +118,18 @@ def _human(summary: dict, results: dict) -> str:
              f"checked in {summary['elapsed_s']:.3f} s)"]
     if summary.get("reason"):
         lines.append(f"  ({summary['reason']})")
+    return "\n".join(lines + checker_lines(results))
+
+
+def checker_lines(results: dict, *, violations: int = 3, only_not_valid: bool = False) -> list[str]:
+    """One line per checker (`  name: verdict (why)`), with its first `violations` violations below it.
+
+    `fencelab check` prints every checker; `fencelab test` / `analyze` only those not valid (only_not_valid).
+    """
+    lines = []
     for name, r in results["results"].items():
+        if only_not_valid and r.get("valid") is True:
+            continue
         line = f"  {name}: {_valid_text(r.get('valid'))}"
         if r.get("valid") is False:
             if "counterexample" in r:
@@ -127,12 +137,12 @@ def _human(summary: dict, results: dict) -> str:
                 line += f" (key {ce.get('key')!r}, window ops {ce.get('window')})"
             else:
                 line += f" ({r.get('violation_count', 0)} violations)"
-                for v in (r.get("violations") or [])[:3]:
+                for v in (r.get("violations") or [])[:violations]:
                     line += f"\n    - {v.get('type')}: {v.get('msg')} (ops {v.get('ops')})"
         elif r.get("valid") is not True:
             line += f" ({r.get('error') or r.get('reason') or 'undecided'})"
         lines.append(line)
-    return "\n".join(lines)
+    return lines
 
 
 def _valid_text(v: Any) -> str:
@@ -176,7 +186,7 @@ def _write_outputs(directory: Path, file: str, history: list[dict], results: dic
               help="History format (default: from the extension or the content).")
 def check(files: tuple[Path, ...], model: str | None, checker_names: tuple[str, ...], time_limit: float | None,
           as_json: bool, out: Path | None, fmt: str | None) -> None:
-    """Check stored histories: exit 0 all valid, 1 any invalid, 2 any unknown, 3 bad input."""
+    """Check stored histories: exit 0 all valid, 1 any invalid, 2 bad input, 3 any unknown (docs/cli.md)."""
     try:
         checkers = build_checkers(checker_names, model, time_limit)
         missing = [f for f in files if not f.is_file()]
@@ -224,6 +234,6 @@ def _run(composed: Checker, checkers: dict[str, Checker], auto: bool, test: dict
 
 
 def _fail(msg: str) -> None:
-    """Report bad input in one line and exit 3."""
+    """Report bad input in one line and exit 2."""
     click.echo(f"fencelab check: error: {msg}", err=True)
     sys.exit(EXIT_BAD_INPUT)

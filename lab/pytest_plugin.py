@@ -68,6 +68,22 @@ class LabRun:
         return self.run_dir / "history.jsonl" if self.run_dir else None
 
 
+_ENTRY_POINT = "fencelab"  # this module's name in the pytest11 entry point group (pyproject.toml)
+
+
+def pytest_addhooks(pluginmanager) -> None:
+    """Loaded by module (`-p lab.pytest_plugin`) while the `fencelab` entry point is installed: skip the entry point.
+
+    pytest would otherwise register this same module a second time under the entry point's name and refuse
+    ("Plugin already registered under a different name"); blocking that name makes both activations work.
+    """
+    import sys
+
+    name = pluginmanager.get_name(sys.modules[__name__])
+    if name is not None and name != _ENTRY_POINT and pluginmanager.get_plugin(_ENTRY_POINT) is None:
+        pluginmanager.set_blocked(_ENTRY_POINT)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("fencelab", "fencelab lab runs (the lab_run and lab_stack fixtures)")
     group.addoption("--lab-time-limit", type=float, default=None, metavar="SECONDS",

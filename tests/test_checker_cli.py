@@ -55,7 +55,7 @@ def test_valid_invalid_and_unknown_exit_codes(tmp_path):
     assert invoke(bad, "--model", "register").exit_code == 1
     assert invoke(good, bad, "--model", "register").exit_code == 1
     unknown = invoke(good, "--model", "register", "--time-limit", "0", "--json")
-    assert unknown.exit_code == 2
+    assert unknown.exit_code == 3
     assert json.loads(unknown.stdout)["valid"] == "unknown"
 
 
@@ -67,7 +67,7 @@ def test_a_raising_checker_makes_the_run_unknown(tmp_path, monkeypatch):
     monkeypatch.setitem(core.CHECKERS, "boom", lambda **kw: Boom())
     f = write_jsonl(tmp_path / "h.jsonl", lease_ops(duplicate=False))
     res = invoke(f, "--checker", "boom", "--checker", "fencing", "--json")
-    assert res.exit_code == 2
+    assert res.exit_code == 3
     line = json.loads(res.stdout)
     assert line["checkers"] == {"boom": "unknown", "fencing": True}
     assert line["unknown"] == {"boom": "RuntimeError: kaboom"}
@@ -175,7 +175,7 @@ def test_bad_input_exits_3_with_one_line(tmp_path, case, expected):
         "not-a-number": [good, "--time-limit", "soon"],
     }[case]
     res = invoke(*args)
-    assert res.exit_code == 3, res.output
+    assert res.exit_code == 2, res.output
     assert expected in res.stderr
     assert "Traceback" not in res.output
     if not case.startswith(("bad-format", "not-a-number")):  # click's usage errors add a usage hint
@@ -187,7 +187,7 @@ def test_unwritable_out_dir_is_bad_input(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     res = invoke(good, "--out", str(blocker / "sub"))
-    assert res.exit_code == 3 and "cannot write results" in res.stderr and "Traceback" not in res.output
+    assert res.exit_code == 2 and "cannot write results" in res.stderr and "Traceback" not in res.output
 
 
 def test_without_a_model_only_the_checkers_whose_operations_appear_run(tmp_path):

@@ -333,7 +333,8 @@ def scenario_workload(test: Any, registry: Mapping[str, Scenario]) -> ScenarioWo
     from lab.scenarios.faults import build_nemesis
 
     sc = scenario_of(test, registry)
-    test.extra.setdefault("key_nonce", secrets.token_hex(3))  # run-unique identities: external systems persist
+    # run-unique identities, request ids and instances (external systems persist): the run's salt, if it has one
+    test.extra.setdefault("key_nonce", getattr(test, "run_salt", "") or secrets.token_hex(3))
     test.extra.setdefault("identity", {"namespace": "fencelab", "workflow": f"s-{test.extra['key_nonce']}"})
     test.workload = sc.workload
     local = not is_external(test)
