@@ -2,11 +2,20 @@
 
 `valkey` is one real valkey-server per test session (each test gets a flushed
 database); `run_dir` is a per-test directory for logs and data.
+
+Tests marked `root` run only where a probe shows what they need (root, `ip`
+and `iptables`, and a network namespace with a veth pair and iptables inside
+it can really be made), not merely where euid is 0. Under CI (`CI=true`) a
+skipped root test is a failure: CI runs as root, so a skip there means a
+missing install step, and a green run must not hide it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import subprocess
 
 import psutil
 import pytest
@@ -116,3 +125,52 @@ def pytest_sessionfinish(session, exitstatus):
     if leftovers:
         print(f"\nfencelab: the test suite leaked processes (killed now): {leftovers}")
         session.exitstatus = 1
+
+
+# -- root tests: a probe of what they need, and no skips under CI ----------------------------------
+
+@functools.lru_cache(maxsize=1)
+def root_probe() -> str | None:
+    """None when this machine can run the root tests, else what is missing (one line)."""
+    if os.geteuid() != 0:
+        return f"needs root (running as uid {os.geteuid()})"
+    missing = [tool for tool in ("ip", "iptables") if shutil.which(tool) is None]
+    if missing:
+        return f"needs {' and '.join(missing)} (apt-get install iproute2 iptables)"
+    ns = f"flprobe{os.getpid()}"
+
+    def run(*argv: str) -> str | None:
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"{' '.join(argv)}: {e}"
+        return None if r.returncode == 0 else f"{' '.join(argv)}: {(r.stderr or r.stdout).strip()[:200]}"
+
+    problem = run("ip", "netns", "add", ns)
+    if problem:
+        return f"cannot make a network namespace ({problem})"
+    try:  # everything inside the probe's own namespace: deleting it removes the veths too
+        return (run("ip", "-n", ns, "link", "add", "flp0", "type", "veth", "peer", "name", "flp1")
+                or run("ip", "netns", "exec", ns, "iptables", "-w", "-A", "INPUT", "-i", "flp0", "-j", "DROP")
+                or run("ip", "netns", "exec", ns, "iptables", "-w", "-L", "INPUT", "-n"))
+    finally:
+        run("ip", "netns", "del", ns)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("root") is not None:
+        missing = root_probe()
+        if missing:
+            pytest.skip(f"root test: {missing}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if (report.skipped and os.environ.get("CI") == "true" and item.get_closest_marker("root") is not None
+            and not hasattr(report, "wasxfail")):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"CI=true: a root test may not be skipped ({reason})"
