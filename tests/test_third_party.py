@@ -74,3 +74,64 @@ def test_no_commit_is_unknown_not_valid():
     h.acquire(0, "A", None, at=0)
     res = judge(h.ops)
     assert res["valid"] == "unknown" and res["reason"]
+
+
+def test_a_replayed_commit_is_as_old_as_its_first_attempt():
+    """stale-commit's real-time order: a retry (same request_id) returning the original acceptance after a higher
+    token committed is no regression; a NEW commit with the lower token is one."""
+    from test_checker_core import run
+
+    h = LeaseHistory()
+    a0 = h.invoke(0, "commit", {"request_id": "ra", "lease_id": "L6", "fencing_token": 6, "doc": "d",
+                                "entry": [0, 6, 1]})
+    h.complete("ok", 0, "commit", {"doc": "d", "rev": 1, "accepted_token": 6})
+    h.commit(1, "L7", 7, [1, 7, 1], rev=2)
+    h.invoke(0, "commit", {"request_id": "ra", "lease_id": "L6", "fencing_token": 6, "doc": "d", "entry": [0, 6, 1]})
+    h.complete("ok", 0, "commit", {"doc": "d", "rev": None, "accepted_token": 6})
+    assert "token-regression" not in kinds(run("stale-commit", h.ops)), a0
+    h.commit(0, "L6", 6, [0, 6, 2], rev=3)  # a fresh request: a real regression
+    assert "token-regression" in kinds(run("stale-commit", h.ops))
+
+
+def test_campaign_spec_takes_commit_mode_and_exclusions():
+    from lab.campaign.spec import CampaignError, expand, load_spec, parse_spec
+
+    spec = load_spec("campaigns/third-party.toml")
+    runs = expand(spec)
+    ids = {r.id for r in runs}
+    assert not any("-clock-" in i and "-etcd" in i for i in ids)  # excluded: libfaketime cannot move etcd
+    assert any("-clock-" in i and "valkey-lock-fenced-unfenced" in i for i in ids)
+    modes = {(r.implementation, r.to_test().extra.get("commit_mode")) for r in runs}
+    assert ("valkey-lock-fenced-unfenced", "unfenced") in modes and ("valkey-lock-fenced", None) in modes
+    base = {"name": "x", "workloads": ["lease"]}
+    import pytest
+
+    with pytest.raises(CampaignError, match="commit_mode"):
+        parse_spec({**base, "implementations": {"v": {"sut": "valkey-lock", "commit_mode": "half"}}})
+    with pytest.raises(CampaignError, match="names no axis"):
+        parse_spec({**base, "exclude": [{"why": "everything"}]})
+    with pytest.raises(CampaignError, match="exclude keys"):
+        parse_spec({**base, "exclude": [{"nemeses": "clock"}]})
+
+
+def test_rules_a_system_does_not_claim_are_dropped_and_the_rest_judged():
+    """valkey-lock-fenced's store fence knows nothing of leases: commit-after-successor is not its claim, a token
+    regression still is."""
+    from checkers.core import compose, get_checker
+    from lab.sut.registry import claimed_checker
+    from lab.testmap import Test
+
+    test = Test(workload="fenced-append", extra={"sut": "valkey-lock-fenced"})
+    checker = claimed_checker(test, compose({"stale-commit": get_checker("stale-commit")}))
+    h = LeaseHistory()
+    h.acquire(0, "L1", 1, at=0)
+    h.acquire(1, "L2", 2, at=10)
+    h.commit(0, "L1", 1, [0, 1, 1], rev=1)  # the old holder writes after L2 was acquired, before L2 writes
+    res = checker.check({}, h.ops, {})
+    assert res["valid"] is True and res["results"]["stale-commit"]["not_claimed_violations"] == {
+        "commit-after-successor": 1}
+    assert "stale-commit.commit-after-successor" in res["not_claimed"]
+    h.commit(1, "L2", 2, [1, 2, 1], rev=2)
+    h.commit(0, "L1", 1, [0, 1, 2], rev=3)  # and after L2's write: the store must refuse that
+    res = checker.check({}, h.ops, {})
+    assert res["valid"] is False and "token-regression" in res["results"]["stale-commit"]["violation_counts"]

@@ -33,11 +33,12 @@ MAX_RUNS = 10_000
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 RESERVED_NAMES = {"campaigns", "latest"}
 TOP_KEYS = ("name", "description", "defaults", "workloads", "nemeses", "scenarios", "implementations", "seeds",
-            "repetitions")
+            "repetitions", "exclude")
+EXCLUDE_KEYS = ("workload", "nemesis", "scenario", "implementation", "why")
 # the axes own these Test fields: setting them in [defaults] or a scenario is a mistake the error explains
 AXIS_FIELDS = {"workload": "workloads", "nemesis": "nemeses", "seed": "seeds", "name": "name"}
 REFERENCE = "reference"
-IMPL_KEYS = ("name", "sut", "url", "api_key_file")
+IMPL_KEYS = ("name", "sut", "url", "api_key_file", "commit_mode")
 
 
 class CampaignError(ValueError):
@@ -127,13 +128,14 @@ class Implementation:
     sut: str = REFERENCE
     url: str | None = None  # -> test.extra["urls"] (the runner's external servers)
     api_key_file: str | None = None  # -> test.extra["api_key_file"]
+    commit_mode: str | None = None  # -> test.extra["commit_mode"] (fenced / unfenced: docs/third-party.md)
 
     def extra(self) -> dict[str, Any]:
         """What this implementation puts in `test.extra` (nothing for the reference servers)."""
         if self.sut == REFERENCE and self.url is None:
             return {}
         out = {"sut": self.sut if self.sut != REFERENCE else None, "urls": [self.url] if self.url else None,
-               "api_key_file": self.api_key_file}
+               "api_key_file": self.api_key_file, "commit_mode": self.commit_mode}
         return {k: v for k, v in out.items() if v is not None}
 
 
@@ -152,6 +154,8 @@ class Spec:
     seeds: list[int]
     repetitions: int
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    # combinations left out of the plan (a nemesis a system cannot take): {axis: value, ..., "why": reason}
+    exclude: list[dict[str, str]] = field(default_factory=list)
 
 
 def _check_name(where: str, value: Any, what: str) -> str:
@@ -317,7 +321,10 @@ def _implementation(where: str, name: Any, table: Mapping[str, Any]) -> Implemen
         raise CampaignError(f"{where}: url must be an http(s) URL such as http://127.0.0.1:9000, not {url!r}")
     if key_file is not None and not isinstance(key_file, str):
         raise CampaignError(f"{where}: api_key_file must be a path (a string), not {key_file!r}")
-    return Implementation(name, sut, url, key_file)
+    mode = table.get("commit_mode")
+    if mode is not None and mode not in ("fenced", "unfenced"):
+        raise CampaignError(f"{where}: commit_mode must be \"fenced\" or \"unfenced\", not {mode!r}")
+    return Implementation(name, sut, url, key_file, mode)
 
 
 def _implementations(where: str, value: Any) -> list[Implementation]:
@@ -426,7 +433,36 @@ def parse_spec(data: Any, source: str = "<spec>") -> Spec:
         seeds=_seeds(f"{source}: seeds", data.get("seeds")),
         repetitions=_repetitions(f"{source}: repetitions", data.get("repetitions")),
         raw=dict(data),
+        exclude=_exclude(f"{source}: exclude", data.get("exclude")),
     )
+
+
+def _exclude(where: str, value: Any) -> list[dict[str, str]]:
+    """`exclude = [{implementation = "etcd", nemesis = "clock", why = "..."}]`: combinations the plan leaves out."""
+    if value is None:
+        return []
+    out = []
+    for i, item in enumerate(_check_list(where, value, "tables of axis values")):
+        here = f"{where}[{i}]"
+        if not isinstance(item, Mapping):
+            raise CampaignError(f"{here} must be a table such as {{implementation = \"x\", nemesis = \"clock\"}}, "
+                                f"not {item!r}")
+        for key, v in item.items():
+            if key not in EXCLUDE_KEYS:
+                raise _unknown_key(here, key, EXCLUDE_KEYS, "exclude keys")
+            if not isinstance(v, str):
+                raise CampaignError(f"{here}.{key} must be a string, not {v!r}")
+        if not set(item) - {"why"}:
+            raise CampaignError(f"{here} names no axis value ({', '.join(EXCLUDE_KEYS[:-1])}): it would exclude "
+                                "every run")
+        out.append(dict(item))
+    return out
+
+
+def _excluded(spec: Spec, wl: str, nemesis: str, scenario: str, impl: str) -> bool:
+    """Does an `exclude` entry match this combination (every axis value it names)?"""
+    here = {"workload": wl, "nemesis": nemesis, "scenario": scenario, "implementation": impl}
+    return any(all(here[k] == v for k, v in ex.items() if k != "why") for ex in spec.exclude)
 
 
 # -- the plan ---------------------------------------------------------------------------------
@@ -482,6 +518,8 @@ def expand(spec: Spec) -> list[PlannedRun]:
     for wl, sc, impl, (label, names), seed, rep in itertools.product(
             spec.workloads, spec.scenarios, spec.implementations, spec.nemeses.items(), spec.seeds,
             range(spec.repetitions)):
+        if _excluded(spec, wl, label, sc.name, impl.name):
+            continue
         impl_opts = {"extra": impl.extra()} if impl.extra() else {}
         runs.append(PlannedRun(spec.name, wl, label, tuple(names), sc.name, impl.name, seed, rep,
                                _merge_options(spec.defaults, sc.options, impl_opts)))
