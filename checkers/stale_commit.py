@@ -64,7 +64,7 @@ class StaleCommitChecker:
         v = Violations(self.max_violations)
         accepted = [c for c in commits if c.p.type == "ok"]
         first_invoke = first_invocations(pairs)
-        _check_realtime_order(accepted, v)
+        _check_realtime_order(accepted, v, first_invoke)
         _check_rev_order(accepted, v)
         moved = backend_clock_moves(history)
         unknown = _check_against_leases(accepted, leases, first_invoke, v, backend_times=not moved)
@@ -167,8 +167,12 @@ def _final_reads(pairs: list[Pair]) -> dict[tuple, FinalRead]:
     return {k: FinalRead(p) for k, p in last.items()}
 
 
-def _check_realtime_order(accepted: list[Commit], v: Violations) -> None:
-    """Per key: a commit accepted after another completed must not carry a lower token."""
+def _check_realtime_order(accepted: list[Commit], v: Violations, first_invoke: dict | None = None) -> None:
+    """Per key: a commit accepted after another completed must not carry a lower token.
+
+    A replay (a retry with its request_id) starts at its request's first invocation: its acceptance may date
+    from then."""
+    first_invoke = first_invoke or {}
     by_key: dict[Any, list[Commit]] = defaultdict(list)
     for c in accepted:
         if c.token is not None:
@@ -176,8 +180,9 @@ def _check_realtime_order(accepted: list[Commit], v: Violations) -> None:
     for key, cs in by_key.items():
         by_end = sorted(cs, key=lambda c: c.p.t1)
         j, best = 0, None
-        for c in cs:  # pairs are in invocation order
-            while j < len(by_end) and by_end[j].p.t1 < c.p.t0:
+        for c in sorted(cs, key=lambda c: first_invoke.get(request_key(c.p), c.p.t0)):
+            start = first_invoke.get(request_key(c.p), c.p.t0)
+            while j < len(by_end) and by_end[j].p.t1 < start:
                 if best is None or by_end[j].token > best.token:
                     best = by_end[j]
                 j += 1

@@ -364,6 +364,22 @@ def _register_etcd() -> None:
 _register_etcd()
 
 
+def _register_valkey_locks() -> None:
+    """`valkey-lock` / `valkey-lock-fenced` (lab.sut.valkey_lock): redis-py's Lock on a lab-owned Valkey.
+
+    Trusted built-ins: `valkey-lock`'s leases carry no fencing token (null), which the result check would refuse.
+    """
+    from lab.sut import valkey_lock as vl
+
+    register_sut("valkey-lock", vl.valkey_lock_system, capabilities={"commit"}, check=vl.check_valkey_lock,
+                 processes=vl.valkey_processes, not_claimed=vl.NOT_CLAIMED_UNFENCED, _trusted=True)
+    register_sut("valkey-lock-fenced", vl.fenced_valkey_lock_system, capabilities={"commit"},
+                 check=vl.check_valkey_lock, processes=vl.valkey_processes, not_claimed=vl.NOT_CLAIMED,
+                 _trusted=True)
+
+
+_register_valkey_locks()
+
 
 # -- what a system does not claim ---------------------------------------------------------------------------
 class NotClaimed:
