@@ -12,10 +12,13 @@ missing install step, and a green run must not hide it.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import os
 import shutil
 import subprocess
+import time
 
 import psutil
 import pytest
@@ -80,6 +83,67 @@ def make_stack(tmp_path):
 @pytest.fixture
 def run_dir(tmp_path):
     return tmp_path
+
+
+# -- waiting on a condition, never on a guessed sleep ------------------------------------------------
+
+async def until(condition, timeout: float = 30.0, what: str = "the condition", poll: float = 0.01):
+    """Await until `condition()` (a function or coroutine function) is truthy and return its value.
+
+    The poll interval only bounds how late the condition is seen; the test fails after `timeout`.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(poll)
+
+
+def wait_until(condition, timeout: float = 30.0, what: str = "the condition", poll: float = 0.01):
+    """`until` for synchronous tests."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll)
+
+
+async def until_backend_time(valkey_url: str, at_ms: int, timeout: float = 30.0) -> int:
+    """Wait until Valkey's clock (TIME: the only clock that decides a lease, C20) reads `at_ms` or later."""
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(valkey_url)
+    try:
+        async def now_ms() -> int:
+            sec, usec = await client.time()
+            return sec * 1000 + usec // 1000
+
+        async def reached() -> int | None:
+            now = await now_ms()
+            return now if now >= at_ms else None
+
+        return await until(reached, timeout, f"Valkey's clock to reach {at_ms}", poll=0.005)
+    finally:
+        await client.aclose()
+
+
+async def lease_expired(server, lease) -> None:
+    """Wait until `lease` (an API lease dict, or a client Lease) has expired by backend time.
+
+    `server` is an InProcessServer, or a Valkey URL.
+    """
+    url = server if isinstance(server, str) else server.server.settings.valkey_url
+    expires = lease["expires_at_ms"] if isinstance(lease, dict) else lease.expires_at_ms
+    await until_backend_time(url, expires)
 
 
 # Processes owned by session-scoped fixtures: started inside some test, stopped at session end.

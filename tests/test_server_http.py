@@ -19,6 +19,8 @@ from lab.server.openapi import openapi_document
 from lab.server.testing import body, identity, in_process_server
 from lab.server.wire import now_ms
 
+from conftest import lease_expired
+
 P = "/api/v1/target-leases"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -195,13 +197,13 @@ async def test_429_rate_limited_per_principal_and_target(valkey, run_dir):
 async def test_429_active_lease_quota(valkey, run_dir):
     async with in_process_server(run_dir, valkey.url, active_lease_quota=2, min_ttl_ms=50) as s:
         a = (await s.acquire(target_id="t1")).json()["lease"]
-        (await s.acquire(target_id="t2", ttl_ms=700)).json()["lease"]
+        t2 = (await s.acquire(target_id="t2", ttl_ms=700)).json()["lease"]
         b = assert_error(await s.acquire(target_id="t3"), 429, "lease_rate_limited")
         assert "quota" in b["msg"] and 0 < b["retry_after_ms"] <= 700
         assert (await s.release(a)).status_code == 200
         assert (await s.acquire(target_id="t3")).status_code == 200
         assert (await s.acquire(target_id="t4")).status_code == 429
-        await asyncio.sleep(0.75)  # t2 expired: its slot frees itself
+        await lease_expired(s, t2)  # its slot frees itself
         assert (await s.acquire(target_id="t4")).status_code == 200
 
 

@@ -18,6 +18,8 @@ from lab.server.identity import normalize_identity
 from lab.server.testing import CommandCounter, body, command_delta, identity, in_process_server
 from lab.server.wire import now_ms
 
+from conftest import lease_expired, until_backend_time
+
 P = "/api/v1/target-leases"
 
 
@@ -90,7 +92,7 @@ async def test_c5_counter_survives_release_expiry_and_revoke(srv, vk):
     assert (await srv.release(lease)).status_code == 200
     lease = await acquired(srv, ttl_ms=60)
     tokens.append(lease["fencing_token"])
-    await asyncio.sleep(0.1)  # expires
+    await lease_expired(srv, lease)
     lease = await acquired(srv)
     tokens.append(lease["fencing_token"])
     assert (await srv.admin("revoke", lease)).status_code == 200
@@ -146,7 +148,7 @@ async def test_c6_record_fields_at_acquisition(srv, vk):
 
 async def test_c6_renew_never_passes_the_maximum_lifetime(srv):
     lease = await acquired(srv, ttl_ms=1000, maximum_lifetime_ms=1200)
-    await asyncio.sleep(0.3)
+    await until_backend_time(srv.server.settings.valkey_url, lease["acquired_at_ms"] + 201)  # now + ttl > lifetime
     r = await srv.renew(lease)
     assert r.status_code == 200
     renewed = r.json()["lease"]
@@ -203,7 +205,7 @@ async def test_c9_no_transition_leaves_a_terminal_state(srv):
 
 async def test_c9_admin_operations_never_touch_a_successor(srv):
     old = await acquired(srv, ttl_ms=60)
-    await asyncio.sleep(0.1)
+    await lease_expired(srv, old)
     new = await acquired(srv, principal="lease-a1-peer")
     assert new["fencing_token"] > old["fencing_token"]
     # stale admin operations name the old lease, or the new lease with the old token
@@ -215,7 +217,7 @@ async def test_c9_admin_operations_never_touch_a_successor(srv):
 
 async def test_c10_an_expired_record_is_expired_even_while_stored(srv, vk):
     lease = await acquired(srv, ttl_ms=80)
-    await asyncio.sleep(0.13)
+    await lease_expired(srv, lease)
     assert vk.hget(lock_key(), "lease_id") == lease["lease_id"]  # physically still there
     r = await srv.client.get(P, params=identity(), headers=srv.headers("lease-a1"))
     assert r.json()["lease"]["state"] == "expired"
@@ -277,7 +279,7 @@ async def test_c12_renew_needs_every_matching_field(srv, vk, mismatch):
 
 async def test_c12_renew_moves_expiry_by_backend_time(srv):
     lease = await acquired(srv, ttl_ms=2000)
-    await asyncio.sleep(0.05)
+    await until_backend_time(srv.server.settings.valkey_url, lease["acquired_at_ms"] + 1)
     r = await srv.renew(lease, ttl_ms=400)
     assert r.status_code == 200
     got = r.json()["lease"]
@@ -288,7 +290,7 @@ async def test_c12_renew_moves_expiry_by_backend_time(srv):
 
 async def test_c12_an_expired_lease_is_never_revived(srv, vk):
     lease = await acquired(srv, ttl_ms=60)
-    await asyncio.sleep(0.1)
+    await lease_expired(srv, lease)
     r = await srv.renew(lease)
     assert r.status_code == 409 and r.json()["code"] == "lease_lost" and "expired" in r.json()["msg"]
     assert int(vk.hget(lock_key(), "expires_at")) == lease["expires_at_ms"]
@@ -296,7 +298,7 @@ async def test_c12_an_expired_lease_is_never_revived(srv, vk):
 
 async def test_c13_stale_release_never_deletes_a_successor(srv, vk):
     old = await acquired(srv, ttl_ms=60)
-    await asyncio.sleep(0.1)
+    await lease_expired(srv, old)
     new = await acquired(srv)
     r = await srv.release(old)
     assert r.status_code == 409 and r.json()["code"] == "lease_lost"
@@ -470,7 +472,7 @@ async def test_c17_retry_returns_the_original_result_and_mutates_nothing(srv, vk
 async def test_c18_replayed_acquire_of_an_ended_lease_reports_its_current_state(srv, vk):
     b = body(ttl_ms=60)
     first = (await srv.client.post(P + "/acquire", json=b, headers=srv.headers("lease-a1"))).json()["lease"]
-    await asyncio.sleep(0.1)
+    await lease_expired(srv, first)
     r = (await srv.client.post(P + "/acquire", json=b, headers=srv.headers("lease-a1"))).json()
     assert r["replayed"] is True and r["lease"]["lease_id"] == first["lease_id"]
     assert r["lease"]["state"] == "expired"

@@ -23,6 +23,8 @@ from lab.server.audit import AUDIT_FIELDS, EVENT_TYPES, event_from_stream
 from lab.server.testing import CommandCounter, body, command_delta, demo_principals, identity, in_process_server
 from lab.stack.leaseserver import LeaseServerProcess
 
+from conftest import until, wait_until
+
 P = "/api/v1/target-leases"
 
 
@@ -209,18 +211,6 @@ def live(valkey, run_dir):
         server.stop()
 
 
-def wait_until(condition, timeout: float = 30.0, what: str = "the condition"):
-    """Poll `condition()` until it is truthy (its value is returned); fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def server_log(server) -> str:
     return server.log_path.read_text(errors="replace")
 
@@ -343,15 +333,6 @@ def test_a_slow_body_is_cut_off_with_a_400(live):
 
 
 # -- waiting acquires are shared out ---------------------------------------------------------------
-
-async def until(condition, timeout: float = 30.0, what: str = "the condition"):
-    """Poll `condition()` on the event loop until it is truthy; fail after `timeout` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
 
 async def test_one_tenant_cannot_take_every_waiting_slot(valkey, run_dir):
     async with in_process_server(run_dir, valkey.url, max_waiters=4, max_waiters_per_tenant=2,
