@@ -15,7 +15,9 @@ C12, C13, C15, verification rows 6-7). Violations, each naming the ops:
 - `token-changed`: an ok renew / release / force-release / revoke (or an acquire
   replay) reports a token other than the lease's acquire token; `lease-mismatch`:
   an ok op on lease L (named by the invocation or by what the client sent,
-  `value.sent`) returns another lease_id (C12, C13: the exact lease or nothing).
+  `value.sent`) returns another lease_id (C12, C13: the exact lease or nothing);
+  `wrong-token-accepted`: an ok op on lease L although the token the client
+  sent is not L's.
 - `stale-op-succeeded`: a renew / release / force-release / revoke of lease L
   succeeded although a lease with a higher token on the same key had already
   been acquired: its acquire ok completed before the op was invoked, or (renew)
@@ -36,7 +38,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, op_lease_id, pair_ops
-from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key
+from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key, sent
 
 __all__ = ["LeaseStateChecker"]
 
@@ -119,7 +121,14 @@ def _check_named(p: Pair, named: Any, v: Violations) -> None:
 
 
 def _check_identity(p: Pair, lease: Lease, v: Violations) -> None:
-    """The result carries the token the lease was acquired with (its id is `_check_named`'s)."""
+    """The result carries the token the lease was acquired with (its id is `_check_named`'s), and the op
+    succeeded only if the client sent that token (C12, C13: every field must match)."""
+    wire = sent(p)
+    if p.f != "acquire" and wire is not None and wire.get("fencing_token") not in (None, lease.token):
+        v.add("wrong-token-accepted", [lease.first.i1, p.i0, p.i1],
+              f"{p.f} of lease {lease.lease_id!r} sent token {wire['fencing_token']}, the lease's is {lease.token}, "
+              f"and it succeeded", key=p.key, lease=lease.lease_id, token=wire["fencing_token"],
+              acquired_token=lease.token)
     tok = _res(p, "fencing_token")
     if tok is not None and tok != lease.token:
         v.add("token-changed", [lease.first.i1, p.i0, p.i1],

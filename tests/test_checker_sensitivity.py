@@ -78,6 +78,12 @@ def lease_mismatch_renew(h):
                                              "sent": ref("L1", 1, "r")})
 
 
+def wrong_token_accepted(h):
+    h.acquire(0, "L1", 2, at=0)
+    h.call(0, "release", {"request_id": "r"}, {**h.lease("L1", 2, at=0, state="released"),
+                                               "sent": ref("L1", 1, "r")})
+
+
 def stale_op_succeeded(h):
     h.acquire(0, "L1", 1, at=0, ttl=100)
     h.acquire(1, "L2", 2, at=200)
@@ -199,6 +205,7 @@ CATALOG = {  # (checker, kind) -> (violating history builder, checker options)
     ("lease-state", "token-changed"): (token_changed, {}),
     ("lease-state", "lease-mismatch"): (lease_mismatch_renew, {}),
     ("lease-state", "stale-op-succeeded"): (stale_op_succeeded, {}),
+    ("lease-state", "wrong-token-accepted"): (wrong_token_accepted, {}),
     ("stale-commit", "token-regression"): (token_regression, {}),
     ("stale-commit", "validated-after-expiry"): (validated_after_expiry, {}),
     ("stale-commit", "validated-after-end"): (validated_after_end, {}),
