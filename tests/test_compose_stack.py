@@ -29,6 +29,7 @@ from docker.models.containers import Container, ContainerCollection
 
 from lab.stack.compose import (COMPOSE_FILE, ComposeStack, ContainerProcess, compose_command, project_name,
                                 stack_backend)
+from lab.stack.images import ImageSet
 from lab.stack.local import StackError, StackOptions
 from lab.stack.process import ManagedProcess, ProcessError, free_port
 
@@ -216,7 +217,8 @@ def make_stack(tmp_path, engine, store_http=None, *, compose_cmd=("docker", "com
     client = engine.client()
     stack = ComposeStack(name=kw.pop("name", "t1"), home=tmp_path, docker_factory=lambda: client, run=runner,
                          compose_cmd=list(compose_cmd), probe=lambda proc: proc.status() == "running",
-                         http=store_http[1] if store_http else None, **kw)
+                         http=store_http[1] if store_http else None,
+                         image_set=kw.pop("image_set", lambda log: ImageSet("official", [COMPOSE_FILE])), **kw)
     return stack, runner, client
 
 

@@ -51,6 +51,7 @@ import httpx
 from lab import paths
 from lab.stack.base import StackFiles
 from lab.stack.clock import FakeClock
+from lab.stack.images import ImageSet, ensure_images
 from lab.stack.local import StackError, StackOptions, stack_dir, write_private_json
 from lab.stack.process import ManagedProcess, ProcessError
 
@@ -198,6 +199,15 @@ def _http_ok(url: str, statuses: tuple[int, ...] = (200,)) -> bool:
         return False
 
 
+def _welcome_ok(url: str) -> bool:
+    """Does GET `url` answer a CouchDB welcome document (a JSON object with `version`)?"""
+    try:
+        r = httpx.get(url, timeout=1.0)
+        return r.status_code == 200 and "version" in r.json()
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
 def _valkey_ok(port: int) -> bool:
     """Does Valkey answer PING (not merely accept: it loads its AOF before serving)?"""
     import redis
@@ -221,8 +231,8 @@ def default_probe(proc: "ContainerProcess") -> bool:
         return False
     if proc.service == "valkey":
         return _valkey_ok(port)
-    if proc.service == "store":
-        return _http_ok(f"http://127.0.0.1:{port}/_up")
+    if proc.service == "store":  # the welcome document: Apache CouchDB and pouchdb-server both serve it
+        return _welcome_ok(f"http://127.0.0.1:{port}/")
     if proc.service == "toxiproxy":
         return _http_ok(f"http://127.0.0.1:{port}/version")
     return _http_ok(f"http://127.0.0.1:{port}/healthz")
@@ -472,7 +482,9 @@ class ComposeStack(StackFiles):
     home: Path | None = None
     root: Path | None = None
     compose_file: Path = COMPOSE_FILE
-    build: bool = True  # `up --build`: (re)build the lease server and Valkey images (cached layers)
+    build: bool = True  # `up --build` with the official images: (re)build the lease server and Valkey images
+    images: str = "auto"  # official, local (built from local parts: lab/stack/images.py), or auto: official if they can be had
+    image_set: Callable[[Path], ImageSet] | None = None  # decides and builds the images (tests replace it)
     timeout_s: float = 900.0  # the whole `compose up` (pulls, builds, health waits)
     health_timeout_s: float = 120.0  # per service, after `compose up` returned
     docker_factory: Callable[[], Any] | None = None
@@ -511,9 +523,14 @@ class ComposeStack(StackFiles):
             self.compose_cmd = compose_command(self.run)
         return self.compose_cmd
 
+    def compose_files(self) -> list[Path]:
+        """The Compose files of this stack: the main file, plus the local-images override when those are used."""
+        return [Path(f) for f in self.info.get("compose_files", [])] or [Path(self.compose_file)]
+
     def _compose_argv(self, *args: str) -> list[str]:
-        """A full Compose command line for this stack's file and project."""
-        return [*self.compose(), "-f", str(Path(self.compose_file).resolve()), "-p", self.project, *args]
+        """A full Compose command line for this stack's files and project."""
+        files = [a for f in self.compose_files() for a in ("-f", str(f.resolve()))]
+        return [*self.compose(), *files, "-p", self.project, *args]
 
     def _run_compose(self, args: list[str], env: dict[str, str]) -> None:
         """Run one Compose command (output appended to logs/compose.log); StackError naming it if it fails."""
@@ -586,8 +603,12 @@ class ComposeStack(StackFiles):
         self.processes = []
         opts = StackOptions(**{**vars(opts), "toxiproxy": True,  # every link goes through Toxiproxy here
                                "store": opts.wants_store, "recovery_store": False})  # the recovery rule's epoch too
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        chosen = (self.image_set or (lambda log: ensure_images(log, prefer=self.images)))(self.dir / "logs" / "images.log")
         self.info = {"name": self.name, "backend": BACKEND, "dir": str(self.dir), "project": project_name(self.name),
                      "compose_file": str(Path(self.compose_file).resolve()), "options": vars(opts),
+                     "compose_files": [str(Path(f).resolve()) for f in chosen.compose_files],
+                     "images": {"kind": chosen.kind, "reason": chosen.reason, "build_seconds": chosen.seconds},
                      "services": self._services(opts), "credentials": str(self.credentials_file),
                      "store_admin": str(self.store_admin_file)}
         self._write_inputs(opts)
@@ -631,7 +652,8 @@ class ComposeStack(StackFiles):
     def _start_all(self, opts: StackOptions, proxies: dict[str, dict[str, Any]]) -> None:
         """`compose up`, attach every container, wait for health, then describe the stack."""
         services = self.info["services"]
-        args = ["up", "-d", "--remove-orphans", *(["--build"] if self.build else []),
+        build = self.build and self.info.get("images", {}).get("kind", "official") == "official"
+        args = ["up", "-d", "--remove-orphans", *(["--build"] if build else []),
                 *(["--wait"] if is_compose_v2(self.compose()) else []), *services]
         self._run_compose(args, self._compose_env())
         for service in services:
