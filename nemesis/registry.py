@@ -28,7 +28,8 @@ from typing import Any
 from nemesis.core import NemesisUnavailable, compose
 from nemesis.schedule import Fault, nemesis_generator
 
-__all__ = ["NEMESES", "NemesisSpec", "ToxiproxyNemeses", "build", "known_names", "stack_options", "validate_names"]
+__all__ = ["NEMESES", "NemesisSpec", "ToxiproxyNemeses", "build", "external_problem", "known_names", "stack_options",
+           "validate_names"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ NEMESES: dict[str, NemesisSpec] = {s.name: s for s in (
           {"persistence": "always", "recovery_store": True}),
     _spec("pause", "SIGSTOP a lease server, Valkey or the store; SIGCONT at the stop", "process"),
     _spec("client-pause", "hold one client thread at its gates (a GC-paused lease holder)", "client"),
+    _spec("client-clock", "bump or strobe the lab's client clocks only (no fake clocks needed; works against an "
+          "external system)", "client", starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
     _spec("valkey-crash", "SIGKILL Valkey, restart it from its own files (everysec: may lose ~1 s)", "valkey",
           {"persistence": "everysec", "recovery_store": True}),
     _spec("valkey-restore", "snapshot Valkey, later restart it from that older snapshot (rolls counters back)",
@@ -116,6 +119,9 @@ def validate_names(names: Any) -> list[str]:
     if "netns" in names and "partition" in names:
         raise ValueError("--nemesis: netns and partition are two ways to partition (both handle start-partition); "
                          "pick one")
+    if "clock" in names and "client-clock" in names:
+        raise ValueError("--nemesis: clock already moves the client clocks (with the servers'); give clock or "
+                         "client-clock, not both")
     toxiproxied = [n for n in names if NEMESES[n].family == "network"]
     if "netns" in names and toxiproxied:
         raise ValueError(f"--nemesis: netns cannot be combined with {', '.join(toxiproxied)}: netns places the "
@@ -146,6 +152,47 @@ def stack_options(names: Any) -> dict[str, Any]:
                 v = min(opts[k], v, key=_PERSISTENCE_RANK.__getitem__)
             opts[k] = v
     return opts
+
+
+# -- external systems ---------------------------------------------------------------
+def external_problem(name: str, test: Any) -> str | None:
+    """Why nemesis `name` cannot act on the test's external system under test (None: it can).
+
+    Against a system the lab does not run, only the lab's own side can be faulted: its client threads
+    (client-pause), their clocks (client-clock, when the system's client has a settable `clock_ms`), and,
+    with `--proxy-urls`, the client -> server links through the lab's own Toxiproxy (docs/external-systems.md).
+    """
+    spec = NEMESES.get(name)
+    if spec is None:
+        return f"unknown nemesis; known: {', '.join(NEMESES)}"
+    extra = getattr(test, "extra", None) or {}
+    urls = list(extra.get("urls") or [])
+    system = f"the external system {', '.join(urls)}" if urls else f"the in-process SUT {extra.get('sut')!r}"
+    if name == "client-pause":
+        return None
+    if name == "client-clock":
+        from lab.sut import get_sut
+
+        entry = get_sut(extra.get("sut", "reference"))
+        if entry.name in ("reference", "starintel") or hasattr(entry.factory, "clock_ms"):
+            return None
+        return (f"{system} ({entry.name}) has no settable client clock: its LeaseSystem class declares no "
+                "`clock_ms` attribute (docs/plugging-in-a-system.md)")
+    if spec.family == "network":
+        if not urls:
+            return f"{system} has no network link the lab could proxy"
+        if not extra.get("proxy_urls"):
+            return (f"{system} is reached directly; add --proxy-urls to put the lab's Toxiproxy in front of it "
+                    "(the fault then acts on the client -> server links only)")
+        return None
+    needs = {"netns": "its lease servers running in the lab's network namespaces",
+             "clock": "fake clocks in its server processes (use client-clock for the lab's client clocks)",
+             "kill": "its processes, to SIGKILL and restart", "pause": "its processes, to SIGSTOP and SIGCONT",
+             "valkey-crash": "its Valkey process and data files", "valkey-restore": "its Valkey process and snapshots"}
+    need = needs.get(name, "the lab's own stack")
+    return (f"cannot apply to {system}: it needs {need}, which only the lab's own "
+            "stack gives; against an external system use client-pause, client-clock, or a network fault with "
+            "--proxy-urls")
 
 
 # -- building -----------------------------------------------------------------------
@@ -255,6 +302,8 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
         if not info.get("clocks"):
             raise ValueError("--nemesis clock: the stack was started without fake clocks (StackOptions fake_clocks=True)")
         members.append(clock.clock(info["clocks"], rng=_rng_for(seed, "clock"), client_clocks=client_clocks))
+    if "client-clock" in names:  # the lab's own clients only: no stack process is touched
+        members.append(clock.clock(None, rng=_rng_for(seed, "client-clock"), client_clocks=client_clocks))
     network_names = [n for n in names if NEMESES[n].family == "network"]
     if network_names:
         if not info.get("toxiproxy") or not info.get("topology"):

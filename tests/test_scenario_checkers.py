@@ -315,15 +315,18 @@ def test_server_crash_before_commit():
 # -- backend unavailable, timeouts, corruption --------------------------------------------------------------
 
 
-def backend_down(down_type="fail", down_code="lease_backend_unavailable", new_lease=None) -> H:
+def backend_down(down_type="fail", down_code="lease_backend_unavailable", new_lease=None,
+                 held_state="active") -> H:
     h = H()
-    h.op("held", "acquire", "ok", lease("LA", 1))
+    h.op("held1", "acquire", "ok", lease("LA", 1), key="h1")
     h.nem("start-kill", {"fault": "kill", "phase": "start", "targets": ["valkey"]})
     h.op("down1-acquire-new", "acquire", down_type, lease("LN", 1) if down_type == "ok" else {},
          None if down_type == "ok" else down_code, key="k1")
     h.op("down1-release", "release", "fail", {}, "lease_backend_unavailable", process=1)
     h.op("after1-new", "inspect", "ok", new_lease, key="k1")
-    h.op("after1-renew", "renew", "ok", lease("LA", 1))
+    h.op("after1-held", "inspect", "ok", lease("LA", 1, state=held_state), key="h1")
+    h.op("after1-renew", "renew", "ok" if held_state == "active" else "fail",
+         lease("LA", 1) if held_state == "active" else {}, None if held_state == "active" else "lease_lost", key="h1")
     return h
 
 
@@ -332,6 +335,9 @@ def test_backend_unavailable():
     assert_violation(backend_down(down_type="ok").check("backend-unavailable"), "assumed-success")
     assert_violation(backend_down(down_code="lease_conflict").check("backend-unavailable"), "untyped-failure")
     assert_violation(backend_down(new_lease=lease("LN", 1)).check("backend-unavailable"), "failed-op-took-effect")
+    # the server's recovery rule revoking the lease after Valkey's restart is not the refused release
+    assert backend_down(held_state="revoked").check("backend-unavailable")["valid"] is True
+    assert_violation(backend_down(held_state="released").check("backend-unavailable"), "failed-op-took-effect")
 
 
 def timeout(orig_type="info", retry2_lid="L1", created=1000) -> H:
@@ -419,7 +425,7 @@ def test_counter_near_limit():
 # -- backup / restore --------------------------------------------------------------------------------
 
 
-def restore(token_c=4294967297, restored_renew="fail") -> H:
+def restore(token_c=4294967297, restored_renew="fail", read="ok") -> H:
     h = H()
     h.op("acq-a", "acquire", "ok", lease("LA", 1))
     h.nem("start-valkey-restore", {"fault": "valkey-restore", "phase": "start"})
@@ -429,12 +435,20 @@ def restore(token_c=4294967297, restored_renew="fail") -> H:
     h.op("acq-c", "acquire", "ok", lease("LC", token_c), process=2)
     h.op("restored-renew", "renew", restored_renew, lease("LA", 1) if restored_renew == "ok" else {},
          None if restored_renew == "ok" else "lease_lost")
+    if read:
+        h.op("read-k0", "read", read, {"doc": "doc-k0", "entries": [[1, 2, 1]]} if read == "ok" else {"doc": "doc-k0"},
+             None if read == "ok" else {"code": "no_store", "msg": "the run has no store to read"})
     return h
 
 
 def test_backup_restore():
     res = restore().check("backup-restore")
     assert res["valid"] is True and res["high_water_before_restore"] == 2, res
+    # a final read that failed (or never ran) leaves "never lands" unjudged: unknown with the reason, never True
+    for read in ("fail", None):
+        unread = restore(read=read).check("backup-restore")
+        assert unread["valid"] == "unknown" and unread["documents_unread"], unread
+        assert "final read" in unread["not_exercised"], unread
     assert_violation(restore(token_c=2).check("backup-restore"), "token-regressed")
     assert_violation(restore(restored_renew="ok").check("backup-restore"), "restored-lease-valid")
 
@@ -445,27 +459,49 @@ CANON = {"tenant_id": "tenant-a", "program_id": "program-1", "target_namespace":
          "actor_name": "actor-1", "workflow_name": "s-x", "operation_class": "default"}
 
 
-def identity(base_key=None, bad_type="fail", distinct_same=False) -> H:
+def identity(base_key=None, bad_type="fail", distinct_same=False, variant="same", stored=None) -> H:
+    """The identity probe's history; `variant`: how the server treats one other spelling of the held identity
+    (`same`: finds the held lease and conflicts; `other`: not found, its own lease; `both`: found yet granted;
+    `split`: not found yet conflicting)."""
     h = H()
-    key = base_key or contract_lock_key(CANON)
-    h.op("canon-acquire", "acquire", "ok", dict(lease("L0", 1), lock_key=key), inv={"expect": CANON})
-    h.op("canon-inspect-0", "inspect", "ok", dict(lease("L0", 1), lock_key=key))
-    h.op("canon-acquire-0", "acquire", "fail", {}, "lease_conflict", process=1)
+    held = dict(CANON, **(stored or {}))
+    key = base_key or contract_lock_key(held)
+    h.op("canon-acquire", "acquire", "ok", dict(lease("L0", 1), lock_key=key, stored_identity=held),
+         inv={"expect": CANON})
+    spelling = dict(CANON, target_id="CAF\u00c9")
+    if variant in ("same", "both"):
+        h.op("canon-inspect-0", "inspect", "ok", dict(lease("L0", 1), lock_key=key, stored_identity=held))
+    else:
+        h.op("canon-inspect-0", "inspect", "ok", None)
+    if variant in ("same", "split"):
+        h.op("canon-acquire-0", "acquire", "fail", {}, "lease_conflict", process=1)
+    else:
+        h.op("canon-acquire-0", "acquire", "ok", dict(lease("L1", 2), lock_key=contract_lock_key(spelling),
+                                                      stored_identity=spelling), inv={"expect": spelling}, process=1)
     h.op("bad-path-slash", "acquire", bad_type, lease("LB", 1) if bad_type == "ok" else {},
          None if bad_type == "ok" else "invalid_lease_request", key="bad0")
-    for i, target in enumerate(("Host-x", "host-x")):
+    for i, target in enumerate(("Host-x", "Host-x-2")):
         ident = dict(CANON, target_id=target)
-        k = contract_lock_key(dict(CANON, target_id="Host-x") if distinct_same else ident)
-        h.op(f"distinct-{i}", "acquire", "ok", dict(lease(f"D{i}", 1), lock_key=k), key=f"d{i}", inv={"expect": ident})
+        got = dict(CANON, target_id="Host-x") if distinct_same else ident
+        h.op(f"distinct-{i}", "acquire", "ok", dict(lease(f"D{i}", 1), lock_key=contract_lock_key(got),
+                                                   stored_identity=got), key=f"d{i}", inv={"expect": ident})
     return h
 
 
 def test_identity_probe():
     res = identity().check("identity-probe")
-    assert res["valid"] is True and res["distinct_keys"] == 2, res
+    assert res["valid"] is True and res["distinct_acquired"] == 2 and res["spellings_same_lease"] == 1, res
+    other = identity(variant="other").check("identity-probe")  # a case-sensitive rule: another identity, valid
+    assert other["valid"] is True and other["spellings_other_identity"] == 1, other
+    # a server whose documented rule keeps case in every field: its stored tuple is the request, its key C3's
+    kept = identity(stored={"tenant_id": "Tenant-A"}).check("identity-probe")
+    assert kept["valid"] is True, kept
     assert_violation(identity(base_key="starintel:target-lease:v1:wrong").check("identity-probe"), "key-derivation")
     assert_violation(identity(bad_type="ok").check("identity-probe"), "accepted")
     assert_violation(identity(distinct_same=True).check("identity-probe"), "collision")
+    assert_violation(identity(variant="both").check("identity-probe"), "one-identity-two-leases")
+    assert_violation(identity(variant="split").check("identity-probe"), "inconsistent-rule")
+    assert_violation(identity(stored={"target_id": "someone-else"}).check("identity-probe"), "tuple-not-requested")
 
 
 def lifetime(renew_expires=1650, low_type="fail", late_code="lease_lost") -> H:

@@ -58,6 +58,7 @@ class Shared:
         self.slots: dict[str, Lease] = {}
         self.cancelled: set[str] = set()  # slots whose worker was told it lost the lease
         self.entries = itertools.count(1)
+        self.store_db = DB  # the database the fenced writes land in (--store-db, or what the commit reply names)
 
     def identity_for(self, key: str, overrides: dict[str, Any] | None = None) -> Identity:
         """The lock identity behind a script key (`k0`), with a probe's raw overrides."""
@@ -85,12 +86,19 @@ class ScenarioClient:
         return ScenarioClient(self.shared, node, needs_store=self.needs_store, deadline_s=self.deadline_s)
 
     async def setup(self, test) -> None:
-        """Create the store database with its fence guard when the scenario commits (local stack only)."""
-        if self.needs_store and test.store:
+        """Create the store database with the lab's fence guard when the scenario commits, in a store the lab owns.
+
+        Never in the system's own store (--store-url without --lab-owns-store): the guard is protection the lab
+        would be supplying to the system it tests.
+        """
+        from lab.sut.probe import lab_owns_store, store_db
+
+        self.shared.store_db = store_db(test)
+        if self.needs_store and _store_url(test) and lab_owns_store(test):
             from lab.couch import CouchClient
 
-            async with CouchClient(test.store) as couch:
-                await couch.ensure_db(DB)
+            async with CouchClient(_store_url(test)) as couch:
+                await couch.ensure_db(self.shared.store_db)
 
     async def teardown(self, test) -> None:
         return None
@@ -225,6 +233,8 @@ class ScenarioClient:
                              request_id=rid, deadline_s=self._deadline(value))
         if r.ok:
             data = (r.data or {}).get("commit") or {}
+            if data.get("db"):  # where the boundary says it wrote: the final read looks there
+                self.shared.store_db = data["db"]
             base.update(rev=data.get("rev"), accepted_token=data.get("accepted_token"),
                         validated_at_ms=data.get("validated_at_ms"))
         return self._told(slot, r, _completion(r, base))
@@ -244,6 +254,8 @@ class ScenarioClient:
         if r.ok:
             lease = r.lease
             out = dict(lease.history_value(), lock_key=lease.lock_key) if lease else None
+            if out is not None and _stored_identity(lease):
+                out["stored_identity"] = _stored_identity(lease)
             if out is not None and lease.ended_at_ms is not None:
                 out["ended_at_ms"] = lease.ended_at_ms
             return {"type": "ok", "value": out}
@@ -266,11 +278,13 @@ class ScenarioClient:
         from lab.couch import CouchClient
 
         doc = value.get("doc") or f"doc-{op['key']}"
-        if not test.store:
-            return {"type": "fail", "value": {"doc": doc}, "error": "no_store"}
+        if not _store_url(test):
+            return {"type": "fail", "value": {"doc": doc}, "error": {
+                "code": "no_store", "msg": "the run has no store to read: give --store-url (the store the server "
+                                           "under test writes into)"}}
         try:
-            async with CouchClient(test.store) as couch:
-                d = await couch.get(DB, doc)
+            async with CouchClient(_store_url(test)) as couch:
+                d = await couch.get(self.shared.store_db, doc)
         except Exception as e:  # noqa: BLE001 - a failed read changed nothing
             return {"type": "fail", "value": {"doc": doc}, "error": f"{type(e).__name__}: {e}"}
         d = d or {}
@@ -368,6 +382,9 @@ def _completion(r: Result, base: dict[str, Any]) -> dict[str, Any]:
     value = dict(base) if base is not None else None
     if r.ok and r.lease is not None:
         value = dict(base, **r.lease.history_value(), lock_key=r.lease.lock_key)
+        stored = _stored_identity(r.lease)
+        if stored:
+            value["stored_identity"] = stored
         if r.lease.ended_at_ms is not None:
             # not `ended_at_ms`: checkers.lease_state reads that as the end and counts a renew in the same
             # millisecond as "after" it, although the backend may have ordered the renew first in that ms
@@ -378,6 +395,14 @@ def _completion(r: Result, base: dict[str, Any]) -> dict[str, Any]:
     if r.outcome != "ok":
         op["error"] = {"code": r.code, "msg": r.msg} if r.msg else r.code
     return op
+
+
+def _stored_identity(lease: Lease) -> dict[str, str] | None:
+    """The identity tuple the record carries (C4), as the system reported it; None when it reports none."""
+    from lab.client.results import IDENTITY_FIELDS
+
+    got = {n: getattr(lease, n) for n in IDENTITY_FIELDS if getattr(lease, n, None) is not None}
+    return got or None
 
 
 def _variant(lease: Lease, changes: dict[str, Any] | None) -> Lease:
@@ -398,6 +423,11 @@ def _int_or_text(raw: bytes | None) -> int | str | None:
         return None
     text = raw.decode(errors="replace")
     return int(text) if text.isdigit() else text
+
+
+def _store_url(test) -> str | None:
+    """The run's store with its credentials (test.store is the redacted form kept in test.json)."""
+    return test.live.get("store_url") or test.store
 
 
 def _api_key_of(test, principal_id: str) -> str:

@@ -255,7 +255,29 @@ class ScenarioChecker:
         if res["valid"] and not exercised:
             res["valid"] = "unknown"
             res["not_exercised"] = why or "the race was not hit in this run"
+        unread = self._unread(tagged)
+        if unread:  # the row's "never lands" part was not judged: say so, never a silent pass
+            res["documents_unread"] = unread
+            if res["valid"] is True:
+                res["valid"] = "unknown"
+                res["not_exercised"] = (f"the final read of the store failed ({unread[0]}): whether a refused "
+                                        "commit landed in the document is unknown")
         return res
+
+    def _unread(self, tagged: "Tagged") -> list[str]:
+        """The scenario's final reads that did not return a document (tag: why), or all missing if none ran."""
+        if self.scenario.final is None:
+            return []
+        reads = tagged.starting("read-")
+        if not reads:
+            return ["no final read ran"]
+        out = []
+        for tag, p in reads:
+            if not ok(p):
+                err = p.comp.get("error") if p.comp else None
+                why = (err.get("msg") or err.get("code")) if isinstance(err, dict) else (err or p.type)
+                out.append(f"{tag}: {why}")
+        return out
 
 
 # -- the registry glue ---------------------------------------------------------------------------------

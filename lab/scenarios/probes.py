@@ -35,37 +35,53 @@ def _expect_refused(v: Violations, p, codes: tuple[str, ...], what: str) -> bool
 
 
 # -- rows 1, 2: keys ----------------------------------------------------------------------------------
+#
+# The contract fixes what a key is (C1-C4), not one server's canonical form: C2 asks for "a documented case
+# rule", so a server may fold case, keep it, trim spaces or refuse them. The probe therefore learns the
+# server's rule from its own answers (the stored tuple it returns, C4; whether an inspect finds the held lease)
+# and holds it to consistency: a spelling the server treats as the held identity must be that lease (acquiring
+# it conflicts), one it treats as another identity must be another key; never to our server's choices.
 
+# Inputs the contract itself rules out (C1, C2): path syntax, control characters, an operation class outside
+# any enum, and a component no bound admits. Our server's extra rules (format characters, backslashes, inner
+# spaces, its 64/128-character limits) are choices the contract leaves open: they are not probed.
 NON_CANONICAL = {
     "path-slash": {"target_id": "a/b"}, "path-dotdot": {"target_id": ".."},
     "control-nul": {"target_id": "bad\x00nul"}, "control-tab": {"target_id": "tab\there"},
-    "format-zero-width": {"target_id": "zero\u200bwidth"}, "leading-space": {"target_id": " leading"},
-    "too-long": {"target_id": "x" * 129}, "backslash": {"target_id": "back\\slash"},
-    "tenant-space": {"tenant_id": "tenant a"}, "unknown-operation-class": {"operation_class": "bogus"},
-    "identifier-too-long": {"workflow_name": "w" * 65},
+    "control-newline": {"workflow_name": "wf\nx"},
+    "unknown-operation-class": {"operation_class": "no-such-class-0"},
+    "unbounded-length": {"target_id": "x" * 20_000},
 }
+# refused: the contract's code for a bad request, or the scope check that comes before it (section 10);
+# the unbounded component may also be stopped by a body limit (any definite refusal)
+REFUSAL_CODES = ("invalid_lease_request", "access_denied")
+ANY_REFUSAL = frozenset({"unbounded-length"})
 
 
 def identity_script(s: Script) -> Any:
-    """Canonical variants of one identity; non-canonical inputs; identities differing in one component each."""
+    """Spellings of one held identity; inputs the contract rejects; identities differing in one component each."""
     wf = s.test.extra["identity"]["workflow"]
     target = f"Caf\u00e9-{s.nonce}"
     canonical = {"tenant_id": "tenant-a", "program_id": "program-1", "target_namespace": "fencelab",
                  "target_id": target, "actor_name": "actor-1", "workflow_name": wf, "operation_class": "default"}
     variants = [{"tenant_id": "Tenant-A"}, {"program_id": "PROGRAM-1"}, {"target_id": f"Cafe\u0301-{s.nonce}"},
                 {"actor_name": "ACTOR-1", "workflow_name": wf.upper()}, {"operation_class": "DEFAULT"},
-                {"target_namespace": "FenceLab"}]
+                {"target_namespace": "FenceLab"}, {"target_id": f" {target} "}, {"target_id": target.upper()}]
     parts = [s.on(0, s.op("acquire", "k0", "canon-acquire", slot="base", ttl_ms=10000, identity=canonical,
                           expect=canonical))]
     for i, var in enumerate(variants):
         ident = dict(canonical, **var)
-        parts += [s.on(0, s.op("inspect", "k0", f"canon-inspect-{i}", identity=ident)),
-                  s.on(1, s.op("acquire", "k0", f"canon-acquire-{i}", slot=f"v{i}", ttl_ms=2000, identity=ident))]
+        # its own history key: whether it is k0's identity is the server's rule, which the domain checkers
+        # (one key, one identity) must not presume; the probe's checker compares it with k0's lease
+        parts += [s.on(0, s.op("inspect", f"v{i}", f"canon-inspect-{i}", identity=ident)),
+                  s.on(1, s.op("acquire", f"v{i}", f"canon-acquire-{i}", slot=f"v{i}", ttl_ms=2000, identity=ident,
+                               expect=ident))]
     for i, (name, bad) in enumerate(NON_CANONICAL.items()):
         parts.append(s.on(0, s.op("acquire", f"bad{i}", f"bad-{name}", slot=f"bad{i}", ttl_ms=2000,
                                   identity=dict(canonical, **bad))))
     base = dict(canonical, target_id=f"Host-{s.nonce}")
-    changes = [("target_namespace", "fencelab2"), ("target_id", f"host-{s.nonce}"), ("workflow_name", wf + "x"),
+    # each differs from `base` in one component by more than case, Unicode form or spaces: under any case rule
+    changes = [("target_namespace", "fencelab2"), ("target_id", f"Host-{s.nonce}-2"), ("workflow_name", wf + "x"),
                ("operation_class", "scan")]
     if s.local:  # other tenants, programs and actors need a principal whose scope covers them
         changes += [("tenant_id", "tenant-b"), ("program_id", "program-2"), ("actor_name", "actor-2")]
@@ -78,58 +94,153 @@ def identity_script(s: Script) -> Any:
     return s.steps(*parts)
 
 
+def _fold(text: str) -> str:
+    """A component up to case, Unicode form and surrounding whitespace: what any documented rule may change."""
+    import unicodedata
+
+    return unicodedata.normalize("NFKC", str(text)).strip().casefold()
+
+
+def _key_matches_tuple(v: Violations, p, what: str) -> bool:
+    """C3 on what the server reported: its lock key is the contract's formula over its own stored tuple."""
+    stored, key = val(p, "stored_identity"), val(p, "lock_key")
+    if not isinstance(stored, dict) or key is None:
+        return False
+    from lab.scenarios.faults import IDENTITY_ORDER
+
+    if any(n not in stored for n in IDENTITY_ORDER):
+        v.add("tuple-incomplete", idx(p), f"{what}: the stored tuple lacks {[n for n in IDENTITY_ORDER if n not in stored]}"
+              " (C4: the record carries the full tuple)")
+        return False
+    if key != contract_lock_key(stored):
+        v.add("key-derivation", idx(p), f"{what}: lock key {key!r} is not the contract's C3 value for the stored "
+              f"tuple {[stored[n] for n in IDENTITY_ORDER]!r}")
+    return True
+
+
+def _tuple_is_request(v: Violations, p, requested: Mapping[str, str], what: str) -> None:
+    """C4: the stored tuple is the requested identity, up to what a case / Unicode / whitespace rule may change."""
+    stored = val(p, "stored_identity")
+    if not isinstance(stored, dict):
+        return
+    off = [n for n, x in requested.items() if n in stored and _fold(stored[n]) != _fold(x)]
+    if off:
+        v.add("tuple-not-requested", idx(p), f"{what}: the stored tuple's {', '.join(off)} "
+              f"({', '.join(repr(stored[n]) for n in off)}) is not the requested identity's")
+
+
+def _found(p) -> str | None:
+    """The lease id of the active lease an inspect found ('' for none); None when it gave no usable answer."""
+    if not ok(p):
+        return None
+    if not isinstance(p.result, dict) or p.result.get("state", "active") != "active":
+        return ""  # no record, or a terminal one: nothing of this spelling is held
+    return p.result.get("lease_id", "")
+
+
 def identity_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
-    """Canonical variants share the key (the contract's C3 value); bad input is refused; distinct ids never collide."""
+    """One key per canonical identity under the server's own (consistent) rule; contract-invalid input refused."""
     base = t.one("canon-acquire")
-    judged = 0
+    same = other = reported = 0
     if ok(base):
-        expect = contract_lock_key(base.value["expect"])
-        if val(base, "lock_key") != expect:
-            v.add("key-derivation", idx(base), f"the server's lock key {val(base, 'lock_key')!r} is not the contract's "
-                  f"C3 value {expect!r} for the canonical tuple")
-        for tag, p in t.starting("canon-inspect-"):
-            judged += 1
-            if not ok(p) or not isinstance(p.result, dict) or p.result.get("lease_id") != val(base, "lease_id"):
-                v.add("variant-not-same-key", idx(base, p), f"{tag}: a canonically equal identity does not find the "
-                      f"lease ({describe(p)}: {p.result!r})")
-            elif p.result.get("lock_key") != val(base, "lock_key"):
-                v.add("variant-not-same-key", idx(base, p), f"{tag}: lock key {p.result.get('lock_key')!r} differs")
-        for tag, p in t.starting("canon-acquire-"):
-            judged += 1
-            _expect_refused(v, p, ("lease_conflict",), f"{tag}: acquiring a canonically equal identity while held")
-    refused = sum(_expect_refused(v, p, ("invalid_lease_request",), f"{tag}: non-canonical input")
-                  for tag, p in t.starting("bad-"))
+        reported += _key_matches_tuple(v, base, "canon-acquire")
+        _tuple_is_request(v, base, base.value["expect"], "canon-acquire")
+        held, held_tuple = val(base, "lease_id"), val(base, "stored_identity")
+        for tag, insp in t.starting("canon-inspect-"):
+            i = tag.rsplit("-", 1)[1]
+            acq = t.one(f"canon-acquire-{i}")
+            found = _found(insp)
+            if found:  # this spelling names a held lease (the base's, or an earlier spelling's): one key, one lease
+                same += found == held
+                if found == held:
+                    if held_tuple is not None and val(insp, "stored_identity") not in (None, held_tuple):
+                        v.add("tuple-changed", idx(base, insp), f"{tag}: inspect shows the held lease with the "
+                              f"tuple {val(insp, 'stored_identity')!r}, not the stored {held_tuple!r}")
+                    if val(insp, "lock_key") is not None and val(base, "lock_key") is not None \
+                            and val(insp, "lock_key") != val(base, "lock_key"):
+                        v.add("variant-not-same-key", idx(base, insp), f"{tag}: the held lease is shown with lock "
+                              f"key {val(insp, 'lock_key')!r}, not {val(base, 'lock_key')!r}")
+                if ok(acq):
+                    v.add("one-identity-two-leases", idx(insp, acq), f"{tag}: this spelling finds the held lease "
+                          f"{found}, yet acquiring it while held succeeded (lease {val(acq, 'lease_id')}): two "
+                          "leases for one canonical identity (C3, C11)")
+            elif found == "":  # the server's rule makes this spelling another identity: it must be another key
+                if acq is not None and acq.type == "fail" and code(acq) == "lease_conflict":
+                    v.add("inconsistent-rule", idx(insp, acq), f"{tag}: inspect finds no lease for this spelling, "
+                          "yet acquiring it conflicts with a held lease: inspect and acquire apply different rules")
+                elif ok(acq):
+                    other += 1
+                    reported += _key_matches_tuple(v, acq, f"canon-acquire-{i}")
+                    _tuple_is_request(v, acq, acq.value["expect"], f"canon-acquire-{i}")
+                    if held_tuple is not None and val(acq, "stored_identity") == held_tuple:
+                        v.add("one-identity-two-leases", idx(base, acq), f"canon-acquire-{i}: a second lease was "
+                              f"granted for the stored tuple {held_tuple!r} while it was held")
+                    elif val(acq, "lock_key") is not None and val(acq, "lock_key") == val(base, "lock_key"):
+                        v.add("one-identity-two-leases", idx(base, acq), f"canon-acquire-{i}: a second lease was "
+                              f"granted under the held lock key {val(base, 'lock_key')!r}")
+            elif insp is not None and insp.type == "fail" and code(insp) == "invalid_lease_request" and ok(acq):
+                v.add("inconsistent-rule", idx(insp, acq), f"{tag}: inspect rejects this spelling as invalid, yet "
+                      "acquire accepted it")
+    refused = 0
+    for tag, p in t.starting("bad-"):
+        name = tag[len("bad-"):]
+        if name in ANY_REFUSAL:
+            if ok(p):
+                v.add("accepted", idx(p), f"{tag}: an identity component of 20,000 characters was accepted "
+                      "(C2: bounded length)")
+            refused += p.type == "fail"
+        else:
+            refused += _expect_refused(v, p, REFUSAL_CODES, f"{tag}: input the contract rules out (C1, C2)")
     keys: dict[str, str] = {}
+    leases: dict[str, str] = {}
+    tuples: dict[str, str] = {}
     for tag, p in t.starting("distinct-"):
         if p.type == "fail" and code(p) == "lease_conflict":
-            v.add("collision", idx(p), f"{tag}: an identity differing in one component conflicts with another")
+            v.add("collision", idx(p), f"{tag}: an identity differing in one component conflicts with another "
+                  "(C3: any difference in any component gives a different key)")
         if not ok(p):
             continue
-        judged += 1
-        key = val(p, "lock_key")
-        if key != contract_lock_key(p.value["expect"]):
-            v.add("key-derivation", idx(p), f"{tag}: lock key {key!r} is not the contract's C3 value")
-        if key in keys:
-            v.add("collision", idx(p), f"{tag} and {keys[key]} share the lock key {key!r}")
-        keys[key] = tag
-    return {"canonical_checks": judged, "non_canonical_refused": refused, "distinct_keys": len(keys),
-            "exercised": ok(base) and refused > 0 and len(keys) > 1,
-            "why_not": "the canonical acquire, the refusals or the distinct identities did not run"}
+        reported += _key_matches_tuple(v, p, tag)
+        _tuple_is_request(v, p, p.value["expect"], tag)
+        key, lease = val(p, "lock_key"), val(p, "lease_id")
+        for mark, seen, label in ((key, keys, "lock key"), (lease, leases, "lease id"),
+                                  (json_key(val(p, "stored_identity")), tuples, "stored tuple")):
+            if mark is None:
+                continue
+            if mark in seen:
+                v.add("collision", idx(p), f"{tag} and {seen[mark]} share the {label} {mark!r}")
+            seen[mark] = tag
+    distinct_ok = sum(1 for _, p in t.starting("distinct-") if ok(p))
+    return {"spellings_same_lease": same, "spellings_other_identity": other, "non_canonical_refused": refused,
+            "distinct_acquired": distinct_ok, "keys_checked_against_c3": reported,
+            "exercised": ok(base) and refused > 0 and distinct_ok > 1 and (same + other) > 0,
+            "why_not": "the held acquire, the refusals, the spellings or the distinct identities did not run"}
+
+
+def json_key(d: Any) -> str | None:
+    """A hashable form of a reported tuple (None when none was reported)."""
+    import json
+
+    return json.dumps(d, sort_keys=True) if isinstance(d, dict) else None
 
 
 IDENTITY = Scenario(
     name="identity-probe", race="matrix rows 1-2: canonical inputs give one key; identities never collide",
     requires="canonical inputs give one key; non-canonical ones are rejected; identities that differ in any "
-             "component never collide", rules=("C1", "C2", "C3"),
-    setup="Acquires an identity with a non-ASCII target, then inspects and acquires it through canonically equal "
-          "variants (case of the identifier fields, NFD for NFC, operation_class case); sends eleven "
-          "non-canonical identities (path syntax, control and format characters, whitespace, lengths, an "
-          "unknown operation class); acquires, at once, identities that each differ from one base in one "
-          "component (on the lab's stack all seven, as the all-scopes principal; against another system the "
-          "four its key's scope allows).",
-    checks="Every variant finds the same lease and lock key, and acquiring one while held is lease_conflict; the "
-           "lock keys equal the contract's C3 formula computed here with hashlib; every non-canonical input is "
-           "invalid_lease_request; the distinct identities all acquire, with pairwise different keys.",
+             "component never collide", rules=("C1", "C2", "C3", "C4"),
+    setup="Acquires an identity with a non-ASCII target, then inspects and acquires it through other spellings "
+          "(case of each field, NFD for NFC, surrounding spaces); sends identities the contract rules out (path "
+          "syntax, control characters, an unknown operation class, a 20,000-character component); acquires, at "
+          "once, identities that each differ from one base in one component by more than case, form or spaces "
+          "(on the lab's stack all seven, as the all-scopes principal; against another system the four its key's "
+          "scope allows).",
+    checks="Holds the server to the contract, not to our server's case rule: each spelling is either the held "
+           "identity (inspect finds the held lease, acquiring it conflicts) or another one (not found, acquired "
+           "as its own key), never both, never a second lease for the held stored tuple or lock key; every "
+           "reported lock key is the contract's C3 formula (computed here with hashlib) over the server's own "
+           "stored tuple, which matches the request up to case, Unicode form and spaces (C4); the ruled-out "
+           "inputs are refused (invalid_lease_request, or access_denied by the scope check before it); the "
+           "distinct identities all acquire, with pairwise different keys, lease ids and tuples.",
     script=identity_script, check=identity_check, options={"concurrency": 2, "time_limit": 1.0, "ttl_ms": 2000},
     min_concurrency=2,
 )
