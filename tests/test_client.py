@@ -19,6 +19,8 @@ from lab.client import Call, Identity, Lease, LeaseClient, LeaseFailed, LeaseInd
 from lab.client.results import LeaseProtocolError
 from lab.stack.process import free_port
 
+from conftest import until
+
 IDENT = Identity("t1", "p1", "ns", "target-1", "actor", "wf")
 T0 = "2030-01-02T03:04:05.678Z"
 T0_MS = 1893553445678
@@ -422,7 +424,7 @@ async def test_deadline_spent_waiting_for_a_pooled_connection_is_a_definite_fail
         await asyncio.sleep(10)
     async with tcp_server(slow) as url, LeaseClient(url, "k", service_instance_id="w", max_connections=1) as client:
         hog = asyncio.create_task(client.acquire(IDENT, ttl_ms=1000, deadline_s=1.0))
-        await asyncio.sleep(0.1)
+        await until(lambda: requests, what="the hog's request to hold the only connection")
         starved = await client.acquire(IDENT, ttl_ms=1000, deadline_s=0.2)
         held = await hog
     assert (starved.outcome, starved.code) == ("fail", "deadline_exceeded")

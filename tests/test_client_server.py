@@ -16,6 +16,8 @@ from lab.server.testing import demo_principals, in_process_server
 from lab.stack.leaseserver import LeaseServerProcess
 from lab.stack.process import free_port
 
+from conftest import lease_expired
+
 IDENT = Identity("tenant-a", "program-1", "dns", "example.com", "actor-1", "recon")
 
 
@@ -95,7 +97,7 @@ async def test_conflict_is_a_definite_failure(valkey, run_dir):
 async def test_a_lost_lease_cannot_be_renewed_or_released(valkey, run_dir):
     async with clients(run_dir, valkey.url, "lease-a1") as (c,):
         short = (await c.acquire(IDENT, ttl_ms=100)).lease
-        await asyncio.sleep(0.3)  # backend time passes expires_at
+        await lease_expired(valkey.url, short)
         r = await c.renew(short)
         assert (r.outcome, r.code, r.http_status) == ("fail", "lease_lost", 409)
         assert (await c.release(short)).code == "lease_lost"

@@ -27,6 +27,8 @@ from lab.server.settings import Settings, SettingsError, settings_from_dict
 from lab.server.testing import in_process_server
 from lab.stack.valkey import ValkeyProcess
 
+from conftest import lease_expired
+
 
 async def both(run_dir, valkey_url, mutant: str, probe, **overrides):
     """(the default server's observation, the mutant's): the same probe, each on an identity of its own."""
@@ -121,7 +123,7 @@ async def test_nonatomic_acquire_lets_two_concurrent_acquires_win(valkey, run_di
 async def test_volatile_counter_reissues_a_token_after_an_idle_expiry(valkey, run_dir):
     async def probe(s, target):
         first = await lease_of(await s.acquire(target_id=target, ttl_ms=150))
-        await asyncio.sleep(0.3)  # expired, and the identity idle
+        await lease_expired(s, first)  # expired, and the identity idle
         second = await lease_of(await s.acquire(target_id=target, ttl_ms=150, service_instance_id="w2"))
         return first["fencing_token"], second["fencing_token"]
 
@@ -170,7 +172,7 @@ async def test_no_idempotency_executes_a_retry_again(valkey, run_dir):
 async def test_renew_revives_an_expired_lease(valkey, run_dir):
     async def probe(s, target):
         lease = await lease_of(await s.acquire(target_id=target, ttl_ms=150))
-        await asyncio.sleep(0.3)
+        await lease_expired(s, lease)
         r = await s.renew(lease, ttl_ms=2000)
         state = (await s.inspect(lease["lease_id"])).json()["lease"]["state"]
         return r.json()["code"], state
@@ -183,7 +185,7 @@ async def test_renew_revives_an_expired_lease(valkey, run_dir):
 async def stale_release(s, target):
     """A (150 ms) expires, B acquires; A's release arrives; then B renews."""
     a = await lease_of(await s.acquire(target_id=target, ttl_ms=150, service_instance_id="wa"))
-    await asyncio.sleep(0.3)
+    await lease_expired(s, a)
     b = await lease_of(await s.acquire("lease-a1-peer", target_id=target, ttl_ms=5000, service_instance_id="wb"))
     stale = await s.release(a)
     succ = await s.renew(b, "lease-a1-peer")
@@ -203,7 +205,7 @@ async def test_stale_cleanup_deletes_the_successor_behind_a_correct_answer(valke
 
     async def admin_cleanup(s, target):
         a = await lease_of(await s.acquire(target_id=target, ttl_ms=150, service_instance_id="wa"))
-        await asyncio.sleep(0.3)
+        await lease_expired(s, a)
         b = await lease_of(await s.acquire("lease-a1-peer", target_id=target, ttl_ms=5000, service_instance_id="wb"))
         stale = await s.admin("force-release", a)
         return stale.json()["code"], (await s.renew(b, "lease-a1-peer")).json()["code"]

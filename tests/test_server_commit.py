@@ -32,6 +32,8 @@ from lab.stack.leaseserver import LeaseServerProcess
 from lab.stack.store import PouchDBProcess
 from lab.stack.valkey import ValkeyProcess
 
+from conftest import lease_expired
+
 
 @pytest.fixture
 def db_name() -> str:
@@ -166,7 +168,7 @@ async def test_c25_only_the_exact_unexpired_lease_commits(srv, store, db_name, r
     assert (await srv.release(lease)).status_code == 200
     lost(await srv.commit(lease, "doc-b"), "not held")
     short = await acquired(srv, ttl_ms=100)
-    await asyncio.sleep(0.15)
+    await lease_expired(srv, short)
     lost(await srv.commit(short, "doc-b"), "expired")  # C29: validated after expiry
     assert await read_doc(store.url, db_name, "doc-b") is None  # nothing reached the store
     await srv.server.audit.flush()
@@ -297,7 +299,7 @@ async def test_a_retry_continues_a_commit_validated_before_a_crash(srv, store, d
     assert r.status_code == 503 and r.json()["code"] == "lease_backend_unavailable"
     assert await read_doc(store.url, db_name, "doc-h") is None
     del srv.server.commits.hooks["validated"]
-    await asyncio.sleep(0.25)  # the lease has expired by now
+    await lease_expired(srv, lease)
     lost(await srv.commit(lease, "doc-h", request_id="fresh"), "expired")  # a new commit is judged now ...
     c = accepted(await srv.commit(lease, "doc-h", request_id="crashy"))  # ... the retry under its validation
     assert c["validated_at_ms"] < lease["expires_at_ms"]
@@ -396,7 +398,7 @@ async def test_valkey_stalls_after_the_validation_was_submitted(store, run_dir, 
         async with in_process_server(run_dir, own.url, store_url=store.url, store_db=db_name,
                                      recovery_check_interval_ms=60_000) as s:
             lease = await acquired(s, ttl_ms=10_000)
-            await asyncio.sleep(0.05)  # the audit batch is sent: an idle, connected connection waits in the pool
+            await s.server.audit.flush()  # the audit batch is sent: an idle, connected connection waits in the pool
             own.pause()
             try:
                 r = await s.commit(lease, "doc-l", request_id="r-v", deadline_at=now_ms() + 300)

@@ -28,6 +28,8 @@ from lab.server.identity import normalize_identity
 from lab.server.testing import body, identity
 from lab.stack.leaseserver import LeaseServerProcess
 
+from conftest import lease_expired
+
 P = "/api/v1/target-leases"
 
 
@@ -108,7 +110,7 @@ async def test_expiry_then_reacquire_through_another_instance_gives_a_greater_to
     async with httpx.AsyncClient(timeout=10.0) as client:
         old = (await client.post(servers[0].url + P + "/acquire", json=body(ttl_ms=150),
                                  headers=auth(api_keys))).json()["lease"]
-        await asyncio.sleep(0.2)
+        await lease_expired(valkey.url, old)
         new = (await client.post(servers[1].url + P + "/acquire", json=body(service_instance_id="worker-2"),
                                  headers=auth(api_keys, "lease-a1-peer"))).json()["lease"]
         assert new["fencing_token"] > old["fencing_token"]
