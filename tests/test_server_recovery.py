@@ -27,6 +27,8 @@ from lab.server.testing import identity, in_process_server
 from lab.stack.process import free_port
 from lab.stack.valkey import ValkeyProcess
 
+from conftest import lease_expired
+
 EPOCH_1 = 1 << EPOCH_BITS
 
 
@@ -179,7 +181,7 @@ async def test_a_restored_valkey_never_serves_an_acquire_before_recovery(own_val
         s.server.backend.connect_hook = None  # the server will not notice the restart by itself ...
         s.server.gate._wake = lambda: None  # ... nor start recovering when a script refuses
         await restore_snapshot(own_valkey, run_dir / "snap.rdb")
-        await asyncio.sleep(0.25)  # the restored lease has expired: only the rule stands in the way
+        await lease_expired(s, one)  # the restored lease has expired: only the rule stands in the way
         for _ in range(3):
             r = await s.acquire(ttl_ms=1000)
             assert r.status_code == 503 and r.json()["submitted"] is False, r.text
@@ -197,15 +199,18 @@ async def test_instances_share_one_epoch_and_a_restart_of_the_server_adopts_it(o
                                                                                db_name):
     ident = {"store_url": store.url, "store_db": db_name}
     async with in_process_server(run_dir / "a", own_valkey.url, instance_id="lease-a", **ident) as a:
-        assert (await acquired(a, ttl_ms=100))["fencing_token"] == 1
+        first = await acquired(a, ttl_ms=100)
+        assert first["fencing_token"] == 1
         async with in_process_server(run_dir / "b", own_valkey.url, instance_id="lease-b", **ident) as b:
-            await asyncio.sleep(0.15)
-            assert (await acquired(b, ttl_ms=100))["fencing_token"] == 2  # adopted epoch 0: no jump
+            await lease_expired(a, first)
+            second = await acquired(b, ttl_ms=100)
+            assert second["fencing_token"] == 2  # adopted epoch 0: no jump
             await save_snapshot(own_valkey, run_dir / "snap.rdb")
             await restore_snapshot(own_valkey, run_dir / "snap.rdb")
-            await asyncio.sleep(0.15)
-            t1 = (await acquire_after_restart(a, ttl_ms=100))["fencing_token"]
-            await asyncio.sleep(0.15)
+            await lease_expired(a, second)  # and so has its restored copy
+            third = await acquire_after_restart(a, ttl_ms=100)
+            t1 = third["fencing_token"]
+            await lease_expired(a, third)
             t2 = (await acquire_after_restart(b, ttl_ms=100))["fencing_token"]
     assert (t1, t2) == (EPOCH_1 + 1, EPOCH_1 + 2)  # both instances recovered into the same single new epoch
     assert (await read_doc(store.url, db_name, EPOCH_DOC))["epoch"] == 1
