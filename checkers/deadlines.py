@@ -9,7 +9,10 @@ deadline (`deadline-exceeded`); an invocation that never completed although the
 history runs past its deadline plus slack is a `no-completion` violation.
 Ops that overlap a `client-pause` window are not judged (`client_paused`): the
 lab held its own client there, so a late completion says nothing about the
-system. Ops without a deadline are counted (`no_deadline`); with `require_deadline=True`
+system; nor are definite failures of calls that never started (`not_started`:
+`deadline_exceeded`, C23's "not started before the deadline", and
+`connect_error`): the system did no work past the deadline, and when the
+caller gave up is the caller's. Ops without a deadline are counted (`no_deadline`); with `require_deadline=True`
 each one is a `missing-deadline` violation. With no op carrying a deadline it
 can place the checker has nothing to judge: "unknown" with the reason.
 
@@ -30,13 +33,16 @@ from typing import Mapping
 
 import numpy as np
 
-from checkers.core import Pair, Violations, analyzed, history_end_time, nemesis_windows, pair_ops
+from checkers.core import Pair, Violations, analyzed, error_code, history_end_time, nemesis_windows, pair_ops
 
 __all__ = ["AvailabilityChecker", "DeadlinesChecker"]
 
 TYPES = ("ok", "fail", "info")
 # Faults that hold the lab's own clients (a paused worker completes late through no fault of the system).
 LAB_PAUSES = frozenset(("client-pause",))
+# Definite failures of calls that never started in the system (C23: not started before the deadline; the
+# client could not connect): the system did no work past the deadline, and when the caller gave up is its own.
+NOT_STARTED = frozenset(("deadline_exceeded", "connect_error"))
 
 
 class DeadlinesChecker:
@@ -58,12 +64,15 @@ class DeadlinesChecker:
         slack = int(self.slack_ms * 1_000_000)
         end = history_end_time(history)
         v = Violations(self.max_violations)
-        checked = no_deadline = unanchored = paused = 0
+        checked = no_deadline = unanchored = paused = not_started = 0
         worst = 0
         held = [(w["start"], w["end"]) for w in nemesis_windows(history) if w["fault"] in LAB_PAUSES]
         for p in pair_ops(history):
             if held and _overlaps(p, held, end):
                 paused += 1  # the lab held this client: its lateness is the lab's, not the system's
+                continue
+            if p.type == "fail" and error_code(p.comp) in NOT_STARTED:
+                not_started += 1  # never ran in the system: when the caller gave up is the caller's
                 continue
             limit = _deadline_ns(p, anchor)
             if limit is None:
@@ -91,7 +100,8 @@ class DeadlinesChecker:
                         "no operation carries a deadline the checker can place (deadline_ms, or deadline_at_ms "
                         "with the test's start_unix_ms)")
         return v.result(slack_ms=self.slack_ms, checked=checked, no_deadline=no_deadline,
-                        unanchored=unanchored, client_paused=paused, max_overrun_ms=worst / 1e6, unjudged=unjudged)
+                        unanchored=unanchored, client_paused=paused, not_started=not_started,
+                        max_overrun_ms=worst / 1e6, unjudged=unjudged)
 
 
 def _overlaps(p: Pair, windows: list[tuple[int, int]], end: int) -> bool:

@@ -111,3 +111,15 @@ def test_an_op_the_lab_paused_is_not_the_systems_lateness():
     res = run("deadlines", h.ops, slack_ms=0)
     assert res["client_paused"] == 1 and res["checked"] == 1
     assert kinds(res) == ["deadline-exceeded"] and res["violations"][0]["ops"] == [j0, j1]
+
+
+def test_a_call_that_never_started_is_not_late_work_of_the_system():
+    """concurrent-acquires on a loaded machine: the lab's client gave up 660 ms after a deadline it never sent."""
+    h = LeaseHistory()
+    timed(h, 0, "acquire", {"deadline_ms": 5}, 700, type="fail", error={"code": "deadline_exceeded",
+                                                                        "msg": "nothing was sent: TimeoutError"})
+    timed(h, 1, "acquire", {"deadline_ms": 5}, 700, type="fail", error="connect_error")
+    i0, i1 = timed(h, 2, "acquire", {"deadline_ms": 5}, 700, type="fail", error="lease_conflict")  # it ran late
+    res = run("deadlines", h.ops)
+    assert res["not_started"] == 2 and res["checked"] == 1
+    assert kinds(res) == ["deadline-exceeded"] and res["violations"][0]["ops"] == [i0, i1]
