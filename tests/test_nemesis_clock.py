@@ -27,6 +27,8 @@ from nemesis.core import NemesisUnavailable
 from workloads.common import identity_for, pick_credential
 from nemesis.core import invocation as op
 
+from conftest import until
+
 
 async def wait_for(pred, timeout=5.0):
     """Poll `pred` until it holds or `timeout` passes (libfaketime notices an offset file a few ms late)."""
@@ -224,7 +226,7 @@ async def test_bump_strobe_reset_on_offset_files_and_client_clocks(tmp_path):
     # a strobe that ran out by itself leaves every clock at 0; the window stays open until reset
     await nem.invoke(None, op("strobe-clock", {"targets": ["valkey"], "delta_s": 2, "period_ms": 10,
                                                "duration_s": 0.05}))
-    await asyncio.sleep(0.2)
+    await until(lambda: nem._strobe.done(), what="the 50 ms strobe to run out")
     assert FakeClock(files["valkey"]).offset() == 0
     assert (await nem.invoke(None, op("reset-clock")))["value"]["phase"] == "end"
 

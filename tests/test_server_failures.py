@@ -19,6 +19,8 @@ from lab.server.identity import normalize_identity
 from lab.server.testing import body, identity, in_process_server
 from lab.stack.valkey import ValkeyProcess
 
+from conftest import until
+
 P = "/api/v1/target-leases"
 
 
@@ -45,9 +47,12 @@ async def test_503_backend_unavailable_when_valkey_is_down_and_recovery(own_valk
     async with in_process_server(run_dir, own_valkey.url) as s:
         assert (await s.acquire(target_id="warm")).status_code == 200
         own_valkey.stop()
-        # Let the event loop see the closed connection. (A request racing the crash itself would
-        # rightly get lease_outcome_unknown: Valkey might have executed it before dying.)
-        await asyncio.sleep(0.05)
+        # Wait until the server has seen the closed connection (its health check fails). (A request
+        # racing the crash itself would rightly get lease_outcome_unknown: Valkey might have executed it.)
+        async def valkey_gone() -> bool:
+            return not await s.server.backend.ping(asyncio.get_running_loop().time() + 0.5)
+
+        await until(valkey_gone, what="the server to see Valkey gone")
         for r in (await s.acquire(), await s.client.get(P, headers=s.headers("lease-a1")),
                   await s.client.get("/healthz")):
             assert r.status_code == 503, r.text
