@@ -3,7 +3,8 @@
 The child writes ops from its main thread and from a "nemesis" thread with the same HistoryWriter:
 first a fast burst (big lines, so a kill may tear one), then a quiet phase of a few small ops per
 second, like a long partition, where nothing but the flush policy gets lines out of Python's 8 KiB
-buffer. The parent kills it during the quiet phase and reads what is left. Op times share the
+buffer. The child announces the quiet phase on its stdout; the parent kills it 2 s into that phase
+and reads what is left. Op times share the
 parent's monotonic clock (CLOCK_MONOTONIC is system-wide), so "written more than 1 s before the
 kill" is decidable: the last op that survived must be younger than that. This bound (1 s against a
 flush every op, or every 0.1 s when batched) is the durability contract, not a performance
@@ -23,6 +24,8 @@ import pytest
 
 from lab.history import read_history_report
 
+from conftest import wait_until
+
 REPO = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
@@ -41,9 +44,12 @@ def nemesis():
 
 threading.Thread(target=nemesis, daemon=True).start()
 burst_until = time.monotonic() + 0.3
-i = 0
+i, announced = 0, False
 while True:
     quiet = time.monotonic() > burst_until
+    if quiet and not announced:  # tell the parent, on an unbuffered pipe, when the quiet phase began
+        print(time.monotonic_ns(), flush=True)
+        announced = True
     inv = w.invoke(i % 5, "acquire", None if quiet else {"request_id": f"r{i}", "body": "x" * 300})
     w.complete(inv, "ok", i)
     i += 1
@@ -56,14 +62,14 @@ def test_sigkilled_writer_leaves_a_readable_durable_history(tmp_path, flush):
     path = tmp_path / "history.jsonl"
     start_ns = time.monotonic_ns()
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(start_ns), flush], env=env, cwd=REPO)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(start_ns), flush], env=env, cwd=REPO,
+                             stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not (path.exists() and path.stat().st_size > 0):
-            assert child.poll() is None, f"the writer child exited early with {child.returncode}"
-            assert time.monotonic() < deadline, "the writer child wrote nothing in 30 s"
-            time.sleep(0.01)
-        time.sleep(2.5)  # 0.3 s burst, then the quiet phase
+        quiet_since = int(child.stdout.readline() or 0)  # blocks until the child's quiet phase begins
+        assert quiet_since, f"the writer child exited early with {child.poll()}"
+        # kill once the quiet phase has lasted 2 s: far longer than the 1 s bound, with small lines
+        # that would sit in Python's buffer all that time if nothing flushed them
+        wait_until(lambda: time.monotonic_ns() >= quiet_since + 2_000_000_000, what="2 s of quiet phase")
         killed_at = time.monotonic_ns() - start_ns
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=10)
@@ -71,6 +77,7 @@ def test_sigkilled_writer_leaves_a_readable_durable_history(tmp_path, flush):
         if child.poll() is None:
             child.kill()
             child.wait()
+        child.stdout.close()
     assert child.returncode == -signal.SIGKILL
 
     ops, problems = read_history_report(path)  # raises on anything but a torn last line
