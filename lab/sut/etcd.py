@@ -19,14 +19,19 @@ package do, without the waiting queue):
 - renew = one `LeaseKeepAlive` (the reply's TTL 0 means the lease is gone:
   `lease_lost`); release = `LeaseRevoke` (the key goes with it; NotFound:
   `lease_lost`); inspect = a range read of the lock key.
-- commit (capability `commit`): a write into the lab's CouchDB-API store,
-  through the store's token guard by default (`fenced`: the document carries
-  the token as `fence_token`, and `lab.couch.FENCE_VALIDATE`, the same
+- commit (capability `commit`): a write into the lab's CouchDB-API store.
+  `fenced` (the default): a linearizable read of the lock key first (it must
+  still carry this lease's create revision: the comparison etcd's own
+  `Mutex.IsOwner` puts in a transaction; a lost lock is `lease_lost`, nothing
+  written), then the write through the store's token guard (the document
+  carries the token as `fence_token`, and `lab.couch.FENCE_VALIDATE`, the same
   `validate_doc_update` rule the reference server's commit boundary relies
-  on, refuses a lower one), or on belief alone (`--commit-mode unfenced`:
-  read, append, PUT with `_rev` into a database without a guard). The write
-  path is `lab.sut.valkey_lock`'s, shared so both third-party systems commit
-  the same way.
+  on, refuses a lower one). So, like the contract's boundary (C25 then C27), a
+  holder that stalls after the check may still land its write after expiry
+  (C29) but never over a successor's. `unfenced` (`--commit-mode unfenced`):
+  on belief alone, no check, read-append-PUT with `_rev` into a database
+  without a guard. The store write itself is `lab.sut.valkey_lock`'s, shared
+  so both third-party systems write the same way.
 
 The client is etcd's v3 JSON gateway (grpc-gateway, served on each member's
 client port) over httpx, one member per worker, no retries, not a Python etcd
@@ -376,12 +381,42 @@ class EtcdLockSystem:
     # -- commits: the same store writes as the Valkey locks (lab.sut.valkey_lock) ------------------------------
     async def commit(self, lease: Lease, doc: str, body: Any, *, identity: Identity | None = None,
                      request_id: str | None = None, deadline_s: float | None = None) -> Result:
-        """Append to `doc` in the store: fenced through its token guard, or unfenced on belief alone."""
+        """Append to `doc` in the store. Fenced: first a linearizable read of the lock key in etcd (this lease's
+        key, create revision = our token: etcd's `IsOwner` comparison), then the write through the store's
+        token guard. Unfenced: the write alone, on belief."""
         from lab.sut.valkey_lock import ValkeyLockSystem
 
+        if self.commit_mode == "fenced":
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            lost = await self._still_owner(lease, identity, deadline_s)
+            if lost is not None:
+                return lost
+            if deadline_s is not None:
+                deadline_s = max(0.001, deadline_s - (loop.time() - t0))
         self.sent.append("store")
         return await ValkeyLockSystem.commit(self, lease, doc, body, identity=identity, request_id=request_id,
                                              deadline_s=deadline_s)
+
+    async def _still_owner(self, lease: Lease, identity: Identity | None, deadline_s: float | None) -> Result | None:
+        """None when etcd says the lock key still carries this lease's token; else the failed commit's Result
+        (nothing was written: a read only)."""
+        ident = identity or _identity_of(lease)
+        if ident is None:
+            return Result("fail", "invalid_lease_request", msg="commit: the lease carries no identity")
+        try:
+            r = await self._post("/v3/kv/range", {"key": _b64(lock_key(ident))}, deadline_s)
+        except _Unsent as e:
+            return self._unsent(e)
+        except _Broken as e:  # a read that did not answer: nothing was written
+            return Result("fail", "lease_backend_unavailable", msg=f"commit: ownership read unanswered ({e})")
+        if r.status != 200:
+            return Result("fail", "lease_backend_unavailable", msg=f"commit: ownership read HTTP {r.status}: "
+                                                                     f"{r.message}")
+        kvs = r.body.get("kvs") or []
+        if not kvs or int(kvs[0].get("create_revision", 0)) != lease.fencing_token:
+            return Result("fail", "lease_lost", msg="commit: the lock key no longer carries this lease's token")
+        return None
 
     async def _write(self, *args: Any, **kw: Any) -> Result:
         from lab.sut.valkey_lock import ValkeyLockSystem
