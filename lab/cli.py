@@ -471,7 +471,8 @@ def serve_cmd(store_dir: Path, host: str, port: int) -> None:
 def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool) -> None:
     """Run a campaign: every combination of a spec's axes, resumably; writes campaign.json and campaign.html.
 
-    Exit code: 0 all valid, 1 any invalid, 2 bad spec, 3 any unknown or failed run, 130 interrupted.
+    Exit code (docs/cli.md#exit-codes): 0 all valid, 1 any invalid, 2 bad spec, 3 any unknown or failed run,
+    130 interrupted.
     """
     from lab.campaign import CampaignError, format_plan, load_spec, run_campaign, validate_plan
 
@@ -507,7 +508,8 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
                  api_key_file: Path | None, sut: str) -> None:
     """Run every contract row's scenarios and write evidence.json and evidence.html.
 
-    Exit code: 0 every row passes (or is not applicable), 1 a row fails, 2 bad options, 3 a row is inconclusive.
+    Exit code (docs/cli.md#exit-codes): 0 every row passes (or is not applicable), 1 a row fails, 2 bad options,
+    3 a row is inconclusive, 130 interrupted.
     """
     from lab.evidence import DEFAULT_SPEC, EvidenceError, Target, describe_depth, load_spec, run_evidence
 
@@ -531,9 +533,14 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
                 click.echo(f"(--depth {x.name}: {d['runs']} runs, {d['scenarios']} scenarios x {d['seeds']} seed(s) "
                            f"at x{d['time_scale']} time, {len(d['fault_runs'])} fault runs, ~{d['estimated_s']} s)")
         target = Target(tuple(urls), str(api_key_file) if api_key_file else None, sut)
-        evidence = run_evidence(spec, store_dir, depth=chosen.name, target=target, echo=click.echo)
+        with sigterm_interrupts():
+            evidence = run_evidence(spec, store_dir, depth=chosen.name, target=target, echo=click.echo)
     except EvidenceError as e:
         fail(str(e))
+    except KeyboardInterrupt:
+        click.echo(f"fencelab evidence: interrupted; the runs made so far stay in {store_dir} (no bundle written)",
+                   err=True)
+        sys.exit(EXIT_INTERRUPTED)
     s = evidence.data["summary"]
     for row in evidence.rows:
         click.echo(f"{row.row.id:>4} {row.verdict:<15} {row.row.text}")

@@ -288,9 +288,7 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     from workloads import get_workload
 
     validate(test)
-    if not test.run_salt or test.run_salt == "new":
-        test.run_salt = new_run_salt()
-    _record_sut_import(test)
+    prepare_run(test)
     test.run_dir = new_run_dir(store_dir, test.name)
     write_test_json(test)
     wl = get_workload(test.workload)(test)
@@ -328,6 +326,13 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     results = analyze(test.run_dir, checker=wl.checker, test=test)
     link_latest(test.run_dir, store_dir, test.name)
     return results
+
+
+def prepare_run(test: Test) -> None:
+    """What a validated test gets before its run dir: its run salt (fresh unless given) and its SUT's import path."""
+    if not test.run_salt or test.run_salt == "new":
+        test.run_salt = new_run_salt()
+    _record_sut_import(test)
 
 
 def _record_sut_import(test: Test) -> None:

@@ -1,0 +1,342 @@
+"""The CLI as a newcomer meets it: exit codes, bad input without tracebacks, the store kept safe, secrets kept out,
+a replay command that parses back into the same test, and the small things (help, status, pytest -p, run clock)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from lab import runner
+from lab.cli import main
+from lab.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_UNKNOWN, EXIT_VALID, verdict_exit
+from lab.secrets import redact_secrets, redact_tree
+from lab.testmap import Test
+
+ROOT = Path(__file__).resolve().parent.parent
+STAMP = "20260101T000000.000000Z"
+
+
+def fencelab(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lab", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=cwd)
+
+
+# -- the exit-code table ---------------------------------------------------------------------------------------
+
+
+def test_one_exit_code_table():
+    assert (EXIT_VALID, EXIT_INVALID, EXIT_BAD_INPUT, EXIT_UNKNOWN, EXIT_INTERRUPTED) == (0, 1, 2, 3, 130)
+    assert [verdict_exit(v) for v in (True, False, "unknown", None)] == [0, 1, 3, 3]
+    from checkers import cli as check_cli
+    from lab.campaign.execute import EXIT_INTERRUPTED as campaign_interrupted
+
+    assert (check_cli.EXIT_BAD_INPUT, check_cli.EXIT_UNKNOWN) == (EXIT_BAD_INPUT, EXIT_UNKNOWN)
+    assert campaign_interrupted == EXIT_INTERRUPTED
+    doc = (ROOT / "docs" / "cli.md").read_text()
+    assert "## Exit codes" in doc and "| 130 |" in doc
+
+
+def test_check_bad_input_is_2_and_unknown_is_3(tmp_path):
+    res = CliRunner().invoke(main, ["check", str(tmp_path / "nope.jsonl")])
+    assert res.exit_code == EXIT_BAD_INPUT and "Traceback" not in res.output
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    res = CliRunner().invoke(main, ["check", str(empty)])
+    assert res.exit_code == EXIT_UNKNOWN, res.output
+
+
+# -- the replay command parses back into the same Test -----------------------------------------------------------
+
+
+class ToySystem:
+    """A SUT registered in-process (as a conftest would): the replay names it by its import path."""
+
+    capabilities = ()
+
+    def __init__(self, test, node, service_instance_id):
+        raise AssertionError("never opened: these tests do not run it")
+
+
+def _captured_tests(monkeypatch, args: list[str], store: Path | None) -> tuple[list[Test], CliRunner]:
+    """`fencelab test ARGS` parsed by click and validated, with the run itself replaced by a recorder."""
+    captured: list[Test] = []
+
+    def fake_run_test(test, store_dir):
+        runner.prepare_run(test)
+        test.run_dir = Path(store_dir) / test.name / STAMP
+        captured.append(test)
+        return {"valid": True, "ops": 0, "replay": runner.replay_command(test)}
+
+    monkeypatch.setattr(runner, "run_test", fake_run_test)
+    res = CliRunner().invoke(main, ["test", *args, *(["--store-dir", str(store)] if store else [])])
+    assert res.exit_code == 0, res.output
+    return captured, res
+
+
+def _options(t: Test) -> dict:
+    d = t.to_json()
+    d["extra"] = {k: v for k, v in d["extra"].items() if k not in ("sut", "sut_import")}
+    return d
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["--workload", "fenced-append", "--nemesis", "partition,kill", "--nemesis-interval", "1.5", "--servers", "3",
+     "-c", "4", "--rate", "20", "--keys", "2", "--ttl-ms", "500", "--seed", "7", "--time-limit", "3"],
+    ["--scenario", "concurrent-acquires", "--time-limit", "4"],
+    ["--mutant", "volatile-counter", "--name", "planted/volatile"],
+    ["--run-salt", "abc123", "--name", "pinned"],
+    ["--workload", "fenced-append", "--store-url", "http://127.0.0.1:1/"],
+], ids=["defaults", "options", "scenario", "mutant", "salt", "store-url"])
+def test_replay_command_parses_back_into_the_same_test(monkeypatch, tmp_path, args):
+    store = tmp_path / "somewhere" / "store"
+    (first,), res = _captured_tests(monkeypatch, args, store)
+    replay = runner.replay_command(first)
+    assert f"replay: {replay}" in res.output and "--store-dir" in replay and "--run-salt" in replay
+    argv = shlex.split(replay)
+    assert argv[:2] == ["fencelab", "test"]
+    (again,), _ = _captured_tests(monkeypatch, argv[2:], None)
+    assert again.run_dir == store / first.name / STAMP, "the replay lands in the first run's store"
+    assert _options(again) == _options(first)
+
+
+def test_replay_of_an_external_run_names_the_sut_by_import_path_and_draws_a_fresh_salt(monkeypatch, tmp_path):
+    from lab.sut import get_sut, register_sut, unregister_sut
+
+    key = tmp_path / "key.txt"
+    key.write_text("some-key\n")
+    register_sut("toy-system", ToySystem)
+    try:
+        (first,), _ = _captured_tests(monkeypatch, ["--sut", "toy-system", "--api-key-file", str(key)], tmp_path)
+    finally:
+        unregister_sut("toy-system")
+    replay = runner.replay_command(first)
+    assert "--run-salt" not in replay, "an external system may remember the run's request ids: a fresh salt"
+    (again,), _ = _captured_tests(monkeypatch, shlex.split(replay)[2:], None)
+    assert get_sut(again.extra["sut"]).factory is ToySystem
+    assert first.run_salt and again.run_salt and again.run_salt != first.run_salt
+    a, b = _options(again), _options(first)
+    a.pop("run_salt"), b.pop("run_salt")
+    assert a == b
+
+
+# -- secrets: URL user info never written down -----------------------------------------------------------------
+
+
+def test_user_info_is_redacted_in_text_and_trees():
+    line = "--store-url=http://admin:pw1@db:5984/x --url https://tok3n@lease.example/ http://h/"
+    assert redact_secrets(line) == "--store-url=http://admin:***@db:5984/x --url https://***@lease.example/ http://h/"
+    assert redact_secrets(redact_secrets(line)) == redact_secrets(line)
+    tree = {"argv": ["fencelab", "--store-url=http://a:b@h"], "n": 3, "extra": {"urls": ["http://u:v@x"]}}
+    assert redact_tree(tree) == {"argv": ["fencelab", "--store-url=http://a:***@h"], "n": 3,
+                                 "extra": {"urls": ["http://u:***@x"]}}
+
+
+def test_test_json_and_replay_hold_no_user_info(monkeypatch, tmp_path):
+    url = "http://alice:pw-in-url@127.0.0.1:9/"
+    monkeypatch.setattr(sys, "argv", ["fencelab", "test", f"--store-url={url}", "--url", url])
+    t = Test(name="t", extra={"urls": [url], "store_url": url, "api_key_file": "k"})
+    t.run_dir = tmp_path
+    runner.write_test_json(t)
+    text = (tmp_path / "test.json").read_text()
+    assert "pw-in-url" not in text and "alice:***@" in text
+    assert "pw-in-url" not in runner.replay_command(t)
+
+
+def test_store_url_password_given_with_equals_is_nowhere(tmp_path):
+    from lab.stack.store import PouchDBProcess
+
+    store = PouchDBProcess(tmp_path / "ext", in_memory=True).start()
+    try:
+        r = httpx.put(store.url + "/_config/admins/admin", content='"eq-s3cret"',
+                      headers={"Content-Type": "application/json"}, timeout=5)
+        assert r.status_code == 200
+        url = store.url.replace("http://", "http://admin:eq-s3cret@")
+        res = fencelab("test", "--workload", "fenced-append", "--time-limit", "3", f"--store-url={url}",
+                       "--store-dir", str(tmp_path / "st"))
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert "eq-s3cret" not in res.stdout + res.stderr
+        run = (tmp_path / "st" / "fenced-append" / "latest").resolve()
+        assert any("--store-url=http://admin:***@" in a for a in json.loads((run / "test.json").read_text())["argv"])
+        leaked = [str(p) for p in run.rglob("*") if p.is_file() and "eq-s3cret" in p.read_text(errors="ignore")]
+        assert not leaked, f"the store password was written to {leaked}"
+    finally:
+        store.stop()
+
+
+# -- the store: names cannot escape it; only completed runs become `latest` --------------------------------------
+
+
+@pytest.mark.parametrize("name", ["../x", "/abs/x", "", "a/../../b", ".", "latest", "a//b"])
+def test_name_cannot_escape_the_store(tmp_path, name):
+    store = tmp_path / "inner" / "store"
+    res = CliRunner().invoke(main, ["test", "--name", name, "--time-limit", "1", "--store-dir", str(store)])
+    assert res.exit_code == EXIT_BAD_INPUT, res.output
+    assert "--name" in res.output and "Traceback" not in res.output
+    assert [p for p in tmp_path.rglob("*")] == [], "nothing was created"
+
+
+def test_only_a_completed_run_takes_over_latest(tmp_path):
+    store = tmp_path / "store"
+    ok = fencelab("test", "--workload", "register", "--time-limit", "2", "--store-dir", str(store))
+    assert ok.returncode in (0, 1, 3), ok.stdout + ok.stderr
+    completed = (store / "latest").resolve()
+    assert (completed / "results.json").exists()
+    results = json.loads((completed / "results.json").read_text())
+    history = [json.loads(line) for line in (completed / "history.jsonl").read_text().splitlines()]
+    assert results["ops"] == sum(1 for op in history if op["type"] == "invoke" and isinstance(op["process"], int))
+    assert results["entries"] == len(history) > results["ops"] > 0
+
+    # interrupted mid-run (Ctrl-C): exit 130, the partial run is kept and named with an analyze hint
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "test", "--workload", "register", "--time-limit", "120",
+                             "--store-dir", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        hist, deadline = None, time.monotonic() + 120
+        while hist is None and time.monotonic() < deadline:
+            found = [h for h in store.glob("register/*/history.jsonl")
+                     if not h.parent.is_symlink() and h.parent != completed]
+            if found and found[0].stat().st_size > 2000:
+                hist = found[0]
+            time.sleep(0.1)
+        assert hist is not None, "the interrupted run never wrote a history"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == EXIT_INTERRUPTED, out + err
+    assert "Traceback" not in err
+    partial = hist.parent
+    assert f"the partial run is kept in {partial}" in err and f"fencelab analyze {partial}" in err
+    assert (store / "latest").resolve() == completed and (store / "register" / "latest").resolve() == completed
+    res = CliRunner().invoke(main, ["analyze", str(partial)])
+    assert res.exit_code in (EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN), res.output
+    assert (store / "latest").resolve() == completed, "analyze does not move latest"
+
+    # a run whose stack cannot start: bad input, its dir kept, latest untouched
+    bad = fencelab("test", "--workload", "fenced-append", "--store-url", "http://127.0.0.1:1", "--time-limit", "2",
+                   "--store-dir", str(store))
+    assert bad.returncode == EXIT_BAD_INPUT and "Traceback" not in bad.stderr, bad.stdout + bad.stderr
+    assert (store / "latest").resolve() == completed
+    assert not (store / "fenced-append" / "latest").exists()
+
+
+# -- bad input a newcomer meets, against a running stack ----------------------------------------------------------
+
+
+def test_newcomer_mistakes_against_a_named_stack_are_one_line(tmp_path):
+    home = tmp_path / "home"
+    up = fencelab("up", "--name", "s", "--home", str(home), "--servers", "1", "--toxiproxy", "--no-store")
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        st = json.loads(fencelab("status", "--name", "s", "--home", str(home), "--json").stdout)
+        plain = fencelab("status", "--name", "s", "--home", str(home)).stdout
+        for url in st["client_nodes"]:  # the proxied URLs, as the lab's clients dial them
+            assert url in plain, plain
+        key = fencelab("api-key", "--name", "s", "--home", str(home))
+        assert key.returncode == 0, key.stderr
+        key_file = Path(key.stdout.strip())
+        assert len(key_file.read_text().splitlines()) == 1 and (key_file.stat().st_mode & 0o077) == 0
+        url, creds = st["lease_servers"][0], st["credentials"]
+        cases = {
+            "credentials.json as the key file": (["--url", url, "--api-key-file", creds], "not one key"),
+            "register with --url": (["--workload", "register", "--url", url, "--api-key-file", str(key_file)],
+                                    "lab's own Valkey"),
+            "--url without --store-url": (["--workload", "fenced-append", "--url", url, "--api-key-file",
+                                           str(key_file)], "--store-url"),
+            "--url without a key": (["--url", url], "API key"),
+        }
+        for what, (args, needle) in cases.items():
+            r = fencelab("test", *args, "--time-limit", "2", "--store-dir", str(tmp_path / "store"),
+                         timeout=120)
+            assert r.returncode == EXIT_BAD_INPUT, f"{what}: {r.stdout}{r.stderr}"
+            assert "Traceback" not in r.stderr and needle in r.stderr, f"{what}: {r.stderr}"
+            assert len(r.stderr.strip().splitlines()) == 1, f"{what}: {r.stderr}"
+    finally:
+        fencelab("down", "--name", "s", "--home", str(home))
+
+
+def test_help_lists_nemesis_scenario_and_workload_names():
+    from lab.scenarios import SCENARIOS
+    from nemesis.registry import known_names
+    from workloads import WORKLOADS
+
+    res = CliRunner().invoke(main, ["test", "--help"], terminal_width=400)
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    for name in [*known_names(), *SCENARIOS, *WORKLOADS]:
+        assert name in text, name
+
+
+def test_analyze_names_the_failing_checker_and_its_first_violation(tmp_path):
+    """A history where a later acquisition gets a lower token: analyze says which checker and why."""
+    run = tmp_path / "lease" / STAMP
+    run.mkdir(parents=True)
+    t = Test(name="lease", workload="lease", run_salt="x1")
+    t.run_dir = run
+    (run / "test.json").write_text(json.dumps(t.to_json()))
+
+    def pair(i, t0, token, lease, rid):
+        inv = {"index": 2 * i, "time": t0, "type": "invoke", "process": i, "f": "acquire",
+               "value": {"request_id": rid, "ttl_ms": 2000}, "key": "k0"}
+        ok = {"index": 2 * i + 1, "time": t0 + 1000, "type": "ok", "process": i, "f": "acquire",
+              "value": {"lease_id": lease, "fencing_token": token, "acquired_at_ms": 1000 + t0 // 10 ** 6,
+                        "renewed_at_ms": 1000 + t0 // 10 ** 6, "expires_at_ms": 3000 + t0 // 10 ** 6,
+                        "ttl_ms": 2000, "state": "active", "request_id": rid, "sent": {"request_id": rid}},
+              "key": "k0"}
+        return [inv, ok]
+
+    history = pair(0, 10 ** 6, 5, "lease-a", "r1") + pair(1, 5 * 10 ** 9, 3, "lease-b", "r2")
+    (run / "history.jsonl").write_text("".join(json.dumps(op) + "\n" for op in history))
+    res = CliRunner().invoke(main, ["analyze", str(run)])
+    assert res.exit_code == EXIT_INVALID, res.output
+    assert "valid=false ops=2 (4 history entries)" in res.output
+    assert "  fencing: false" in res.output and "\n    - " in res.output
+
+
+# -- the plugin, the run clock ------------------------------------------------------------------------------------
+
+
+def test_documented_pytest_p_lab_plugin_loads_beside_the_entry_point():
+    project = ROOT / "examples" / "pytest-project"
+    for extra in (["-p", "lab.pytest_plugin"], [], ["-p", "lab.pytest_plugin", "-p", "no:fencelab"]):
+        r = subprocess.run([sys.executable, "-m", "pytest", *extra, "--collect-only", "-q", "-p", "no:cacheprovider"],
+                           cwd=project, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and "already registered" not in r.stdout + r.stderr, (extra, r.stdout, r.stderr)
+        assert "test_lease_lab.py" in r.stdout
+
+
+def test_history_clock_starts_when_the_workload_starts(monkeypatch, tmp_path):
+    """Time 0 of the history is taken after the stack is up, not before it starts (plots began ~4 s in)."""
+    from lab.history import writer as writer_mod
+    from lab.stack import local
+
+    events: list[str] = []
+    real_up, real_init = local.LocalStack.up, writer_mod.HistoryWriter.__init__
+
+    def up(self, *a, **kw):
+        events.append("stack-up-begins")
+        out = real_up(self, *a, **kw)
+        events.append("stack-up-done")
+        return out
+
+    def init(self, *a, **kw):
+        events.append("history-clock-starts")
+        real_init(self, *a, **kw)
+
+    monkeypatch.setattr(local.LocalStack, "up", up)
+    monkeypatch.setattr(writer_mod.HistoryWriter, "__init__", init)
+    results = runner.run_test(Test(name="clock", workload="register", time_limit=1.0, concurrency=2), tmp_path)
+    assert results["ops"] > 0
+    assert events[:3] == ["stack-up-begins", "stack-up-done", "history-clock-starts"], events
