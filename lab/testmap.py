@@ -42,6 +42,7 @@ class Test:
     ttl_ms: int = 2000
     nemesis: list[str] = field(default_factory=list)
     nemesis_interval: float = 5.0
+    backend: str = "local"  # where the lab places the system under test: local processes or Docker Compose
     run_dir: Path | None = None
     # the system under test, filled in when the stack is up; `nodes` are what the workload's clients talk to
     nodes: list[str] = field(default_factory=list)

@@ -485,6 +485,7 @@ class ComposeStack(StackFiles):
     build: bool = True  # `up --build` with the official images: (re)build the lease server and Valkey images
     images: str = "auto"  # official, local (built from local parts: lab/stack/images.py), or auto: official if they can be had
     image_set: Callable[[Path], ImageSet] | None = None  # decides and builds the images (tests replace it)
+    start_engine: bool = False  # start dockerd (root) when no engine answers; `down` stops only that one
     timeout_s: float = 900.0  # the whole `compose up` (pulls, builds, health waits)
     health_timeout_s: float = 120.0  # per service, after `compose up` returned
     docker_factory: Callable[[], Any] | None = None
@@ -594,7 +595,17 @@ class ComposeStack(StackFiles):
         """Validate, reach Docker, write the inputs, `compose up`, wait until healthy; on failure `down()`."""
         opts = opts or StackOptions()
         proxies = self.check(opts)
-        self.docker()  # no engine: one line, before anything is written or started
+        engine = None
+        if self.start_engine and self.docker_factory is None:
+            from lab.stack.dockerd import ensure_engine
+
+            engine = ensure_engine(self.dir / "logs")
+        try:
+            self.docker()  # no engine: one line, before anything is written or started
+        except StackError:
+            if engine is not None:
+                engine.stop()
+            raise
         self.compose()
         if self.load_state():
             if any(p.alive() for p in self._bound()):
@@ -604,13 +615,20 @@ class ComposeStack(StackFiles):
         opts = StackOptions(**{**vars(opts), "toxiproxy": True,  # every link goes through Toxiproxy here
                                "store": opts.wants_store, "recovery_store": False})  # the recovery rule's epoch too
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
-        chosen = (self.image_set or (lambda log: ensure_images(log, prefer=self.images)))(self.dir / "logs" / "images.log")
+        try:
+            chosen = (self.image_set or (lambda log: ensure_images(log, prefer=self.images)))(
+                self.dir / "logs" / "images.log")
+        except BaseException:
+            if engine is not None:
+                engine.stop(timeout=30.0)
+            raise
         self.info = {"name": self.name, "backend": BACKEND, "dir": str(self.dir), "project": project_name(self.name),
                      "compose_file": str(Path(self.compose_file).resolve()), "options": vars(opts),
                      "compose_files": [str(Path(f).resolve()) for f in chosen.compose_files],
                      "images": {"kind": chosen.kind, "reason": chosen.reason, "build_seconds": chosen.seconds},
                      "services": self._services(opts), "credentials": str(self.credentials_file),
-                     "store_admin": str(self.store_admin_file)}
+                     "store_admin": str(self.store_admin_file),
+                     "engine": engine.state() if engine is not None else None}  # dockerd, if the lab started it
         self._write_inputs(opts)
         self.save_state()  # before anything starts: `down` always finds the project
         try:
@@ -814,7 +832,14 @@ class ComposeStack(StackFiles):
             return []
         self.docker()
         self._save_logs()
-        self._run_compose(["down", "-v", "--remove-orphans"], self._compose_env())
+        try:
+            self._run_compose(["down", "-v", "--remove-orphans"], self._compose_env())
+        finally:
+            if self.info.get("engine"):  # the dockerd this stack started (by pid; an engine it found stays)
+                ManagedProcess.from_state(self.info["engine"]).stop(timeout=30.0)
+                if self._client is not None:
+                    self._client.close()
+                    self._client = None
         stopped = list(self.info.get("services", []))
         self.processes, self.info = [], {}
         if self.state_file.exists():
