@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 EVIDENCE_ARGS ?=
 MUTANTS_ARGS ?=
 
-.PHONY: install test test-slow demo evidence mutants bench bench-server bench-checker bench-recording down clean
+.PHONY: install test test-slow demo evidence mutants third-party bench bench-server bench-checker bench-recording down clean
 
 install:
 	@bash scripts/install.sh all
@@ -25,6 +25,12 @@ evidence: install
 # every planted bug under the run that exposes it, and the unmodified server on the same runs (docs/mutants.md)
 mutants: install
 	@$(VENV)/bin/fencelab mutants $(MUTANTS_ARGS)
+
+# third-party lease systems (valkey-lock, valkey-lock-fenced, etcd) x fenced/unfenced x nemeses x seeds
+# (docs/third-party.md); resumable: run it again after an interruption
+THIRD_PARTY_ARGS ?=
+third-party: install
+	@$(VENV)/bin/fencelab campaign campaigns/third-party.toml $(THIRD_PARTY_ARGS)
 
 bench-server: install
 	@$(PY) bench/server_throughput.py

@@ -135,3 +135,70 @@ def test_rules_a_system_does_not_claim_are_dropped_and_the_rest_judged():
     h.commit(0, "L1", 1, [0, 1, 2], rev=3)  # and after L2's write: the store must refuse that
     res = checker.check({}, h.ops, {})
     assert res["valid"] is False and "token-regression" in res["results"]["stale-commit"]["violation_counts"]
+
+
+# -- Kleppmann's argument on the real lock, short (campaigns/third-party.toml holds the full version) -----------
+
+SEEDS = range(5)
+
+
+def kleppmann_run(tmp_path, sut: str, mode: str, seed: int) -> tuple[dict, list[dict]]:
+    """One short fenced-append run on the lab-owned Valkey and store, with a client paused 3x past the TTL."""
+    import json
+
+    from lab.runner import run_test
+    from lab.testmap import Test
+
+    test = Test(name=f"{sut}-{mode}", workload="fenced-append", time_limit=6.0, concurrency=4, rate=40.0, keys=2,
+                ttl_ms=500, seed=seed, nemesis=["client-pause"], nemesis_interval=1.5,
+                extra={"sut": sut, "commit_mode": mode})
+    results = run_test(test, tmp_path / "store")
+    history = [json.loads(line) for line in (test.run_dir / "history.jsonl").read_text().splitlines()]
+    return results, history
+
+
+def stale_commits_shown(results: dict, history: list[dict]) -> list[dict]:
+    """The stale-write violations whose counterexample holds an accepted commit of a holder that preceded the
+    successor whose write the store had already taken (checked against the history itself)."""
+    by_index = {op["index"]: op for op in history}
+    shown = []
+    for v in results["results"]["stale-write"].get("violations", []):
+        stale = by_index[v["stale_commit"]]
+        succ = by_index[v["successor_commit"]]
+        if (v["stale_commit"] in v["ops"] and stale["f"] == "commit" and stale["type"] == "ok"
+                and stale["value"]["lease_id"] == v["lease"] and succ["value"]["lease_id"] == v["successor"]):
+            acq = {op["value"]["lease_id"]: op for op in history
+                   if op["f"] == "acquire" and op["type"] == "ok"}
+            succ_invoked = max(op["time"] for op in history if op["type"] == "invoke" and op["f"] == "acquire"
+                               and op["process"] == acq[v["successor"]]["process"]
+                               and op["time"] <= acq[v["successor"]]["time"])
+            if acq[v["lease"]]["time"] < succ_invoked:  # the stale holder's lock was won first
+                shown.append(v)
+    return shown
+
+
+def test_unfenced_commits_on_redis_lock_under_client_pause_are_stale_writes(tmp_path):
+    invalid = 0
+    for seed in SEEDS:
+        results, history = kleppmann_run(tmp_path, "valkey-lock", "unfenced", seed)
+        assert "fencing" in results["not_claimed"]  # no token: token order is not judged
+        if results["valid"] is False and stale_commits_shown(results, history):
+            invalid += 1
+    assert invalid >= 4, f"stale writes on {invalid} of 5 seeds"
+
+
+def test_fenced_commits_on_redis_lock_with_a_token_are_valid_on_every_seed(tmp_path):
+    refused = 0
+    for seed in SEEDS:
+        results, history = kleppmann_run(tmp_path, "valkey-lock-fenced", "fenced", seed)
+        assert results["valid"] is True, (seed, {k: r.get("violation_counts") for k, r in results["results"].items()})
+        assert results["results"]["stale-write"]["valid"] is True  # judged, not unknown
+        refused += sum(1 for op in history if op["f"] == "commit" and op.get("error") == "stale_token")
+    assert refused, "the store's token guard never refused a stale holder: the fence was not exercised"
+
+
+def test_the_same_token_ignored_by_the_writes_gives_stale_writes(tmp_path):
+    results, history = kleppmann_run(tmp_path, "valkey-lock-fenced", "unfenced", 0)
+    assert results["valid"] is False
+    sc = results["results"]["stale-commit"]["violation_counts"]
+    assert stale_commits_shown(results, history) or sc.get("token-regression")
