@@ -110,7 +110,9 @@ async def test_c23_not_started_before_the_deadline_is_deadline_exceeded(own_valk
     async with in_process_server(run_dir, own_valkey.url) as s:
         own_valkey.stop()  # the server's pooled connection dies with it ...
         own_valkey.start()
-        await asyncio.sleep(0.05)
+        # until the event loop has read the EOF on the pooled connection (checked at checkout)
+        await until(lambda: all(c._reader is None or c._reader.at_eof() for c in s.server.backend._idle),
+                    what="the pooled connection to read EOF")
         own_valkey.pause()  # ... so the new connection's handshake cannot finish: nothing was submitted
         try:
             r = await s.acquire(deadline_in_ms=300)
