@@ -382,13 +382,24 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
         raise RunError(f"{run_dir} has no history.jsonl: is it a fencelab run directory?")
     if test is None:
         test = load_test(run_dir)
-    history, problems = read_history_report(hist_path)
-    if checker is None and test.extra.get("scenario"):
-        from lab.scenarios import scenario_workload
+    from lab.history import HistoryError
 
-        checker = scenario_workload(test).checker
-    if checker is None:
-        checker = get_workload(test.workload)(test).checker
+    try:
+        history, problems = read_history_report(hist_path)
+    except HistoryError as e:
+        raise RunError(str(e)) from None
+    if checker is None:  # the recorded test's own checkers: a test.json naming what this lab lacks is bad input
+        from lab.scenarios import ScenarioError
+
+        try:
+            if test.extra.get("scenario"):
+                from lab.scenarios import scenario_workload
+
+                checker = scenario_workload(test).checker
+            else:
+                checker = get_workload(test.workload)(test).checker
+        except (ValueError, TypeError, KeyError, ScenarioError) as e:
+            raise RunError(f"{run_dir / 'test.json'}: cannot rebuild the test's checkers: {e}") from None
     write_edn(history, run_dir / "history.edn", overwrite=True)
     from lab.sut.registry import claimed_checker  # what the system does not claim is neither run nor judged
 
@@ -425,6 +436,8 @@ def load_test(run_dir: Path) -> Test:
     except (OSError, ValueError) as e:
         raise RunError(f"cannot read {path}: {e}") from None
     known = {f.name for f in fields(Test)} - {"live"}
+    if not isinstance(d, dict) or not isinstance(d.get("extra", {}), dict):
+        raise RunError(f"{path}: not a fencelab test.json (an object with the test's options)")
     test = Test(**{k: v for k, v in d.items() if k in known})
     test.run_dir = Path(run_dir)
     return test
