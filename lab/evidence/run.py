@@ -107,7 +107,10 @@ class Target:
         """The target as evidence.json records it (never a key)."""
         if not self.external:
             return {"kind": "reference-stack", "detail": "the lab's reference servers on a fresh local stack per run"}
-        return {"kind": "external", "sut": self.sut, "urls": list(self.urls), "api_key_file": self.api_key_file}
+        from lab.secrets import redact_url  # a URL's user info is a secret too (docs/cli.md#secrets)
+
+        return {"kind": "external", "sut": self.sut, "urls": [redact_url(u) for u in self.urls],
+                "api_key_file": self.api_key_file}
 
 
 # -- planning ---------------------------------------------------------------------------------------
