@@ -343,6 +343,31 @@ class Fn(Generator):
         return o, Seq(nxt, _ListCursor((self,), 0))
 
 
+class Bind(Generator):
+    """Call `f(test, ctx)` once, when first asked with a free thread, and become the generator it returns."""
+
+    __slots__ = ("f",)
+
+    def __init__(self, f: Callable) -> None:
+        _arity(f)  # fail early on a bad signature
+        self.f = f
+
+    def op(self, test, ctx):
+        if ctx.free_thread_count() == 0:
+            return PENDING
+        g = as_generator(self.f() if _arity(self.f) == 0 else self.f(test, ctx))
+        return None if g is None else op(g, test, ctx)
+
+
+def bind(f: Callable) -> Any:
+    """`f(test, ctx)` called once, its generator used until exhausted (a function generator calls f again).
+
+    For choices shared by every op of a group, e.g. one random key that every
+    thread then acquires: `gen.bind(lambda test, ctx: gen.each_thread(ops_on(pick(ctx))))`.
+    """
+    return Bind(f)
+
+
 # -- choosing between generators --------------------------------------------------------------
 
 
