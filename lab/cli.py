@@ -37,7 +37,19 @@ def fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
     sys.exit(code)
 
 
-@click.group()
+class _Main(click.Group):
+    """The group: Ctrl-C anywhere exits 130 with one line (click's default is "Aborted!" and exit 1, which reads
+    as "invalid" in the exit-code table); commands that keep a partial run say where it is before this."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo(f"fencelab {ctx.invoked_subcommand or ''}: interrupted".replace(" :", ":"), err=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+
+@click.group(cls=_Main)
 @click.version_option(package_name="fencelab")
 def main() -> None:
     """fencelab: a Jepsen-style test lab for lease and fencing systems."""
