@@ -67,6 +67,9 @@ NEMESES: dict[str, NemesisSpec] = {s.name: s for s in (
           "replaces partition)", "netns", {"netns": True}, starts=("start-partition",), stop="stop-partition"),
     _spec("clock", "bump or strobe the wall clocks of Valkey, lease servers and clients; reset",
           "clock", {"fake_clocks": True}, starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
+    _spec("server-clock", "bump or strobe the wall clocks of the lease servers only (Valkey's clock, backend "
+          "time, never moves); reset", "clock", {"fake_clocks": True}, starts=("bump-clock", "strobe-clock"),
+          stop="reset-clock"),
     _spec("kill", "SIGKILL a lease server, Valkey or the store; restart it at the stop", "process",
           {"persistence": "always", "recovery_store": True}),
     _spec("pause", "SIGSTOP a lease server, Valkey or the store; SIGCONT at the stop", "process"),
@@ -122,6 +125,10 @@ def validate_names(names: Any) -> list[str]:
     if "clock" in names and "client-clock" in names:
         raise ValueError("--nemesis: clock already moves the client clocks (with the servers'); give clock or "
                          "client-clock, not both")
+    clocks = [n for n in names if n in ("clock", "server-clock", "client-clock")]
+    if "server-clock" in clocks and len(clocks) > 1:
+        raise ValueError(f"--nemesis: {' and '.join(clocks)} all bump and reset clocks (bump-clock, reset-clock); "
+                         "give one")
     toxiproxied = [n for n in names if NEMESES[n].family == "network"]
     if "netns" in names and toxiproxied:
         raise ValueError(f"--nemesis: netns cannot be combined with {', '.join(toxiproxied)}: netns places the "
@@ -133,11 +140,13 @@ def validate_names(names: Any) -> list[str]:
             check_netns_available()
         except NemesisUnavailable as e:
             raise ValueError(f"--nemesis netns: {e}") from None
-    if "clock" in names:
+    for name in ("clock", "server-clock"):
+        if name not in names:
+            continue
         try:
             paths.libfaketime()
         except paths.MissingTool as e:
-            raise ValueError(f"--nemesis clock: {e}") from None
+            raise ValueError(f"--nemesis {name}: {e}") from None
     return names
 
 
@@ -281,8 +290,9 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
     names = validate_names(names)
     if not names:
         raise ValueError("--nemesis: no nemesis named")
-    stack = _stack_of(test)
-    info = stack.info
+    # the client nemeses act on the lab's own clients only: they need no stack (an external system has none)
+    stack = _stack_of(test) if any(NEMESES[n].family != "client" for n in names) else None
+    info = stack.info if stack is not None else {}
     concurrency = int(getattr(test, "concurrency", 1))
     client_clocks = test.live.setdefault("client_clocks", clock.ClientClocks(concurrency))
     client_pauses = test.live.setdefault("client_pauses", process.ClientPauses(concurrency))
@@ -302,6 +312,13 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
         if not info.get("clocks"):
             raise ValueError("--nemesis clock: the stack was started without fake clocks (StackOptions fake_clocks=True)")
         members.append(clock.clock(info["clocks"], rng=_rng_for(seed, "clock"), client_clocks=client_clocks))
+    if "server-clock" in names:  # the lease servers only: backend time (Valkey's clock) never moves
+        servers = sorted(n for n in info.get("clocks") or {} if n.startswith("lease-"))
+        if not servers:
+            raise ValueError("--nemesis server-clock: the stack was started without fake clocks "
+                             "(StackOptions fake_clocks=True)")
+        members.append(clock.clock({n: info["clocks"][n] for n in servers}, rng=_rng_for(seed, "server-clock"),
+                                   targets=servers))
     if "client-clock" in names:  # the lab's own clients only: no stack process is touched
         members.append(clock.clock(None, rng=_rng_for(seed, "client-clock"), client_clocks=client_clocks))
     network_names = [n for n in names if NEMESES[n].family == "network"]

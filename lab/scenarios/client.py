@@ -221,7 +221,7 @@ class ScenarioClient:
         slot = value.get("slot", "A")
         rid = value.get("request_id") or new_request_id()
         lease = self.shared.slots.get(slot)
-        doc = value.get("doc") or f"doc-{op['key']}"
+        doc = value.get("doc") or _doc_id(test, op["key"])
         base: dict[str, Any] = {"request_id": rid, "slot": slot, "doc": doc}
         if lease is None:
             return {"type": "fail", "value": base, "error": "not_held"}
@@ -277,7 +277,7 @@ class ScenarioClient:
         """The slot's document straight from the store (final phase; a read: an error is a definite fail)."""
         from lab.couch import CouchClient
 
-        doc = value.get("doc") or f"doc-{op['key']}"
+        doc = value.get("doc") or _doc_id(test, op["key"])
         if not _store_url(test):
             return {"type": "fail", "value": {"doc": doc}, "error": {
                 "code": "no_store", "msg": "the run has no store to read: give --store-url (the store the server "
@@ -423,6 +423,11 @@ def _int_or_text(raw: bytes | None) -> int | str | None:
         return None
     text = raw.decode(errors="replace")
     return int(text) if text.isdigit() else text
+
+
+def _doc_id(test, key: str) -> str:
+    """The document a script key's holders write: run-unique, as the identities are (a store outlives a run)."""
+    return f"doc-{test.extra.get('key_nonce', 'x')}-{key}"
 
 
 def _store_url(test) -> str | None:
