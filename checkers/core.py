@@ -676,8 +676,10 @@ def applicable_checkers(history: list[dict]) -> tuple[list[str], str | None]:
             applies = subject is not None and bool(subject & fs)
         if applies:
             judges.append(name)
+    if not fs:
+        return [], "empty history: no client operation"
     if not judges:
-        seen = ", ".join(sorted(fs)) or "none"
+        seen = ", ".join(sorted(fs))
         return [], (f"no checker applies: the history has no operation a domain checker judges (its operations: "
                     f"{seen}); give --model NAME to check it for linearizability")
     return [n for n in DOMAIN_CHECKERS if n in judges or n in MEASURES], None

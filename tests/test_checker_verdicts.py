@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from checkers.core import DOMAIN_CHECKERS, compose, get_checker
+from checkers.core import DOMAIN_CHECKERS, applicable_checkers, compose, get_checker
 from checkers.linear import Linearizable
 from lab.cli import main
 from test_checker_core import BASE, LeaseHistory, kinds, run
@@ -56,6 +56,7 @@ def test_an_empty_history_is_unknown_for_every_checker_and_overall():
         assert res["valid"] == "unknown" and res["reason"] == "no operations"
     res = all_domain([])
     assert res["valid"] == "unknown"
+    assert applicable_checkers([]) == ([], "empty history: no client operation")
 
     class Yes:  # a checker that passes anything: the composition still judged nothing
         def check(self, test, history, opts):
