@@ -55,9 +55,21 @@ def pick_credential(credentials: list[dict[str, Any]], capability: str = "target
                      f"{[c.get('principal_id') for c in credentials]}")
 
 
-def new_instance_id(prefix: str = "worker") -> str:
+def salted(test, ident: str) -> str:
+    """`ident` made this run's own with the Test's `run_salt`: a server that remembers another run's request ids
+    (idempotency records) or owners must not answer this run from them."""
+    salt = getattr(test, "run_salt", "") if test is not None else ""
+    return f"{salt}-{ident}" if salt else ident
+
+
+def seeded_request_id(test, ctx) -> str:
+    """A request id from the generator's seeded rng, salted per run (a replay with the same salt sends the same ids)."""
+    return salted(test, f"{ctx.rng.getrandbits(64):016x}")
+
+
+def new_instance_id(prefix: str = "worker", test=None) -> str:
     """A fresh service_instance_id: each opened client is its own worker (owner = principal + instance)."""
-    return f"{prefix}-{next(_instances)}"
+    return salted(test, f"{prefix}-{next(_instances)}")
 
 
 def completion(result: Result, value: Any, **extra: Any) -> dict[str, Any]:
@@ -77,4 +89,184 @@ def lease_client(test, node: str, *, instance: str | None = None, timeout_s: flo
     """
     from lab.sut import open_system
 
-    return open_system(test, node, instance or new_instance_id(), timeout_s=timeout_s)
+    return open_system(test, node, instance or new_instance_id(test=test), timeout_s=timeout_s)
+
+
+# -- what the client sent (docs/history-format.md: `value.sent`) ------------------------------------------
+
+def sent(request_id: str, lease: Any = None) -> dict[str, Any]:
+    """What a request put on the wire: its request_id and, for an op on a lease, that lease's id and token."""
+    out: dict[str, Any] = {"request_id": request_id}
+    if lease is not None:
+        out["lease_id"] = lease.lease_id
+        out["fencing_token"] = lease.fencing_token
+    return out
+
+
+# -- the default exercise: stalls past the TTL, bursts on one free key, sessions that outlive their lease ---
+#
+# Every general workload runs, at its defaults, the same three kinds of trouble (issue 10: a default run must
+# exercise every row of the races table, not only what a scenario scripts):
+# - a holder stalls longer than its lease's TTL between two steps and then carries on (renew, commit,
+#   release) with the lease it still believes it holds, on a contended key (a successor takes over) or on a
+#   key of its own (nobody does: only expiry stands between it and a revived lease);
+# - every few seconds all threads acquire one free key in the same instant (a burst);
+# - retries by request_id, some after a stall, from the same service instance.
+# Stalls are generator sleeps drawn from the seeded rng (the client never sleeps).
+
+TAKEOVER_STALL = (1.15, 1.6)  # x TTL: past expiry, long enough for a successor to acquire and act
+SOLO_STALL = (0.8, 1.6)       # x TTL: on a key nobody else uses; most renews land after expiry, some before
+BURST_EVERY_S = 2.5           # seconds of sessions between two bursts
+
+
+def pick_kind(test: Any, ctx: Any) -> str:
+    """A session's kind when a thread does everything (fewer than 3 threads): `plain`, `stalled` (past the TTL
+    on the takeover key) or `solo` (on a key of its own)."""
+    return ctx.rng.choices(("plain", "stalled", "solo"), weights=(5, 3, 2))[0]
+
+
+def request_id(test: Any, ctx: Any) -> str:
+    """A request id for one op, drawn from the run's seeded rng (so a replay sends the same ids)."""
+    return salted(test, f"{ctx.rng.getrandbits(64):016x}")  # salted: this run's own (test.json run_salt)
+
+
+def session_id(test: Any, ctx: Any) -> str:
+    """A session's id: its leases and service instance are shared by every client of the run (see `Sessions`)."""
+    return salted(test, f"{ctx.rng.getrandbits(48):012x}")  # salted: its service instance is this run's own
+
+
+def remaining_s(test: Any, ctx: Any, end_ns: int | None = None) -> float:
+    """Seconds left in the main phase: until `end_ns` (`exercise` passes the time its time limit ends: the
+    limit starts with the main phase's first op, which may be seconds after the test's clock started)."""
+    if end_ns is None:
+        end_ns = int(float(test.time_limit) * 1e9)
+    return (end_ns - ctx.time) / 1e9
+
+
+def time_for(test: Any, ctx: Any, span: tuple[float, float], end_ns: int | None) -> bool:
+    """Is there time for a stall of up to `span` x the TTL and a few ops after it?"""
+    return remaining_s(test, ctx, end_ns) >= int(test.ttl_ms) * span[1] / 1000 + 0.5
+
+
+def stall_s(test: Any, ctx: Any, span: tuple[float, float]) -> float:
+    """A stall of `span` x the TTL, in seconds, from the seeded rng."""
+    return int(test.ttl_ms) * ctx.rng.uniform(*span) / 1000.0
+
+
+def stall(span: tuple[float, float], end_ns: int | None = None) -> Any:
+    """A holder's stall of `span` x the TTL between two steps (a GC pause, a slow disk): the thread idles and
+    nothing is recorded. Drawn when reached, and cut to the main phase's time left, so the run ends on time."""
+    import lab.generator as gen
+
+    def pause(test, ctx):
+        s = min(stall_s(test, ctx, span), remaining_s(test, ctx, end_ns) - 0.2)
+        return gen.sleep(s) if s > 0 else None
+
+    return gen.bind(pause)
+
+
+def acquire_until_held(key: str, value: Any, attempts: int = 50) -> Any:
+    """Acquire `key` until one attempt succeeds (at most `attempts`): a holder polling for a busy key, so it
+    takes over the moment the key is free. `value(test, ctx)` gives each attempt's invoke value."""
+    import lab.generator as gen
+
+    return gen.until_ok(gen.limit(attempts, lambda test, ctx: {"f": "acquire", "key": key,
+                                                                "value": value(test, ctx)}))
+
+
+def session_key(test: Any, ctx: Any, kind: str, keys: list[str]) -> str:
+    """The key a session works on: stalled sessions all take the first key (the takeover key: each stalled
+    holder's successor is the next one polling for it, so its stale ops meet a live successor), solo sessions a
+    fresh one, plain sessions any of `keys`."""
+    if kind == "stalled":
+        return keys[0]
+    return solo_key(test, ctx) if kind == "solo" else ctx.rng.choice(keys)
+
+
+def solo_key(test: Any, ctx: Any) -> str:
+    """A fresh key nobody else acquires (a stalled holder there is taken over only by expiry)."""
+    return f"solo-{salted(test, f'{ctx.rng.getrandbits(32):08x}')}"  # salted: free in every run
+
+
+def burst_key(test: Any, ctx: Any) -> str:
+    """A fresh key for one burst: free when every thread acquires it in the same instant."""
+    return f"burst-{salted(test, f'{ctx.rng.getrandbits(32):08x}')}"  # salted: free in every run
+
+
+class Session:
+    """What one session (a holder) knows, shared by every client of the run: a retry after an `info` is made by
+    the next process of the thread, from the same service instance, with the same lease and body."""
+
+    __slots__ = ("instance", "lease", "entries")
+
+    def __init__(self, instance: str):
+        self.instance = instance
+        self.lease: Any = None          # the lease this session believes it holds (kept after a lease_lost:
+        self.entries: dict[str, Any] = {}  # a stale holder carries on); commit entries by request_id
+
+
+class Sessions(dict):
+    """session id -> Session, one table per workload instance (shared by every opened client)."""
+
+    def get_session(self, test: Any, sid: str) -> Session:
+        s = self.get(sid)
+        if s is None:
+            s = self[sid] = Session(session_instance(test, sid))
+        return s
+
+
+def session_instance(test: Any, sid: str) -> str:
+    """The service_instance_id a session acts as (the owner is the principal plus this)."""
+    return f"session-{sid}"
+
+
+def exercise(test: Any, session: Any, burst: Any, *, burst_every_s: float = BURST_EVERY_S) -> Any:
+    """The main-phase generator of a lease workload, at `test.rate` ops/s over all threads, in lanes of threads.
+
+    With 5 or more threads (the default is 5):
+    - the burst lane (all but 3 threads): every `burst_every_s` s they all acquire one fresh key in the same
+      instant (`burst(test, ctx, key)`: one thread's ops), and between bursts they run plain sessions;
+    - the takeover lane (2 threads): stalled sessions on the takeover key, one after the other, so each stalled
+      holder's successor is the other thread, which has been polling for the key since before it expired;
+    - the solo lane (1 thread): solo sessions, each on a key of its own.
+    With 3 or 4 threads the takeover lane's threads also run solo sessions (every third one); with fewer, every
+    thread does everything (sessions of a kind drawn from the rng) and a burst waits for the stalled threads.
+    `session(test, ctx, kind, end_ns)` returns one session's ops (kind: plain, stalled, solo, or None: draw
+    one; end_ns: when the main phase ends, on the generator's clock).
+    """
+    import lab.generator as gen
+
+    return gen.bind(lambda test, ctx: _lanes(test, session, burst, burst_every_s,
+                                             ctx.time + int(float(test.time_limit) * 1e9)))
+
+
+def _lanes(test: Any, session: Any, burst: Any, burst_every_s: float, end_ns: int) -> Any:
+    """`exercise`'s lanes, once the main phase's first op is asked for (its time limit starts then)."""
+    import lab.generator as gen
+
+    def one_burst(test, ctx):
+        key = burst_key(test, ctx)
+        # each thread draws its own request ids and session: only the key is shared
+        return gen.each_thread(gen.bind(lambda test, ctx: burst(test, ctx, key)))
+
+    def sessions(*kinds: str | None) -> Any:
+        """One thread's sessions, of `kinds` in turn."""
+        return gen.cycle([gen.bind(lambda test, ctx, kind=kind: session(test, ctx, kind, end_ns)) for kind in kinds])
+
+    def paced(threads: int, g: Any) -> Any:
+        """`g` on `threads` threads at their share of the rate."""
+        return gen.stagger(test.concurrency / (test.rate * threads), g)
+
+    def bursts(threads: int, between: Any) -> Any:
+        return gen.cycle([gen.synchronize(gen.bind(one_burst)),
+                          gen.time_limit(burst_every_s, paced(threads, gen.each_thread(between)))])
+
+    c = int(test.concurrency)
+    if c < 3:
+        return bursts(c, sessions(None))
+    if c < 5:
+        takeover = gen.each_thread(sessions("stalled", "stalled", "solo"))
+        return gen.reserve(c - 2, bursts(c - 2, sessions("plain")), paced(2, takeover))
+    return gen.reserve(c - 3, bursts(c - 3, sessions("plain")),
+                       2, paced(2, gen.each_thread(sessions("stalled"))),
+                       paced(1, sessions("solo")))

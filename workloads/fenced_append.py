@@ -1,13 +1,31 @@
 """The `fenced-append` workload: commits through the fenced-write path into a CouchDB-API store.
 
-Each process runs sessions on a random key: acquire its lease, then append
-entries `[process, token, n]` to the key's document through the server's
-fenced commit (`POST /api/v1/commits`), renewing between commits, and release.
-A final phase reads every document back. The stale-commit checker then proves
-that no accepted commit carries a lower token than one accepted before it,
-none was validated after its lease expired, no acknowledged commit is lost and
-none is applied twice; the fencing and mutual-exclusion checkers judge the
-leases themselves.
+Each session is a holder with its own service instance that appends entries
+`[process, token, n]` to its key's document through the server's fenced
+commit (`POST /api/v1/commits`), renewing between commits. Sessions are of
+three kinds, run by lanes of threads as in the lease workload
+(`workloads.common.exercise`):
+
+- plain: acquire, commit / renew three times, release; a commit is sometimes
+  retried with the same request_id (it must return the original result);
+- stalled: poll for the takeover key (`k0`) until it is held, commit, send
+  two commits with deadlines of a few milliseconds (validated, perhaps never
+  written: their answers are lost), stall 1.15-1.6 x the TTL, then carry on
+  with the lease it still believes it holds: a fresh commit, the lost commits
+  retried with their request_ids and bodies (the server may finish them
+  under their original validation, C29), renew, commit, release. Meanwhile a successor has taken
+  the key over and committed, so the stale holder's commits land on both
+  sides of the takeover, and the boundary must refuse every one of them;
+- solo: the same on a key of its own, with a stall of 0.8-1.6 x the TTL.
+
+Every 2.5 s the burst lane's threads acquire one fresh key in the same
+instant (a burst), commit and release. A final phase reads every `--keys`
+document back. The stale-commit checker then proves that no accepted commit
+carries a lower token than one accepted before it, none was validated after
+its lease expired, no acknowledged commit is lost and none is applied twice;
+the fencing, mutual-exclusion, lease-state and idempotency checkers judge
+the leases and retries. Every completion keeps what the client sent
+(`value.sent`) and what came back.
 """
 
 from __future__ import annotations
@@ -16,7 +34,8 @@ import itertools
 from typing import Any
 
 from lab.client import new_request_id
-from workloads.common import completion, identity_for
+from workloads.common import (SOLO_STALL, TAKEOVER_STALL, acquire_until_held, completion, identity_for,
+                              pick_kind, request_id, sent, session_id, session_key, stall, time_for)
 from workloads.lease import LeaseWorkloadClient
 
 DOC = __doc__
@@ -36,22 +55,29 @@ def doc_id(key: str) -> str:
 class FencedAppendClient(LeaseWorkloadClient):
     """The lease workload client plus fenced commits and final reads of the store."""
 
-    def __init__(self, *args: Any, store_db: dict | None = None, **kw: Any):
+    def __init__(self, *args: Any, store_db: dict | None = None, counter: Any = None, **kw: Any):
         super().__init__(*args, **kw)
-        self.counter = itertools.count(1)
+        self.counter = itertools.count(1) if counter is None else counter  # shared: entries are unique
         # shared by every opened client: the database the boundary reports writing (a planted bug may use another)
         self.store_db = {"db": DB} if store_db is None else store_db
 
-    async def open(self, test, node: str) -> "FencedAppendClient":
-        base = await super().open(test, node)
-        return FencedAppendClient(self.ttl_ms, self.deadline_s, node, base.api, store_db=self.store_db)
+    def _shared(self) -> dict[str, Any]:
+        return {"store_db": self.store_db, "counter": self.counter}
 
     async def setup(self, test) -> None:
-        """Create the store database and its fence guard (validate_doc_update)."""
-        from lab.couch import CouchClient
+        """Create the store database and the lab's fence guard, only in a store the lab owns.
 
+        The guard (validate_doc_update) is protection the lab would be supplying: in the system's own store
+        (--store-url, not --lab-owns-store) nothing is installed and the database is the server's (--store-db).
+        """
+        from lab.couch import CouchClient
+        from lab.sut.probe import lab_owns_store, store_db
+
+        self.store_db["db"] = store_db(test)
+        if not lab_owns_store(test):
+            return
         async with CouchClient(store_url(test)) as couch:
-            await couch.ensure_db(DB)
+            await couch.ensure_db(self.store_db["db"])
 
     async def invoke(self, test, op: dict[str, Any]) -> dict[str, Any]:
         f, key = op["f"], op.get("key")
@@ -64,24 +90,27 @@ class FencedAppendClient(LeaseWorkloadClient):
 
     async def _commit(self, test, op: dict[str, Any], key: str) -> dict[str, Any]:
         value = op.get("value") or {}
+        sess = self.session_for(test, op)
         request_id = value.get("request_id") or new_request_id()
-        lease = self.held.get(key)
+        lease = sess.lease
         if lease is None:
             return {"type": "fail", "value": {"request_id": request_id, "doc": doc_id(key)}, "error": "not_held"}
-        entry = [op["process"], lease.fencing_token, next(self.counter)]
+        # a retry sends the same body: the entry is the one its first attempt made
+        entry = sess.entries.setdefault(request_id, [op["process"], lease.fencing_token, next(self.counter)])
         attempted = {"request_id": request_id, "doc": doc_id(key), "entry": entry, "lease_id": lease.lease_id,
-                     "fencing_token": lease.fencing_token}
+                     "fencing_token": lease.fencing_token, "sent": sent(request_id, lease)}
         r = await self.api.commit(lease, doc_id(key), {"append": entry}, identity=identity_for(key),
-                                  request_id=request_id, deadline_s=self.deadline_s)
+                                  request_id=request_id, deadline_s=self.deadline_for(value))
         if r.ok:
             data = (r.data or {}).get("commit") or r.data or {}
             if data.get("db"):
                 self.store_db["db"] = data["db"]
-            return completion(r, dict(attempted, rev=data.get("rev"), accepted_token=data.get("accepted_token"),
-                                      validated_at_ms=data.get("validated_at_ms")))
-        if r.outcome == "fail" and r.code == "lease_lost":
-            self.held.pop(key, None)
-        return completion(r, attempted)
+            done = dict(attempted, rev=data.get("rev"), accepted_token=data.get("accepted_token"),
+                        validated_at_ms=data.get("validated_at_ms"))
+            if data.get("replayed") or (r.data or {}).get("replayed"):
+                done["replayed"] = True  # the server answered from an earlier attempt: `rev` is not this write's
+            return completion(r, done)
+        return completion(r, attempted)  # a lease_lost holder keeps its lease: a stale holder carries on
 
     async def _read(self, test, key: str) -> dict[str, Any]:
         """Read the key's document straight from the store (a read: an error is a definite `fail`)."""
@@ -98,23 +127,59 @@ class FencedAppendClient(LeaseWorkloadClient):
                                         "token": d.get("fence_token"), "lease_id": d.get("fence_lease_id")}}
 
 
+def _op(f: str, key: str, value: Any) -> dict[str, Any]:
+    return {"f": f, "key": key, "value": value}
+
+
+# commits whose answer is lost: validated perhaps (a `pending` record), written perhaps not; one short, one longer
+LOST_COMMIT_DEADLINES_MS = ((3, 15), (15, 40))
+
+
 def session(keys: list[str], commits: int = 3):
-    """Acquire a random key, commit `commits` times (renewing in between), release."""
+    """One session as a function generator: a plain, stalled or solo holder (see the module docstring)."""
 
-    def rid(ctx) -> dict:
-        return {"request_id": f"{ctx.rng.getrandbits(64):016x}"}
+    def make(test, ctx, kind: str | None = None, end_ns: int | None = None):
+        sid = session_id(test, ctx)
 
-    def make(test, ctx):
-        k = ctx.rng.choice(keys)
-        ops = [{"f": "acquire", "key": k, "value": dict(rid(ctx), ttl_ms=test.ttl_ms)}]
-        for i in range(commits):
-            ops.append({"f": "commit", "key": k, "value": rid(ctx)})
-            if i < commits - 1:
-                ops.append({"f": "renew", "key": k, "value": rid(ctx)})
-        ops.append({"f": "release", "key": k, "value": rid(ctx)})
-        return ops
+        def v(**kw: Any) -> dict[str, Any]:
+            return {"request_id": request_id(test, ctx), "session": sid, **kw}
+
+        kind = kind or pick_kind(test, ctx)
+        span = TAKEOVER_STALL if kind == "stalled" else SOLO_STALL
+        if kind != "plain" and not time_for(test, ctx, span, end_ns):
+            kind = "plain"  # no time left to act after a stall
+        k = session_key(test, ctx, kind, keys)
+        if kind == "plain":
+            ops = [_op("acquire", k, v(ttl_ms=test.ttl_ms))]
+            for i in range(commits):
+                c = v()
+                ops.append(_op("commit", k, c))
+                if ctx.rng.random() < 0.2:
+                    ops.append(_op("commit", k, c))  # a retry: the same request_id and body
+                if i < commits - 1:
+                    ops.append(_op("renew", k, v()))
+            ops.append(_op("release", k, v()))
+            return ops
+        lost = []
+        for lo, hi in LOST_COMMIT_DEADLINES_MS:
+            c = v()
+            c["body"] = dict(c)  # what the digest covers: not the first attempt's own deadline
+            lost.append(c)
+        quick = [_op("commit", k, dict(c, deadline_ms=ctx.rng.randint(lo, hi)))
+                 for c, (lo, hi) in zip(lost, LOST_COMMIT_DEADLINES_MS)]
+        return [acquire_until_held(k, lambda test, ctx: v(ttl_ms=test.ttl_ms)), _op("commit", k, v()), *quick,
+                stall(span, end_ns), _op("commit", k, v()), *(_op("commit", k, c) for c in lost),
+                _op("renew", k, v()), _op("commit", k, v()), _op("release", k, v())]
 
     return make
+
+
+def burst(test, ctx, key: str) -> list[dict[str, Any]]:
+    """One thread's part of a burst: acquire `key` (free, and every thread acquires it now), commit, release."""
+    sid = session_id(test, ctx)
+    return [_op(f, key, dict({"request_id": request_id(test, ctx), "session": sid},
+                             **({"ttl_ms": test.ttl_ms} if f == "acquire" else {})))
+            for f in ("acquire", "commit", "release")]
 
 
 class CommitsExercised:
@@ -127,22 +192,23 @@ class CommitsExercised:
 
 
 def workload(test):
-    """Fenced appends on `test.keys` documents, then a final read of each."""
-    import lab.generator as gen
+    """Fenced appends (plain, stalled, solo sessions, bursts) on `test.keys` documents, then a final read of each."""
     from checkers.core import compose, get_checker
+    from checkers.stale_write import StaleWriteChecker
     from workloads.base import Workload
-    from workloads.common import key_names
+    from workloads.common import exercise, key_names
 
     keys = key_names(test.keys)
     return Workload(
         name="fenced-append",
         client=FencedAppendClient(ttl_ms=test.ttl_ms, deadline_s=float(test.extra.get("deadline_s", 2.0))),
-        generator=gen.stagger(1.0 / test.rate, gen.each_thread(session(keys))),
+        generator=exercise(test, session(keys), burst),
         final_generator=[{"f": "read", "key": k, "value": {"doc": doc_id(k)}} for k in keys],
         checker=compose({"commits-exercised": CommitsExercised(),
                          **{name: get_checker(name) for name in
                             ("stale-commit", "fencing", "mutual-exclusion", "lease-state", "idempotency",
-                             "availability")}}),
+                             "availability")},
+                         "stale-write": StaleWriteChecker()}),  # needs no token: judges token-less locks too
         needs_store=True,
         doc=DOC,
     )

@@ -1,62 +1,38 @@
 """The `idempotency` workload: retries with the same request_id, and reuse of a request_id with a changed body.
 
-Each session on a random key: an acquire whose first attempt has a tiny
+A plain session on a random key: an acquire whose first attempt has a tiny
 deadline (its response is often lost: an `info`), retried with the same
 request_id and body (must return the same lease and token, C17), then with
 the same request_id and a changed body (must be `idempotency_conflict`,
 mutating nothing); a renew and a release, each retried with the same
-request_id (the retry returns the original result). The idempotency checker
-judges the groups of ops by request_id; fencing and lease-state judge the rest.
+request_id (the retry returns the original result). Stalled sessions poll
+the takeover key (`k0`) until held, and solo sessions take a fresh key; both
+renew (and retry), stall past (stalled: 1.15-1.6 x the TTL) or around (solo:
+0.8-1.6 x) the lease's expiry, then renew and release with retries, a
+successor already holding the takeover key. Every 2.5 s the burst lane's
+threads acquire one fresh key in the same instant, each retrying its acquire
+and release. Lanes as in the lease workload (`workloads.common.exercise`).
+The idempotency checker judges the groups of ops by request_id; fencing,
+lease-state and mutual exclusion judge the rest.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from workloads.common import completion, identity_for
+from workloads.common import (SOLO_STALL, TAKEOVER_STALL, acquire_until_held, pick_kind, seeded_request_id,
+                              session_key, stall, time_for)
 from workloads.lease import LeaseWorkloadClient
 
 DOC = __doc__
 
 
 class IdempotencyClient(LeaseWorkloadClient):
-    """Lease ops that honour the op's request_id, ttl and deadline, and remember leases by request_id."""
+    """The lease workload's client: it honours each op's request_id, ttl, deadline and session.
 
-    def __init__(self, *args: Any, by_request: dict | None = None, **kw: Any):
-        super().__init__(*args, **kw)
-        # shared by every opened client: a retry may run in a fresh process after an `info`
-        self.by_request: dict[str, Any] = {} if by_request is None else by_request
-
-    async def open(self, test, node: str) -> "IdempotencyClient":
-        base = await super().open(test, node)
-        return IdempotencyClient(self.ttl_ms, self.deadline_s, node, base.api, by_request=self.by_request)
-
-    async def invoke(self, test, op: dict[str, Any]) -> dict[str, Any]:
-        f, key, value = op["f"], op.get("key"), op.get("value") or {}
-        await self.before_request(test, op)
-        deadline_s = value.get("deadline_ms", self.deadline_s * 1000) / 1000
-        rid = value["request_id"]
-        identity = identity_for(key)
-        # the owner (principal + service instance) is part of the idempotency digest: a retry made by a fresh
-        # process after an `info` must come from the same service instance as the first attempt
-        if value.get("session"):
-            self.api.service_instance_id = f"idem-{value['session']}"
-        if f == "acquire":
-            r = await self.api.acquire(identity, ttl_ms=value["ttl_ms"], request_id=rid, deadline_s=deadline_s)
-            if r.ok:
-                self.by_request[value.get("session")] = r.lease
-                return completion(r, dict(r.lease.history_value(), request_id=rid))
-            return completion(r, {"request_id": rid})
-        if f in ("renew", "release"):
-            lease = self.by_request.get(value.get("session"))
-            if lease is None:
-                return {"type": "fail", "value": {"request_id": rid}, "error": "not_held"}
-            call = self.api.renew if f == "renew" else self.api.release
-            r = await call(lease, identity=identity, request_id=rid, deadline_s=deadline_s)
-            if r.ok:
-                return completion(r, dict(r.lease.history_value(), request_id=rid))
-            return completion(r, {"request_id": rid, "lease_id": lease.lease_id, "fencing_token": lease.fencing_token})
-        return await super().invoke(test, op)
+    A retry after an `info` runs in the thread's next process: the session (its lease, and its service instance,
+    which is part of the owner and so of the idempotency digest) is shared by every opened client.
+    """
 
 
 def _body(value: dict[str, Any]) -> dict[str, Any]:
@@ -70,40 +46,65 @@ def _with_body(value: dict[str, Any]) -> dict[str, Any]:
 
 
 def session(keys: list[str]):
-    """One retry session on a random key (see the module docstring)."""
+    """One retry session as a function generator: plain, stalled or solo (see the module docstring)."""
 
-    def make(test, ctx):
-        k = ctx.rng.choice(keys)
-        sid = f"{ctx.rng.getrandbits(64):016x}"
+    def make(test, ctx, kind: str | None = None, end_ns: int | None = None):
+        kind = kind or pick_kind(test, ctx)
+        span = TAKEOVER_STALL if kind == "stalled" else SOLO_STALL
+        if kind != "plain" and not time_for(test, ctx, span, end_ns):
+            kind = "plain"  # no time left to act after a stall
+        k = session_key(test, ctx, kind, keys)
+        sid = seeded_request_id(test, ctx)  # the session's request ids and service instance: this run's own
         acq = {"request_id": f"{sid}-a", "ttl_ms": test.ttl_ms, "session": sid}
         ren = {"request_id": f"{sid}-r", "session": sid}
         rel = {"request_id": f"{sid}-x", "session": sid}
         changed = dict(acq, ttl_ms=test.ttl_ms + 1)
-        return [
-            {"f": "acquire", "key": k, "value": _with_body(dict(acq, deadline_ms=5))},  # response often lost
-            {"f": "acquire", "key": k, "value": _with_body(acq)},  # same request_id, same body: same lease
-            {"f": "acquire", "key": k, "value": _with_body(changed)},  # changed body: idempotency_conflict
-            {"f": "renew", "key": k, "value": _with_body(ren)},
-            {"f": "renew", "key": k, "value": _with_body(ren)},
-            {"f": "release", "key": k, "value": _with_body(rel)},
-            {"f": "release", "key": k, "value": _with_body(rel)},
-        ]
+        if kind == "stalled":
+            def attempt(test, ctx):
+                return _with_body({"request_id": seeded_request_id(test, ctx), "ttl_ms": test.ttl_ms,
+                                   "session": sid})
+
+            # poll for the contended key until held; after the stall a successor holds it
+            ops = [acquire_until_held(k, attempt)]
+        else:
+            ops = [
+                {"f": "acquire", "key": k, "value": _with_body(dict(acq, deadline_ms=5))},  # response often lost
+                {"f": "acquire", "key": k, "value": _with_body(acq)},  # same request_id, same body: same lease
+                {"f": "acquire", "key": k, "value": _with_body(changed)},  # changed body: idempotency_conflict
+            ]
+        ops += [{"f": "renew", "key": k, "value": _with_body(ren)},
+                {"f": "renew", "key": k, "value": _with_body(ren)}]
+        if kind != "plain":
+            # the holder stalls past (stalled) or around (solo) its lease's expiry and carries on, retrying too
+            late = {"request_id": f"{sid}-l", "session": sid}
+            ops += [stall(span, end_ns), {"f": "renew", "key": k, "value": _with_body(late)},
+                    {"f": "renew", "key": k, "value": _with_body(late)}]
+        return ops + [{"f": "release", "key": k, "value": _with_body(rel)},
+                      {"f": "release", "key": k, "value": _with_body(rel)}]
 
     return make
 
 
+def burst(test, ctx, key: str) -> list[dict[str, Any]]:
+    """One thread's part of a burst on a free key: acquire it (every thread now) and retry, release and retry."""
+    sid = seeded_request_id(test, ctx)
+    acq = _with_body({"request_id": f"{sid}-a", "ttl_ms": test.ttl_ms, "session": sid})
+    rel = _with_body({"request_id": f"{sid}-x", "session": sid})
+    return [{"f": f, "key": key, "value": v} for f, v in (("acquire", acq), ("acquire", acq), ("release", rel),
+                                                           ("release", rel))]
+
+
 def workload(test):
-    """Retry sessions on `test.keys` keys."""
-    import lab.generator as gen
+    """Retry sessions (plain, stalled, solo) on `test.keys` keys, with a burst every 2.5 s."""
     from checkers.core import compose, get_checker
     from workloads.base import Workload
-    from workloads.common import key_names
+    from workloads.common import exercise, key_names
 
     keys = key_names(test.keys)
     return Workload(
         name="idempotency",
         client=IdempotencyClient(ttl_ms=test.ttl_ms, deadline_s=float(test.extra.get("deadline_s", 2.0))),
-        generator=gen.stagger(1.0 / test.rate, gen.each_thread(session(keys))),
+        generator=exercise(test, session(keys), burst),
         checker=compose({name: get_checker(name) for name in ("idempotency", "fencing", "lease-state",
                                                                 "mutual-exclusion")}),
         doc=DOC,

@@ -1,10 +1,26 @@
 """The `lease` workload: many processes acquire, renew, release and inspect leases on a few keys.
 
-Each process runs sessions `acquire -> renew x N -> release` on a random key,
-mixed with `inspect`s; conflicts are expected and are the point (one winner
-per key at a time). Every completion keeps the lease id, fencing token and the
-server's backend times, so the fencing, mutual-exclusion and lease-state
-checkers can judge the run.
+Each session is one holder (its own service instance) of one of three kinds,
+run by lanes of threads (the default 5 threads: 2 + 2 + 1, see
+`workloads.common.exercise`):
+
+- plain (burst lane): acquire a random key of `--keys`, renew twice, release,
+  sometimes inspect; an acquire or a renew is sometimes retried with the same
+  request_id (it must return the original result). Conflicts are the point:
+  one winner per key at a time. Every 2.5 s the lane's threads all acquire
+  one fresh key in the same instant (a burst), then renew and release it;
+- stalled (takeover lane): poll the takeover key (`k0`) until held, renew,
+  stall 1.15-1.6 x the TTL, then carry on with the lease it still believes it
+  holds (renew and release, in either order) while the other takeover thread,
+  which was polling, already holds the key: the server must refuse every
+  stale op, and end or delete nothing of the successor's;
+- solo (solo lane): the same on a fresh key nobody else uses, with a stall of
+  0.8-1.6 x the TTL: renews after the expiry, with no successor in the way.
+
+Every completion keeps what the client sent (`value.sent`: request id, lease
+id, token) and what came back (lease id, fencing token, backend times), so
+the fencing, mutual-exclusion, lease-state and idempotency checkers can judge
+the run. `--ttl-ms` scales the stalls; `--keys` the plain sessions' keys.
 """
 
 from __future__ import annotations
@@ -12,24 +28,34 @@ from __future__ import annotations
 from typing import Any
 
 from lab.client import Lease, new_request_id
-from workloads.common import completion, identity_for, lease_client
+from workloads.common import (SOLO_STALL, TAKEOVER_STALL, Session, Sessions, acquire_until_held, completion,
+                              identity_for, lease_client, pick_kind, request_id, sent, session_id, session_key,
+                              stall, time_for)
 
 DOC = __doc__
 
 
 class LeaseWorkloadClient:
-    """A worker's lease API client; remembers the lease it holds per key."""
+    """A worker's lease API client; a session's lease and service instance are shared by every opened client."""
 
-    def __init__(self, ttl_ms: int = 2000, deadline_s: float = 2.0, node: str | None = None, api=None):
+    def __init__(self, ttl_ms: int = 2000, deadline_s: float = 2.0, node: str | None = None, api=None,
+                 sessions: Sessions | None = None):
         self.ttl_ms = ttl_ms
         self.deadline_s = deadline_s
         self.node = node
         self.api = api
-        self.held: dict[str, Lease] = {}
+        # shared by every opened client: after an `info` the thread's next process continues the session
+        self.sessions = Sessions() if sessions is None else sessions
+        self.own: dict[str, Session] = {}  # ops without a session: this client's own holder per key
 
     async def open(self, test, node: str) -> "LeaseWorkloadClient":
-        """A fresh client (fresh service instance: a new owner) bound to lease server `node`."""
-        return LeaseWorkloadClient(self.ttl_ms, self.deadline_s, node, lease_client(test, node))
+        """A fresh client bound to lease server `node` (ops without a session use its own service instance)."""
+        return type(self)(self.ttl_ms, self.deadline_s, node, lease_client(test, node), sessions=self.sessions,
+                          **self._shared())
+
+    def _shared(self) -> dict[str, Any]:
+        """Keyword arguments a subclass's opened clients share with their prototype."""
+        return {}
 
     async def setup(self, test) -> None:
         return None
@@ -50,63 +76,118 @@ class LeaseWorkloadClient:
         if pauses is not None:
             await pauses.wait(op["process"])
 
+    def session_for(self, test, op: dict[str, Any]) -> Session:
+        """The op's session (its `value.session`), acting as that session's service instance."""
+        value = op.get("value") or {}
+        sid = value.get("session") if isinstance(value, dict) else None
+        if sid is None:
+            key = op.get("key")
+            if key not in self.own:
+                self.own[key] = Session(getattr(self.api, "service_instance_id", None))
+            return self.own[key]
+        sess = self.sessions.get_session(test, sid)
+        if sess.instance and getattr(self.api, "service_instance_id", None) not in (None, sess.instance):
+            # the owner is principal + service instance: a session is one holder whichever process acts for it
+            self.api.service_instance_id = sess.instance
+        return sess
+
+    def deadline_for(self, value: Any) -> float:
+        """The op's own deadline (`deadline_ms`: a retry's first attempt may have a tiny one), else the client's."""
+        if isinstance(value, dict) and value.get("deadline_ms") is not None:
+            return float(value["deadline_ms"]) / 1000
+        return self.deadline_s
+
     async def invoke(self, test, op: dict[str, Any]) -> dict[str, Any]:
         """Run one lease op; `fail` only when it definitely did not happen."""
         await self.before_request(test, op)
         f, key = op["f"], op.get("key")
         value = op.get("value") or {}
-        request_id = value.get("request_id") or new_request_id()
-        identity = identity_for(key)
-        if f == "acquire":
-            r = await self.api.acquire(identity, ttl_ms=value.get("ttl_ms", self.ttl_ms), request_id=request_id,
-                                       deadline_s=self.deadline_s)
-            if r.ok:
-                self.held[key] = r.lease
-                return completion(r, dict(r.lease.history_value(), request_id=request_id))
-            return completion(r, {"request_id": request_id})
-        if f in ("renew", "release"):
-            lease = self.held.get(key)
-            if lease is None:
-                return {"type": "fail", "value": {"request_id": request_id}, "error": "not_held"}
-            call = self.api.renew if f == "renew" else self.api.release
-            r = await call(lease, identity=identity, request_id=request_id, deadline_s=self.deadline_s)
-            attempted = {"request_id": request_id, "lease_id": lease.lease_id, "fencing_token": lease.fencing_token}
-            if r.ok:
-                if f == "renew":
-                    self.held[key] = r.lease
-                else:
-                    self.held.pop(key, None)
-                return completion(r, dict(r.lease.history_value(), request_id=request_id))
-            if r.outcome == "fail" and r.code == "lease_lost":
-                self.held.pop(key, None)  # the server says we do not hold it any more
-            return completion(r, attempted, late=True) if r.late else completion(r, attempted)
         if f == "inspect":
-            r = await self.api.inspect(identity, deadline_s=self.deadline_s)
+            r = await self.api.inspect(identity_for(key), deadline_s=self.deadline_s)
             if r.ok:
                 return completion(r, r.lease.history_value() if r.lease else None)
             if r.code == "lease_not_found":
                 return {"type": "ok", "value": None}
             return completion(r, None)
+        sess = self.session_for(test, op)
+        rid = value.get("request_id") or new_request_id()
+        identity = identity_for(key)
+        deadline_s = self.deadline_for(value)
+        if f == "acquire":
+            r = await self.api.acquire(identity, ttl_ms=value.get("ttl_ms", self.ttl_ms), request_id=rid,
+                                       deadline_s=deadline_s)
+            if r.ok:
+                sess.lease = r.lease
+                return completion(r, dict(r.lease.history_value(), request_id=rid, sent=sent(rid)))
+            return completion(r, {"request_id": rid, "sent": sent(rid)})
+        if f in ("renew", "release"):
+            lease: Lease | None = sess.lease
+            if lease is None:
+                return {"type": "fail", "value": {"request_id": rid}, "error": "not_held"}
+            call = self.api.renew if f == "renew" else self.api.release
+            r = await call(lease, identity=identity, request_id=rid, deadline_s=deadline_s)
+            on_wire = sent(rid, lease)
+            if r.ok:
+                if f == "renew" and r.lease.lease_id == lease.lease_id:
+                    sess.lease = r.lease
+                return completion(r, dict(r.lease.history_value(), request_id=rid, sent=on_wire))
+            # a lease_lost holder keeps its lease: a stale holder carries on, and the server must refuse it
+            attempted = {"request_id": rid, "lease_id": lease.lease_id, "fencing_token": lease.fencing_token,
+                         "sent": on_wire}
+            return completion(r, attempted, late=True) if r.late else completion(r, attempted)
         raise ValueError(f"lease workload: unknown f {f!r}")
 
 
+def _op(f: str, key: str, value: Any) -> dict[str, Any]:
+    return {"f": f, "key": key, "value": value}
+
+
 def session(keys: list[str], renews: int = 2):
-    """One worker session as a function generator: acquire a random key, renew it, release it."""
+    """One worker session as a function generator: a plain, stalled or solo holder (see the module docstring)."""
 
-    def rid(ctx) -> dict:
-        # request ids come from the seeded rng, so a replay sends the same ids
-        return {"request_id": f"{ctx.rng.getrandbits(64):016x}"}
+    def make(test, ctx, kind: str | None = None, end_ns: int | None = None):
+        sid = session_id(test, ctx)
 
-    def make(test, ctx):
-        k = ctx.rng.choice(keys)
-        ops = [{"f": "acquire", "key": k, "value": dict(rid(ctx), ttl_ms=test.ttl_ms)}]
-        ops += [{"f": "renew", "key": k, "value": rid(ctx)} for _ in range(renews)]
-        ops.append({"f": "release", "key": k, "value": rid(ctx)})
-        if ctx.rng.random() < 0.2:
-            ops.append({"f": "inspect", "key": k, "value": None})
-        return ops
+        def v(**kw: Any) -> dict[str, Any]:
+            return {"request_id": request_id(test, ctx), "session": sid, **kw}
+
+        kind = kind or pick_kind(test, ctx)
+        span = TAKEOVER_STALL if kind == "stalled" else SOLO_STALL
+        if kind != "plain" and not time_for(test, ctx, span, end_ns):
+            kind = "plain"  # no time left to act after a stall
+        k = session_key(test, ctx, kind, keys)
+        if kind == "plain":
+            acq = v(ttl_ms=test.ttl_ms)
+            ops = [_op("acquire", k, acq)]
+            if ctx.rng.random() < 0.3:
+                ops.append(_op("acquire", k, acq))  # a retry: the same request_id and body
+            for _ in range(renews):
+                ren = v()
+                ops.append(_op("renew", k, ren))
+                if ctx.rng.random() < 0.2:
+                    ops.append(_op("renew", k, ren))
+            ops.append(_op("release", k, v()))
+            if ctx.rng.random() < 0.2:
+                ops.append(_op("inspect", k, None))
+            return ops
+        # a holder that stalls: it polls for the key until it holds it, then works, stalls, and carries on
+        ops = [acquire_until_held(k, lambda test, ctx: v(ttl_ms=test.ttl_ms)), _op("renew", k, v()), stall(span, end_ns)]
+        after = [_op("renew", k, v()), _op("release", k, v())]
+        if kind == "stalled" and ctx.rng.random() < 0.5:
+            after.reverse()  # the stale holder's release first: it must not end (or delete) its successor's lease
+        if kind == "solo":
+            after.insert(0, _op("renew", k, v()))
+        return ops + after
 
     return make
+
+
+def burst(test, ctx, key: str) -> list[dict[str, Any]]:
+    """One thread's part of a burst: acquire `key` (free, and every thread acquires it now), renew, release."""
+    sid = session_id(test, ctx)
+    return [_op(f, key, dict({"request_id": request_id(test, ctx), "session": sid},
+                             **({"ttl_ms": test.ttl_ms} if f == "acquire" else {})))
+            for f in ("acquire", "renew", "release")]
 
 
 def lease_checker(test):
@@ -118,17 +199,16 @@ def lease_checker(test):
 
 
 def workload(test):
-    """Sessions of acquire / renew / release / inspect on `test.keys` keys, at `test.rate` ops/s in total."""
-    import lab.generator as gen
+    """Sessions (plain, stalled, solo) on `test.keys` keys at `test.rate` ops/s in total, with a burst every 2.5 s."""
     from workloads.base import Workload
-    from workloads.common import key_names
+    from workloads.common import exercise, key_names
 
     keys = key_names(test.keys)
     ttl_ms = int(test.extra.get("ttl_ms", test.ttl_ms))
     return Workload(
         name="lease",
         client=LeaseWorkloadClient(ttl_ms=ttl_ms, deadline_s=float(test.extra.get("deadline_s", 2.0))),
-        generator=gen.stagger(1.0 / test.rate, gen.each_thread(session(keys))),
+        generator=exercise(test, session(keys), burst),
         checker=lease_checker(test),
         doc=DOC,
     )

@@ -1,0 +1,190 @@
+"""The general workloads at their defaults exercise every row (issue 10): stalls past the TTL, bursts on one free
+key, stale holders acting after a takeover, retries by request_id; and every op records what the client sent.
+
+The generator tests simulate the default generators (no stack: `lab.generator.simulate`, pure and seeded); the
+live tests run each workload at its defaults, shortened, against the real stack and read the history back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+
+import lab.generator as gen
+from lab.history import read_history
+from lab.testmap import Test
+from workloads import get_workload
+
+DEFAULTS = Test()  # the CLI's defaults: 10 s, 5 threads, 50 ops/s, 3 keys, TTL 2000 ms
+
+
+def simulate(workload: str, seed: int = 0, **options):
+    test = Test(workload=workload, seed=seed, **options)
+    wl = get_workload(workload)(test)
+    return test, gen.simulate(gen.time_limit(test.time_limit, gen.clients(wl.generator)), concurrency=test.concurrency,
+                              seed=seed, test=test, latency=2_000_000)
+
+
+def invokes(history, f=None):
+    return [o for o in history if o["type"] == "invoke" and (f is None or o["f"] == f)]
+
+
+@pytest.mark.parametrize("workload", ["lease", "fenced-append", "idempotency"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_default_run_has_bursts_stalls_past_the_ttl_and_retries(workload, seed):
+    test, history = simulate(workload, seed)
+    ttl_ns = test.ttl_ms * 1_000_000
+    # bursts: several threads acquire one fresh key at the same instant, more than once per run
+    bursts, seen = defaultdict(list), set()
+    for o in invokes(history, "acquire"):
+        if str(o["key"]).startswith("burst-") and o["value"]["session"] not in seen:  # (not the retries)
+            seen.add(o["value"]["session"])
+            bursts[o["key"]].append(o)
+    assert len(bursts) >= 3, sorted(bursts)
+    for key, ops in bursts.items():
+        assert len({o["time"] for o in ops}) == 1 and len(ops) >= 2, (key, ops)
+        assert len({o["value"]["session"] for o in ops}) == len(ops)  # different holders
+        assert len({o["value"]["request_id"] for o in ops}) == len(ops)
+    # stalls: a holder's consecutive ops on its key separated by more than its TTL, on the takeover key and on
+    # keys of their own; the stalled holder then acts again (stale ops after a successor may have taken over)
+    by_session = defaultdict(list)
+    for o in invokes(history):
+        if isinstance(o["value"], dict) and "session" in o["value"]:
+            by_session[o["value"]["session"]].append(o)
+    stalled = {s: ops for s, ops in by_session.items()
+               if any(b["time"] - a["time"] > ttl_ns for a, b in zip(ops, ops[1:]))}
+    takeover = [ops for ops in stalled.values() if ops[0]["key"] == "k0"]
+    solo = [ops for ops in stalled.values() if str(ops[0]["key"]).startswith("solo-")]
+    assert len(takeover) >= 2, len(takeover)
+    assert solo or workload == "idempotency" and len(stalled) >= 2
+    for ops in takeover:
+        gap = next(i for i, (a, b) in enumerate(zip(ops, ops[1:])) if b["time"] - a["time"] > ttl_ns)
+        after = {o["f"] for o in ops[gap + 1:]}
+        assert {"renew", "release"} <= after, after
+        if workload == "fenced-append":
+            assert "commit" in after
+            # the commit whose answer was meant to be lost is retried after the stall: same request_id and body
+            before = {o["value"]["request_id"]: o for o in ops[:gap + 1] if o["f"] == "commit"}
+            retried = [o for o in ops[gap + 1:] if o["f"] == "commit" and o["value"]["request_id"] in before]
+            assert retried and "deadline_ms" in before[retried[0]["value"]["request_id"]]["value"]
+            assert retried[0]["value"]["body"] == before[retried[0]["value"]["request_id"]]["value"]["body"]
+    # retries by request_id (the idempotency checker has something to judge in every workload)
+    rids = defaultdict(int)
+    for o in invokes(history):
+        if isinstance(o["value"], dict) and o["f"] != "inspect":
+            rids[(o["f"], o["value"].get("request_id"))] += 1
+    assert sum(n > 1 for n in rids.values()) >= 3
+    # the run ends on time: no op (and so no stall) is invoked after the time limit
+    assert max(o["time"] for o in invokes(history)) < test.time_limit * 1e9
+
+
+def test_the_default_generators_keep_the_rate_and_stay_pure():
+    a, b = simulate("lease", 3)[1], simulate("lease", 3)[1]
+    assert a == b  # seeded and pure: the same seed, the same ops at the same times
+    n = len(invokes(a))
+    assert 0.5 * DEFAULTS.rate * DEFAULTS.time_limit <= n <= 1.5 * DEFAULTS.rate * DEFAULTS.time_limit, n
+    few = simulate("lease", 3, concurrency=2, time_limit=6.0)[1]  # too few threads for a burst lane: bursts wait
+    assert any(str(o["key"]).startswith("burst-") for o in invokes(few, "acquire"))
+
+
+def test_a_stall_is_cut_to_the_time_left_and_bind_draws_once():
+    test, history = simulate("lease", 5, time_limit=3.0, ttl_ms=2000)
+    assert max(o["time"] for o in history) < 3.0e9 + 50_000_000  # the last stall ended with the main phase
+    calls = []
+
+    def pick(test, ctx):
+        calls.append(ctx.rng.random())
+        return gen.each_thread({"f": "acquire", "key": "same"})
+
+    h = gen.simulate(gen.clients(gen.bind(pick)), concurrency=3, seed=1)
+    assert len(calls) == 1 and [o["key"] for o in invokes(h)] == ["same"] * 3
+
+
+# -- live: the reference stack, each workload at its defaults (shortened) ----------------------------------------
+
+
+def run(tmp_path, workload, *args):
+    r = subprocess.run([sys.executable, "-m", "lab", "test", "--workload", workload, "--store-dir", str(tmp_path),
+                        *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    d = (tmp_path / workload / "latest").resolve()
+    return read_history(d / "history.jsonl"), json.loads((d / "results.json").read_text())
+
+
+def pairs(history):
+    open_, out = {}, []
+    for o in history:
+        if o["process"] == "nemesis":
+            continue
+        if o["type"] == "invoke":
+            open_[o["process"]] = o
+        else:
+            out.append((open_.pop(o["process"]), o))
+    return out
+
+
+def check_sent(ps):
+    """Every lease-API or commit completion records what was sent; a not_held op sent nothing."""
+    for inv, comp in ps:
+        if inv["f"] not in ("acquire", "renew", "release", "commit"):
+            continue
+        value = comp["value"]
+        if comp.get("error") == "not_held":
+            assert "sent" not in value, comp
+            continue
+        sent = value["sent"]
+        assert sent["request_id"] == inv["value"]["request_id"], comp
+        if inv["f"] == "acquire":
+            assert set(sent) == {"request_id"}
+        else:
+            assert isinstance(sent["lease_id"], str) and isinstance(sent["fencing_token"], int), comp
+
+
+def stale_ops(ps):
+    """Ops sent with a lease after a higher-token lease of the same key had been acquired (ok completed)."""
+    acquired = defaultdict(list)  # key -> [(completion time, token)]
+    for inv, comp in ps:
+        if inv["f"] == "acquire" and comp["type"] == "ok":
+            acquired[inv["key"]].append((comp["time"], comp["value"]["fencing_token"]))
+    out = []
+    for inv, comp in ps:
+        sent = comp["value"].get("sent") if isinstance(comp["value"], dict) else None
+        if sent and "fencing_token" in sent and any(t < inv["time"] and tok > sent["fencing_token"]
+                                                    for t, tok in acquired[inv["key"]]):
+            out.append((inv, comp))
+    return out
+
+
+def test_live_lease_defaults_collide_take_over_and_stay_valid(tmp_path):
+    history, results = run(tmp_path, "lease", "--time-limit", "6")
+    assert results["valid"] is True, json.dumps(results)[:2000]
+    ps = pairs(history)
+    check_sent(ps)
+    bursts = defaultdict(list)
+    for inv, comp in ps:
+        if inv["f"] == "acquire" and str(inv["key"]).startswith("burst-"):
+            bursts[inv["key"]].append(comp["type"])
+    assert bursts and all(v.count("ok") == 1 and len(v) >= 2 for v in bursts.values()), bursts
+    stale = stale_ops(ps)
+    assert {inv["f"] for inv, _ in stale} >= {"renew", "release"}, stale
+    assert all(comp["type"] == "fail" and comp["error"] == "lease_lost" for _, comp in stale)
+    for name in ("fencing", "mutual-exclusion", "lease-state", "idempotency", "availability"):
+        assert results["results"][name]["valid"] is True, name  # each had a subject: not "unknown"
+
+
+def test_live_fenced_append_defaults_commit_on_both_sides_of_a_takeover(tmp_path):
+    history, results = run(tmp_path, "fenced-append", "--time-limit", "6")
+    ps = pairs(history)
+    check_sent(ps)
+    stale = [(inv, comp) for inv, comp in stale_ops(ps) if inv["f"] == "commit"]
+    assert stale and all(comp["type"] != "ok" or comp["value"].get("replayed") for _, comp in stale), stale
+    assert results["results"]["commits-exercised"]["valid"] is True
+    reads = {comp["value"]["doc"]: comp["value"] for inv, comp in ps if inv["f"] == "read" and comp["type"] == "ok"}
+    assert set(reads) == {"doc-k0", "doc-k1", "doc-k2"}
+    for v in reads.values():  # the store kept the fence: tokens along each document never go down
+        tokens = [e[1] for e in v["entries"]]
+        assert tokens == sorted(tokens), v
