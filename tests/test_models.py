@@ -290,3 +290,46 @@ def test_every_model_step_is_consistent_with_compile():
     assert m.step(3, Input("cas", (1, 2)), Output("ok", (1, 2)))[0] is False
     assert m.compile(Input("read", None), Output("ok", 4))(4) == 4
     assert m.compile(Input("read", None), Output("ok", 4))(5) is ILLEGAL
+
+
+def test_lease_inspect_may_return_the_terminal_record():
+    """Contract section 3 keeps a lease's terminal record; inspect returns it with its state (issue 10: the
+    model called a valid run invalid because an inspect returned a released lease)."""
+
+    def released() -> HistoryBuilder:
+        b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 2000))
+        return b.invoke(0, "release", ref("L1", 1, "r2"), key="k").ok(0, lease("L1", 1, 1000, 2000, "released"))
+
+    b = released().invoke(1, "inspect", None, key="k").ok(1, lease("L1", 1, 1000, 2000, "released"))
+    assert valid(b, "lease") is True
+    b = released().invoke(1, "inspect", None, key="k").ok(1, lease("L1", 1, 1000, 2000, "active"))
+    assert valid(b, "lease") is False  # active after its release
+    b = released().invoke(1, "inspect", None, key="k").ok(1, lease("L1", 1, 1000, 2000, "revoked"))
+    assert valid(b, "lease") is False  # ended another way than it was
+
+
+def test_lease_inspect_of_a_superseded_lease_only_by_its_id():
+    def superseded() -> HistoryBuilder:
+        b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 2000))
+        return acq(b, 1, "r2", lease("L2", 2, 2500, 3500))
+
+    b = superseded().invoke(2, "inspect", {"lease_id": "L1"}, key="k").ok(2, lease("L1", 1, 1000, 2000, "expired"))
+    assert valid(b, "lease") is True  # its own record, terminal
+    b = superseded().invoke(2, "inspect", {"lease_id": "L1"}, key="k").ok(2, lease("L1", 1, 1000, 2000))
+    assert valid(b, "lease") is False  # a superseded lease is never active
+    b = superseded().invoke(2, "inspect", None, key="k").ok(2, lease("L1", 1, 1000, 2000, "expired"))
+    assert valid(b, "lease") is False  # the identity's record is the successor's
+
+
+def test_lease_inspect_reporting_expiry_ends_the_lease():
+    b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 2000))
+    b.invoke(1, "inspect", None, key="k").ok(1, lease("L1", 1, 1000, 2000, "expired"))
+    ok = HistoryBuilder()
+    ok.ops = [dict(op) for op in b.ops]
+    acq(ok, 2, "r3", lease("L2", 2, 2000, 3000))
+    assert valid(ok, "lease") is True  # a successor after the reported expiry
+    b.invoke(0, "renew", ref("L1", 1, "r2"), key="k").ok(0, {**lease("L1", 1, 1000, 2500), "renewed_at_ms": 1500})
+    assert valid(b, "lease") is False  # C10: an expired lease is never revived
+    b = HistoryBuilder().invoke(0, "inspect", None, key="k").ok(0, lease("L1", 1, 1000, 2000, "zombie"))
+    with pytest.raises(ModelError, match="inspect state must be one of"):
+        check_history(b.ops, "lease")
