@@ -28,8 +28,8 @@ _TARGET_ID = {"type": "string", "minLength": 1, "maxLength": 128,
               "description": "case-sensitive NFC text, at most 256 UTF-8 bytes; no control or format characters, "
                              "'/', '\\\\', '..', nor leading or trailing whitespace"}
 # RFC 3339 date-time (the server's own parser, wire.rfc3339_ms, takes exactly this)
-_RFC3339 = (r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?"
-            r"([Zz]|[+-][0-9]{2}:[0-9]{2})")
+_RFC3339 = (r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)"
+            r"(\.[0-9]{1,9})?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])")
 _TOKEN = {"type": "integer", "minimum": 1, "maximum": JSON_SAFE_MAX}
 _DEADLINE = {"oneOf": [{"type": "string", "format": "date-time", "pattern": f"^{_RFC3339}$", "maxLength": 40},
                        {"type": "integer", "minimum": 1, "maximum": JSON_SAFE_MAX}],
@@ -115,7 +115,7 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
         return {"name": name, "in": "query", "required": False, "schema": schema or {"type": "string"},
                 "description": desc}
 
-    query_deadline = {"type": "string", "maxLength": 40, "pattern": f"^([0-9]{{1,16}}|{_RFC3339})$"}
+    query_deadline = {"type": "string", "maxLength": 40, "pattern": f"^([1-9][0-9]{{0,14}}|{_RFC3339})$"}
     metadata = {"type": "object", "maxProperties": st.max_metadata_bytes // 8,
                 "propertyNames": {"minLength": 1, "maxLength": 64, "pattern": "^[^\\u0000-\\u001f]+$"},
                 "description": f"at most {st.max_metadata_bytes} bytes of JSON, {st.max_metadata_depth} levels "
@@ -226,7 +226,7 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
                     q("deadline_at", "optional deadline", query_deadline)],
                 "responses": {**_responses("lease_inspected", read_codes),
                               "200": {"description": "lease_inspected (inspect) or lease_listed (list)",
-                                      "content": {"application/json": {"schema": {"oneOf": [
+                                      "content": {"application/json": {"schema": {"anyOf": [
                                           {"$ref": "#/components/schemas/LeaseResult"},
                                           {"$ref": "#/components/schemas/ListResult"}]}}}}}}},
             "/api/v1/commits": _post(
