@@ -613,7 +613,9 @@ class ComposeStack(StackFiles):
             self.down()  # a stale project (an earlier up that died): remove its containers and volumes first
         self.processes = []
         opts = StackOptions(**{**vars(opts), "toxiproxy": True,  # every link goes through Toxiproxy here
-                               "store": opts.wants_store, "recovery_store": False})  # the recovery rule's epoch too
+                               # the lease servers' --store-url is in the compose file: the store always runs (the
+                               # recovery rule keeps its epoch there even when the workload writes no documents)
+                               "store": True, "recovery_store": False})
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         try:
             chosen = (self.image_set or (lambda log: ensure_images(log, prefer=self.images)))(
@@ -624,7 +626,8 @@ class ComposeStack(StackFiles):
             raise
         self.info = {"name": self.name, "backend": BACKEND, "dir": str(self.dir), "project": project_name(self.name),
                      "compose_file": str(Path(self.compose_file).resolve()), "options": vars(opts),
-                     "compose_files": [str(Path(f).resolve()) for f in chosen.compose_files],
+                     "compose_files": [str(Path(f).resolve()) for f in chosen.compose_files]
+                     + ([str(self._write_mutant_override(opts))] if opts.mutant else []),
                      "images": {"kind": chosen.kind, "reason": chosen.reason, "build_seconds": chosen.seconds},
                      "services": self._services(opts), "credentials": str(self.credentials_file),
                      "store_admin": str(self.store_admin_file),
@@ -638,6 +641,21 @@ class ComposeStack(StackFiles):
             raise
         self.save_state()
         return self.status()
+
+    def _write_mutant_override(self, opts: StackOptions) -> Path:
+        """A Compose file laid over the others that plants `opts.mutant` in every lease server (lab runs only)."""
+        import yaml  # the main file's lease-server commands, to append the planted-bug flags to
+
+        main = yaml.safe_load(Path(self.compose_file).read_text())
+        services = {}
+        for name, svc in main.get("services", {}).items():
+            if name.startswith("lease-"):
+                services[name] = {"command": [*svc["command"], "--allow-mutants", "--mutant", opts.mutant]}
+        path = self.dir / "compose.mutant.yml"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"version": main.get("version", "3.8"), "services": services}, indent=1)
+                        if "version" in main else json.dumps({"services": services}, indent=1))
+        return path
 
     def _cleanup_after(self, error: BaseException) -> None:
         """`down()` after a failed `up`; if that fails too, one StackError naming both."""

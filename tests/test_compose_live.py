@@ -1,0 +1,113 @@
+"""`fencelab test --backend compose` for real: containers, the nemesis on them, and nothing left behind.
+
+These runs use a real Docker engine (Debian's dockerd, started by the lab as
+root when none answers), images built from local parts when no registry
+answers (lab/stack/images.py), real Valkey, pouchdb-server, Toxiproxy and
+lease-server containers. Without root, dockerd, mmdebstrap or docker-compose
+they are skipped with the reason; with CI=true that skip is a failure (CI
+installs all of them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from lab.runner import RunError, run_test, validate
+from lab.stack.dockerd import engine_answers, start_engine
+from lab.testmap import Test
+
+NEEDS = {"root": os.geteuid() == 0, "dockerd": bool(shutil.which("dockerd")),
+         "docker-compose": bool(shutil.which("docker-compose") or shutil.which("docker")),
+         "mmdebstrap": bool(shutil.which("mmdebstrap"))}
+MISSING = [k for k, ok in NEEDS.items() if not ok]
+if MISSING:
+    reason = f"the compose backend needs {', '.join(MISSING)} (make install, as root)"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI must run the compose tests: {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+def _leftovers(project: str) -> dict[str, list[str]]:
+    """Containers, networks and volumes of a Compose project still on the engine."""
+    label = f"label=com.docker.compose.project={project}"
+    return {"containers": _docker("ps", "-aq", "--filter", label).split(),
+            "networks": _docker("network", "ls", "-q", "--filter", label).split(),
+            "volumes": _docker("volume", "ls", "-q", "--filter", label).split()}
+
+
+def _test(**kw) -> Test:
+    return Test(**{"workload": "fenced-append", "time_limit": 8.0, "concurrency": 4, "rate": 40.0, "keys": 2,
+                   "backend": "compose", "extra": {"servers": 2}, **kw})
+
+
+def _nemesis_ops(run_dir, f: str) -> list[dict]:
+    ops = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines() if line.strip()]
+    return [op for op in ops if op.get("process") == "nemesis" and op["f"] == f and op.get("value")]
+
+
+def test_a_compose_run_starts_its_own_engine_and_stops_it(tmp_path):
+    """No engine answers: the run starts dockerd (owned: pid and log in the run dir) and stops it afterwards."""
+    if engine_answers():
+        pytest.skip("a Docker engine already answers here: the lab must not start (or stop) another one")
+    res = run_test(_test(nemesis=["kill"], nemesis_interval=2.0, time_limit=6.0), tmp_path)
+    run_dir = (tmp_path / "latest").resolve()
+    state = json.loads((run_dir / "test.json").read_text())
+    assert state["backend"] == "compose"
+    assert (run_dir / "stack" / "logs" / "dockerd.log").stat().st_size > 0
+    assert not engine_answers(), "the dockerd the run started is still answering after the run"
+    assert res["valid"] is True, res
+    kills = [op for op in _nemesis_ops(run_dir, "start-kill") if op["value"].get("killed")]
+    assert kills, "the kill nemesis never killed a container"
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    """An engine for the rest of the module: the one that answers, or one this fixture starts and stops."""
+    started = None if engine_answers() else start_engine(tmp_path_factory.mktemp("dockerd"))
+    yield
+    if started is not None:
+        started.stop(timeout=30.0)
+
+
+def test_fenced_append_under_partition_and_kill_in_containers_is_valid(engine, tmp_path):
+    res = run_test(_test(nemesis=["partition", "kill"], nemesis_interval=2.0), tmp_path)
+    run_dir = (tmp_path / "latest").resolve()
+    assert res["valid"] is True, {k: v.get("valid") for k, v in res.get("results", {}).items()}
+    # the faults acted on the containers: a lease server container killed (and restarted), links cut
+    killed = [op["value"]["killed"] for op in _nemesis_ops(run_dir, "start-kill") if op["value"].get("killed")]
+    assert killed and all(name.startswith(("lease-", "valkey", "store")) for k in killed for name in k)
+    cut = [op["value"] for op in _nemesis_ops(run_dir, "start-partition") if op["value"].get("phase") == "start"]
+    assert cut, "the partition nemesis never cut a link"
+    for name in ("lease-1", "lease-2", "valkey", "store", "toxiproxy"):  # container logs land in the run dir
+        assert (run_dir / "stack" / "logs" / f"{name}.log").stat().st_size > 0, name
+    stack_state = json.loads((run_dir / "test.json").read_text())
+    assert stack_state["backend"] == "compose"
+    project = "fencelab-" + f"run-{run_dir.name.lower()}".replace(".", "-")
+    assert _leftovers(project) == {"containers": [], "networks": [], "volumes": []}
+
+
+def test_a_planted_bug_is_caught_in_containers(engine, tmp_path):
+    """The mutant reaches the lease-server containers (a Compose override adds --allow-mutants --mutant)."""
+    test = _test(workload="lease", time_limit=8.0, concurrency=6, rate=60.0, keys=1, ttl_ms=300,
+                 extra={"servers": 2, "mutant": "release-any-owner"})
+    res = run_test(test, tmp_path)
+    run_dir = (tmp_path / "latest").resolve()
+    logs = "".join((run_dir / "stack" / "logs" / f"lease-{i}.log").read_text() for i in (1, 2))
+    assert "PLANTED BUG" in logs
+    assert res["valid"] is False, res.get("results")
+
+
+def test_compose_refuses_what_it_cannot_place():
+    for kw, words in (({"nemesis": ["netns"]}, "netns"), ({"nemesis": ["valkey-restore"]}, "valkey-restore"),
+                      ({"extra": {"urls": ["http://127.0.0.1:9"]}}, "--backend compose")):
+        with pytest.raises(RunError, match=words):
+            validate(_test(**kw))
