@@ -99,7 +99,9 @@ faketime_lib() {
 debian_missing() {  # debian_missing STEP: the packages of STEP that are not installed yet
   case "$1" in
     faketime) { [ -n "$(faketime_lib)" ] && command -v faketime >/dev/null 2>&1; } || echo "faketime libfaketime" ;;
-    compose-tools) command -v docker-compose >/dev/null 2>&1 || echo "docker-compose" ;;   # validates compose/
+    # docker-compose brings Debian's docker.io (dockerd); mmdebstrap builds the local images' base (lab/stack/images.py)
+    compose-tools) { command -v docker-compose >/dev/null 2>&1 && command -v dockerd >/dev/null 2>&1 \
+                     && command -v mmdebstrap >/dev/null 2>&1; } || echo "docker-compose docker.io mmdebstrap" ;;
     chromium) { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } \
                 || echo "chromium chromium-driver" ;;                                   # report browser checks
     ssh) { [ -x /usr/sbin/sshd ] && command -v ssh >/dev/null 2>&1; } || echo "openssh-server openssh-client" ;;
