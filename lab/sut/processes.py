@@ -160,7 +160,10 @@ class SystemProcesses:
             if family == "clock":
                 unfakeable = [p for p in self.processes if not p.fake_clock]
                 if unfakeable:
-                    notes = "; ".join(f"{p.name}: {p.clock_note or 'its clock cannot be faked'}" for p in unfakeable)
+                    by_note: dict[str, list[str]] = {}
+                    for p in unfakeable:
+                        by_note.setdefault(p.clock_note or "its clock cannot be faked", []).append(p.name)
+                    notes = "; ".join(f"{', '.join(names)}: {note}" for note, names in by_note.items())
                     out.append((n, f"the ability to move its processes' clocks (libfaketime cannot reach {notes})"))
             elif family == "netns":
                 out.append((n, "network namespaces (the lab runs a system's declared processes on loopback; "
