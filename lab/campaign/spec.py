@@ -38,7 +38,8 @@ EXCLUDE_KEYS = ("workload", "nemesis", "scenario", "implementation", "why")
 # the axes own these Test fields: setting them in [defaults] or a scenario is a mistake the error explains
 AXIS_FIELDS = {"workload": "workloads", "nemesis": "nemeses", "seed": "seeds", "name": "name"}
 REFERENCE = "reference"
-IMPL_KEYS = ("name", "sut", "url", "api_key_file", "commit_mode")
+IMPL_KEYS = ("name", "sut", "url", "api_key_file", "commit_mode", "backend")
+BACKENDS = ("local", "compose")  # where the reference stack is placed (lab.runner.BACKENDS)
 
 
 class CampaignError(ValueError):
@@ -65,6 +66,7 @@ OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ttl_ms": (_is_int, "an integer lease TTL in ms"),
     "nemesis_interval": (_is_number, "a number of seconds between faults"),
     "servers": (_is_int, "an integer number of reference lease servers (1-16)"),
+    "backend": (lambda v: v in BACKENDS, "local or compose (where the reference stack is placed)"),
     "extra": (lambda v: isinstance(v, Mapping), "a table of extra test options (e.g. deadline_s = 1.0)"),
 }
 
@@ -129,6 +131,7 @@ class Implementation:
     url: str | None = None  # -> test.extra["urls"] (the runner's external servers)
     api_key_file: str | None = None  # -> test.extra["api_key_file"]
     commit_mode: str | None = None  # -> test.extra["commit_mode"] (fenced / unfenced: docs/third-party.md)
+    backend: str | None = None  # -> Test.backend: local processes or Docker Compose (docs/compose.md)
 
     def extra(self) -> dict[str, Any]:
         """What this implementation puts in `test.extra` (nothing for the reference servers)."""
@@ -324,7 +327,13 @@ def _implementation(where: str, name: Any, table: Mapping[str, Any]) -> Implemen
     mode = table.get("commit_mode")
     if mode is not None and mode not in ("fenced", "unfenced"):
         raise CampaignError(f"{where}: commit_mode must be \"fenced\" or \"unfenced\", not {mode!r}")
-    return Implementation(name, sut, url, key_file, mode)
+    backend = table.get("backend")
+    if backend is not None and backend not in BACKENDS:
+        raise CampaignError(f"{where}: backend must be one of {', '.join(map(repr, BACKENDS))}, not {backend!r}")
+    if backend not in (None, "local") and (sut != REFERENCE or url is not None):
+        raise CampaignError(f"{where}: backend {backend!r} places the lab's reference stack; another system or a "
+                            "url places itself: drop backend")
+    return Implementation(name, sut, url, key_file, mode, backend)
 
 
 def _implementations(where: str, value: Any) -> list[Implementation]:
@@ -509,7 +518,7 @@ class PlannedRun:
         """The Test's options as saved in campaign.json (what decides whether a finished run still matches)."""
         t = self.to_test().to_json()
         return {k: t[k] for k in ("name", "workload", "time_limit", "concurrency", "rate", "keys", "seed", "ttl_ms",
-                                  "nemesis", "nemesis_interval", "extra")}
+                                  "nemesis", "nemesis_interval", "extra", "backend")}
 
 
 def expand(spec: Spec) -> list[PlannedRun]:
@@ -521,6 +530,8 @@ def expand(spec: Spec) -> list[PlannedRun]:
         if _excluded(spec, wl, label, sc.name, impl.name):
             continue
         impl_opts = {"extra": impl.extra()} if impl.extra() else {}
+        if impl.backend:
+            impl_opts["backend"] = impl.backend
         runs.append(PlannedRun(spec.name, wl, label, tuple(names), sc.name, impl.name, seed, rep,
                                _merge_options(spec.defaults, sc.options, impl_opts)))
     return runs

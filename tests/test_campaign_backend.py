@@ -1,0 +1,50 @@
+"""The campaign's backend axis: the same cells on local processes and on Docker Compose (docs/campaigns.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+import tomllib
+
+from lab.campaign import CampaignError, expand
+from lab.campaign.spec import parse_spec as _parse
+
+
+def parse_spec(text: str, source: str):
+    return _parse(tomllib.loads(text), source)
+
+
+def _spec(impls: str) -> str:
+    return f'''
+name = "b"
+workloads = ["fenced-append"]
+nemeses = ["none", "kill"]
+{impls}
+[defaults]
+time_limit = 3
+'''
+
+
+def test_implementations_with_a_backend_place_the_same_cells_on_both():
+    spec = parse_spec(_spec('implementations = [{ name = "local", sut = "reference", backend = "local" },'
+                            ' { name = "compose", sut = "reference", backend = "compose" }]'), "b.toml")
+    runs = expand(spec)
+    by_impl = {impl: sorted((r.workload, r.nemesis, r.seed) for r in runs if r.implementation == impl)
+               for impl in ("local", "compose")}
+    assert by_impl["local"] == by_impl["compose"] and len(by_impl["local"]) == 2
+    assert {r.to_test().backend for r in runs if r.implementation == "compose"} == {"compose"}
+    assert {r.to_test().backend for r in runs if r.implementation == "local"} == {"local"}
+    # a finished run on one backend never stands in for the other (the saved options differ)
+    local = next(r for r in runs if r.implementation == "local").test_options()
+    compose = next(r for r in runs if r.implementation == "compose").test_options()
+    assert local["backend"] == "local" and compose["backend"] == "compose"
+
+
+@pytest.mark.parametrize("impls, words", [
+    ('implementations = [{ name = "x", sut = "reference", backend = "kubernetes" }]', "backend must be one of"),
+    ('implementations = [{ name = "x", sut = "starintel", url = "http://127.0.0.1:9", backend = "compose" }]',
+     "places the lab's reference stack"),
+])
+def test_a_bad_backend_is_one_line_naming_the_key(impls, words):
+    with pytest.raises(CampaignError, match=words):
+        parse_spec(_spec(impls), "b.toml")
