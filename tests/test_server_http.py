@@ -291,3 +291,43 @@ async def test_deadline_at_is_parsed_as_rfc3339(srv):
     for text in ("2001-01-01T00:00:00Z", "1969-12-31T23:59:59Z", "0001-01-01T00:00:00Z"):  # valid, merely past
         past = assert_error(await srv.acquire(deadline_at=text), 408, "deadline_exceeded")
         assert past["retryable"] is True
+
+
+async def test_openapi_bounds_are_the_ones_the_server_enforces(srv):
+    """At each documented bound the server accepts the value, one step past it refuses it (400 naming it)."""
+    import re
+
+    doc = (await srv.client.get("/openapi.json")).json()
+    props = doc["paths"][P + "/acquire"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    st = srv.server.settings
+    cases = []
+    for name, lo, hi in (("ttl_ms", st.min_ttl_ms, st.max_ttl_ms), ("wait_ms", 0, st.max_acquire_wait_ms),
+                         ("maximum_lifetime_ms", 1, st.max_lifetime_ms)):
+        assert (props[name]["minimum"], props[name]["maximum"]) == (lo, hi), name
+        ok_values = [hi] if name == "maximum_lifetime_ms" else [lo, hi]  # it must also be >= ttl_ms
+        cases += [(name, v, True) for v in ok_values] + [(name, lo - 1, False), (name, hi + 1, False)]
+    target = props["target_id"]
+    cases += [("target_id", "t" * target["maxLength"], True), ("target_id", "t" * (target["maxLength"] + 1), False)]
+    rid = props["request_id"]
+    cases += [("request_id", "r" * rid["maxLength"], True), ("request_id", "r" * (rid["maxLength"] + 1), False)]
+    for i, (name, value, accepted) in enumerate(cases):
+        fields = {name: value, "target_id": f"bound-{i}"} if name != "target_id" else {name: value}
+        if name == "maximum_lifetime_ms":
+            fields["ttl_ms"] = st.min_ttl_ms
+        r = await srv.acquire(**fields)
+        if accepted:
+            assert r.status_code == 200, (name, value, r.text)
+            await srv.release(r.json()["lease"])
+        else:
+            assert r.status_code == 400 and r.json()["msg"].startswith(name + ":"), (name, value, r.text)
+    # the patterns say what the parsers say
+    ident = re.compile(props["tenant_id"]["pattern"])
+    assert ident.match("tenant-a") and ident.match("A.b@c") and not ident.match("a..b") and not ident.match("-a")
+    deadline = re.compile(props["deadline_at"]["oneOf"][0]["pattern"])
+    assert deadline.match("2030-01-01T00:00:00.5+05:30") and not deadline.match("2030-W01-1T00:00:00Z")
+    for text in RFC3339_BAD[:6]:
+        assert not deadline.match(text), text
+    limit = next(q for q in doc["paths"][P]["get"]["parameters"] if q["name"] == "limit")["schema"]
+    assert limit["maximum"] == st.max_page_size
+    r = await srv.client.get(P, params={"limit": str(limit["maximum"] + 1)}, headers=srv.headers("lease-a1"))
+    assert r.status_code == 400 and r.json()["msg"].startswith("limit:")
