@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lab.generator as gen
-from checkers.core import Pair, Violations, analyzed, error_code, nemesis_windows, pair_ops
+from checkers.core import Compose, Pair, Violations, analyzed, error_code, nemesis_windows, pair_ops
 from workloads.base import Workload
 
 MUTATIONS = frozenset(("acquire", "renew", "release", "force-release", "revoke", "commit"))
@@ -350,7 +350,7 @@ def apply_scenario(test: Any, registry: Mapping[str, Scenario], given: frozenset
 
 def scenario_workload(test: Any, registry: Mapping[str, Scenario]) -> ScenarioWorkload:
     """The workload a scenario run executes: its client, script, faults, final phase and checkers."""
-    from checkers.core import compose, get_checker
+    from checkers.core import get_checker
     from lab.scenarios.client import ScenarioClient, Shared
     from lab.scenarios.faults import build_nemesis
 
@@ -373,5 +373,30 @@ def scenario_workload(test: Any, registry: Mapping[str, Scenario]) -> ScenarioWo
         return build_nemesis(t, sc, shared.identity_for), body
 
     return ScenarioWorkload(name=f"scenario:{sc.name}", client=ScenarioClient(shared, needs_store=sc.needs_store),
-                            generator=None, checker=compose(checkers), final_generator=final,
+                            generator=None, checker=ScenarioCompose(checkers, f"scenario:{sc.name}"), final_generator=final,
                             needs_store=sc.needs_store, doc=sc.setup, build_nemesis=faults_and_script, scenario=sc)
+
+
+class ScenarioCompose(Compose):
+    """The scenario's checker and the domain checkers that apply; the run's verdict is its row's.
+
+    A domain checker that had nothing to compare in a short scripted run (one acquisition per key, no retry)
+    says "unknown" in its own result, and that does not make the row's verdict unknown: the row was judged by
+    the scenario's checker. Any violation still makes the run invalid; a checker that failed (an error) and a
+    row that was not hit still make it unknown.
+    """
+
+    def __init__(self, checkers: Mapping[str, Any], row: str):
+        super().__init__(checkers)
+        self.row = row
+
+    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+        out = super().check(test, history, opts)
+        results = out["results"]
+        if out["valid"] != "unknown" or out.get("reason") or results.get(self.row, {}).get("valid") is not True:
+            return out
+        idle = [n for n, r in results.items() if n != self.row and r.get("valid") == "unknown"]
+        if all(r.get("valid") is True or (n in idle and "error" not in r) for n, r in results.items()):
+            out["valid"] = True
+            out["nothing_to_compare"] = idle  # their own results say why; the row's verdict stands
+        return out
