@@ -1,33 +1,41 @@
-"""`fencelab mutants`: does every planted bug get caught, and does the unmodified server pass the same runs?
+"""`fencelab mutants`: is every planted bug caught by a general workload at its defaults, and does the unmodified
+server pass the same runs?
 
-A mutants spec (`campaigns/mutants.toml`) names, for each planted bug of the
-reference server (lab/server/mutants), the run that exposes it: a race
-scenario of lab.scenarios, or a workload and a nemesis, with Test options. For
-each entry the runner
+A mutants spec (`campaigns/mutants.toml`) names the planted bugs of the
+reference server (lab/server/mutants) and, for each, the runs that expose it:
 
-1. runs the test with the bug planted (`fencelab test --mutant NAME`: every lease
-   server of the run's stack gets `--allow-mutants --mutant NAME`), seed 0, 1, ...
-   up to `runs`, stopping at the first run the checkers judge invalid;
-2. runs the same test against the unmodified server on every one of those seeds,
-   each of which must be valid;
+- **general rows**: each general workload of the spec's `workloads` (lease,
+  fenced-append, idempotency) at its defaults (no tuning options), plus the
+  entry's `nemesis` only where the bug needs a fault to show (a Valkey restored
+  from an old snapshot). Every seed 0 .. `runs`-1 is run with the bug planted:
+  the row's detection rate is caught/seeds;
+- **a tuned row** (`workload = "..."` with Test options and a nemesis), run the same way;
+- **a scenario row** (`scenario = "..."`, extra evidence): the race scenario
+  of lab.scenarios that scripts the race, run planted until the first invalid verdict.
 
-and prints one row per mutant: the scenario, the checker(s) that caught it, the
-runs to first detection, and the unmodified server's verdict. The exit code is
-0 only when every mutant was caught and every unmodified run was valid.
+Every distinct Test is also run against the unmodified server on the same
+seeds (shared between rows: the lease workload at its defaults runs once per
+seed, whatever the mutant), and every one of those runs must be valid. The
+exit code is 0 only when every mutant is caught on every seed by at least one
+of its general (or tuned) rows, every scenario row caught its mutant, and every
+unmodified run was valid (a mutant with only a scenario row is judged on it).
 
 Every run is an ordinary `fencelab test` run (`lab.runner.run_test`) in
-`<store>/<spec name>/<mutant>/<planted|unmodified>-s<seed>/<timestamp>/`, with its
-test.json (the replay command carries `--mutant`), history, results.json and
-report; the table's data goes to `<store>/<spec name>/summary[-fast].json`.
+`<store>/<spec name>/<mutant>/<workload or scenario>/planted-s<seed>/<timestamp>/`
+(`<store>/<spec name>/unmodified/<...>/s<seed>/` for the unmodified ones), with
+its test.json (the replay command carries `--mutant`), history, results.json
+and report; the table's data goes to `<store>/<spec name>/summary[-fast].json`.
 
 The spec (TOML):
 
     name = "mutants"          # the store directory
-    runs = 3                  # seeds per mutant
+    runs = 3                  # seeds per row
+    workloads = ["lease", "fenced-append", "idempotency"]   # the general workloads
     [defaults]                # Test options of every run (as a campaign's [defaults])
-    [fast]                    # what --fast changes: runs, and Test options for every entry
-    [mutants.<name>]          # scenario = "..." | workload = "..." [nemesis = "..." | [...]], Test options,
-                              # fast = { Test options under --fast }
+    [fast]                    # what --fast changes: runs, skip, Test options for every run
+    [mutants.<name>]          # nemesis = "..." | [...] (general rows), workloads = [...] (else the spec's),
+                              # scenario = "...", workload = "..." + Test options (a tuned row),
+                              # fast = { runs, workloads, scenario = false, Test options }
 
 Everything is validated before the first run (unknown keys and names, option
 types, and each Test through `lab.runner.validate`): a problem is one line.
@@ -46,12 +54,14 @@ from typing import Any
 
 from lab.testmap import Test
 
-__all__ = ["Entry", "MutantRow", "MutantsError", "MutantsReport", "MutantsSpec", "RunRecord", "build_test",
+__all__ = ["Entry", "MutantRow", "MutantsError", "MutantsReport", "MutantsSpec", "RunRecord", "build_test", "config_key",
            "caught_by", "exit_code", "load_spec", "parse_spec", "render_markdown", "render_plain", "run_mutants"]
 
 DEFAULT_SPEC = Path("campaigns/mutants.toml")
-TOP_KEYS = ("name", "description", "runs", "defaults", "fast", "mutants")
-ENTRY_KEYS = ("scenario", "workload", "nemesis", "runs", "fast")
+TOP_KEYS = ("name", "description", "runs", "workloads", "defaults", "fast", "mutants")
+ENTRY_KEYS = ("scenario", "workload", "workloads", "nemesis", "runs", "fast")
+GENERAL, TUNED, SCENARIO = "general", "tuned", "scenario"
+NEMESIS_OPTIONS = ("nemesis_interval",)  # what a general row may set: how its fault is scheduled, not the workload
 PLANTED, UNMODIFIED = "planted", "unmodified"
 
 
@@ -64,7 +74,7 @@ class MutantsError(ValueError):
 
 @dataclass(frozen=True)
 class Entry:
-    """One mutant and the run that exposes it."""
+    """One row: a mutant under one run configuration (a general workload, a tuned workload, or a scenario)."""
 
     mutant: str
     workload: str
@@ -73,12 +83,26 @@ class Entry:
     options: Mapping[str, Any] = field(default_factory=dict)  # the entry's own Test options (and --fast's): they win
     defaults: Mapping[str, Any] = field(default_factory=dict)  # the spec's [defaults]: a scenario's options beat them
     runs: int = 1  # seeds 0 .. runs-1
+    kind: str = TUNED  # GENERAL (a workload at its defaults), TUNED (a workload with options) or SCENARIO
+
+    @property
+    def every_seed(self) -> bool:
+        """Workload rows run every seed (a detection rate); a scenario row stops at its first detection."""
+        return self.kind != SCENARIO
 
     def exposed_by(self) -> str:
         """The scenario, or the workload and nemesis, as the table shows it."""
         if self.scenario:
             return f"scenario {self.scenario}"
-        return f"{self.workload} workload" + (f" + {'+'.join(self.nemesis)} nemesis" if self.nemesis else "")
+        how = " (defaults)" if self.kind == GENERAL else ""
+        return f"{self.workload} workload{how}" + (f" + {'+'.join(self.nemesis)} nemesis" if self.nemesis else "")
+
+    def label(self) -> str:
+        """The row's directory name under the mutant's."""
+        if self.scenario:
+            return f"scenario-{self.scenario}"
+        return self.workload + (f"+{'+'.join(self.nemesis)}" if self.nemesis else "") + \
+            ("-tuned" if self.kind == TUNED else "")
 
 
 @dataclass(frozen=True)
@@ -128,9 +152,29 @@ def _runs(where: str, value: Any) -> int:
     return value
 
 
-def _entry(source: str, name: str, table: Any, defaults: dict[str, Any], fast: dict[str, Any] | None,
-           runs: int) -> Entry:
-    """One `[mutants.<name>]` table, validated (fast: the spec's [fast] options, when --fast; runs: the spec's)."""
+def _names(where: str, value: Any, what: str) -> list[str]:
+    """A name or a list of names."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(n, str) for n in value):
+        raise MutantsError(f"{where}: {what} must be a name or a list of names, not {value!r}")
+    return value
+
+
+def _workload_names(where: str, value: Any) -> list[str]:
+    from workloads import WORKLOADS
+
+    names = _names(where, value, "workloads")
+    for w in names:
+        if w not in WORKLOADS:
+            raise MutantsError(f"{where}: unknown workload {w!r}; known: {', '.join(sorted(WORKLOADS))}")
+    return names
+
+
+def _entries(source: str, name: str, table: Any, defaults: dict[str, Any], fast: dict[str, Any] | None,
+             runs: int, general: list[str]) -> list[Entry]:
+    """The rows of one `[mutants.<name>]` table, validated (fast: the spec's [fast] options, when --fast;
+    runs: the spec's; general: the spec's `workloads`)."""
     from lab.server.mutants import MUTANT_NAMES
     from workloads import WORKLOADS
 
@@ -138,37 +182,65 @@ def _entry(source: str, name: str, table: Any, defaults: dict[str, Any], fast: d
     if name not in MUTANT_NAMES:
         raise MutantsError(f"{where}: unknown mutant {name!r}; known: {', '.join(MUTANT_NAMES)}")
     if not isinstance(table, Mapping):
-        raise MutantsError(f"{where} must be a table (scenario = ... or workload = ...)")
+        raise MutantsError(f"{where} must be a table (nemesis, workloads, scenario, workload, Test options)")
     own = {k: v for k, v in table.items() if k not in ENTRY_KEYS}
     options = _options(where, own)
     scenario, workload = table.get("scenario"), table.get("workload")
-    if (scenario is None) == (workload is None):
-        raise MutantsError(f"{where}: give exactly one of scenario (a race scenario) or workload")
-    nemesis = table.get("nemesis", [])
-    if isinstance(nemesis, str):
-        nemesis = [nemesis]
-    if not isinstance(nemesis, list) or not all(isinstance(n, str) for n in nemesis):
-        raise MutantsError(f"{where}: nemesis must be a nemesis name or a list of names, not {nemesis!r}")
+    if scenario is not None and workload is not None:
+        raise MutantsError(f"{where}: give exactly one of scenario (a race scenario) or workload (a tuned run)")
+    if workload is not None and "workloads" in table:
+        raise MutantsError(f"{where}: workload (a tuned run) and workloads (general runs) exclude each other")
+    nemesis = _names(where, table.get("nemesis", []), "nemesis")
     if scenario is not None:
         from lab.scenarios import SCENARIOS
 
         if not isinstance(scenario, str) or scenario not in SCENARIOS:
             raise MutantsError(f"{where}: unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
-        if nemesis:
-            raise MutantsError(f"{where}: a scenario brings its own faults; remove nemesis")
-        workload = SCENARIOS[scenario].workload
-    elif not isinstance(workload, str) or workload not in WORKLOADS:
+    elif workload is not None and (not isinstance(workload, str) or workload not in WORKLOADS):
         raise MutantsError(f"{where}: unknown workload {workload!r}; known: {', '.join(sorted(WORKLOADS))}")
+    names = [] if workload is not None else \
+        _workload_names(where, table["workloads"]) if "workloads" in table else list(general)
+    if scenario is not None and nemesis and not names:
+        raise MutantsError(f"{where}: a scenario brings its own faults; remove nemesis")
+    tuning = [k for k in options if k not in NEMESIS_OPTIONS]
+    if tuning and workload is None and scenario is None:
+        raise MutantsError(f"{where}: Test options tune a run, and general workloads run at their defaults: give "
+                           f"workload = ... for a tuned run, or drop {', '.join(tuning)}")
+    if workload is None and any(k in options for k in NEMESIS_OPTIONS) and not nemesis:
+        raise MutantsError(f"{where}: {', '.join(k for k in options if k in NEMESIS_OPTIONS)} configures a nemesis, "
+                           "and the entry names none")
     own_fast = table.get("fast", {})
     if not isinstance(own_fast, Mapping):
-        raise MutantsError(f"{where} fast must be a table (runs, Test options), not {own_fast!r}")
-    entry_fast = _options(f"{where} fast", {k: v for k, v in own_fast.items() if k != "runs"})
+        raise MutantsError(f"{where} fast must be a table (runs, workloads, scenario, Test options), not {own_fast!r}")
+    entry_fast = _options(f"{where} fast", {k: v for k, v in own_fast.items()
+                                             if k not in ("runs", "workloads", "scenario")})
+    if "scenario" in own_fast and own_fast["scenario"] is not False:
+        raise MutantsError(f"{where} fast: scenario = false is the only value (leave the scenario row out)")
     given = _merge(options, *((fast, entry_fast) if fast is not None else ()))
     # seeds: the entry's own count (its `fast.runs` under --fast), else the spec's (`runs`, or [fast] runs)
     mine = own_fast.get("runs") if fast is not None else table.get("runs")
     if mine is not None:
         runs = _runs(f"{where} {'fast runs' if fast is not None else 'runs'}", mine)
-    return Entry(name, workload, scenario, tuple(nemesis), given, defaults, runs)
+    rows: list[Entry] = []
+    if workload is not None:
+        rows.append(Entry(name, workload, None, tuple(nemesis), given, defaults, runs, TUNED))
+    else:
+        if fast is not None and "workloads" in own_fast:
+            narrowed = _workload_names(f"{where} fast", own_fast["workloads"])
+            names = [w for w in names if w in narrowed]
+        # a general row is the workload at its defaults: only the nemesis's options and [fast]'s (a shorter run)
+        nemesis_options = {k: v for k, v in options.items() if k in NEMESIS_OPTIONS}
+        plain = _merge(nemesis_options, *((fast, entry_fast) if fast is not None else ()))
+        rows += [Entry(name, w, None, tuple(nemesis), plain, defaults, runs, GENERAL) for w in names]
+    if scenario is not None and not (fast is not None and own_fast.get("scenario") is False):
+        from lab.scenarios import SCENARIOS
+
+        scenario_options = {k: v for k, v in given.items() if k not in NEMESIS_OPTIONS}  # its own faults
+        rows.append(Entry(name, SCENARIOS[scenario].workload, scenario, (), scenario_options, defaults, runs,
+                          SCENARIO))
+    if not rows:
+        raise MutantsError(f"{where}: no run exposes it (no workloads, scenario or workload)")
+    return rows
 
 
 def parse_spec(data: Any, source: str = "<spec>", *, fast: bool = False, only: tuple[str, ...] = ()) -> MutantsSpec:
@@ -188,6 +260,7 @@ def parse_spec(data: Any, source: str = "<spec>", *, fast: bool = False, only: t
     if not isinstance(description, str):
         raise MutantsError(f"{source}: description must be a string, not {description!r}")
     runs = _runs(f"{source}: runs", data.get("runs", 1))
+    general = _workload_names(f"{source}: workloads", data.get("workloads", []))
     defaults = _options(f"{source}: [defaults]", data.get("defaults", {}))
     fast_table = data.get("fast", {})
     if not isinstance(fast_table, Mapping):
@@ -205,13 +278,13 @@ def parse_spec(data: Any, source: str = "<spec>", *, fast: bool = False, only: t
     unknown = sorted(set(skip) - set(mutants))
     if unknown:
         raise MutantsError(f"{source}: [fast] skip: {unknown[0]!r} is not one of the spec's mutants")
-    entries = [_entry(source, n, t, defaults, fast_options if fast else None, runs) for n, t in mutants.items()
-               if not (fast and n in skip)]
+    entries = [e for n, t in mutants.items() if not (fast and n in skip)
+               for e in _entries(source, n, t, defaults, fast_options if fast else None, runs, general)]
     skipped = sorted(set(only) & set(skip)) if fast else []
     if skipped:
         raise MutantsError(f"--only {skipped[0]}: --fast skips it ([fast] skip in {source}); run it without --fast")
     if only:
-        unknown = sorted(set(only) - {e.mutant for e in entries})
+        unknown = sorted(set(only) - {e.mutant for e in entries})  # (entries are rows: a mutant may have several)
         if unknown:
             raise MutantsError(f"--only {unknown[0]}: not a mutant of {source} ({', '.join(e.mutant for e in entries)})")
         entries = [e for e in entries if e.mutant in only]
@@ -233,13 +306,14 @@ def load_spec(path: Path | str = DEFAULT_SPEC, *, fast: bool = False, only: tupl
 def build_test(spec: MutantsSpec, entry: Entry, seed: int, planted: bool) -> Test:
     """The Test of one run: [defaults], then the scenario's options, then the entry's; `extra.mutant` if planted.
 
-    The same merge order as a campaign's (docs/campaigns.md).
+    The same merge order as a campaign's (docs/campaigns.md). Unmodified runs are named by their configuration
+    only (`<spec>/unmodified/<row label>/s<seed>`): rows with the same configuration share them.
     """
     opts = _merge(entry.defaults, entry.options)
     extra = {"servers": opts.pop("servers", 2), **opts.pop("extra", {})}
-    variant = PLANTED if planted else UNMODIFIED
-    test = Test(name=f"{spec.name}/{entry.mutant}/{variant}-s{seed}", workload=entry.workload, seed=seed,
-                nemesis=list(entry.nemesis), extra=extra, **opts)
+    name = f"{spec.name}/{entry.mutant}/{entry.label()}/{PLANTED}-s{seed}" if planted else \
+        f"{spec.name}/{UNMODIFIED}/{entry.label()}/s{seed}"
+    test = Test(name=name, workload=entry.workload, seed=seed, nemesis=list(entry.nemesis), extra=extra, **opts)
     if entry.scenario:
         from lab.scenarios import apply_scenario
 
@@ -248,6 +322,14 @@ def build_test(spec: MutantsSpec, entry: Entry, seed: int, planted: bool) -> Tes
     if planted:
         test.extra["mutant"] = entry.mutant
     return test
+
+
+def config_key(test: Test) -> str:
+    """What makes two unmodified runs the same run: every Test option but its name and run directory."""
+    d = test.to_json()
+    for k in ("name", "run_dir", "live"):
+        d.pop(k, None)
+    return json.dumps(d, sort_keys=True, default=str)
 
 
 def validate_spec(spec: MutantsSpec) -> None:
@@ -280,7 +362,7 @@ class RunRecord:
 
 @dataclass
 class MutantRow:
-    """One mutant's runs, planted and unmodified."""
+    """One row: a mutant under one configuration, its planted runs and the unmodified runs of the same Tests."""
 
     entry: Entry
     planted: list[RunRecord] = field(default_factory=list)
@@ -295,10 +377,22 @@ class MutantRow:
         return None
 
     @property
+    def caught(self) -> int:
+        """Planted runs judged invalid."""
+        return sum(r.valid is False for r in self.planted)
+
+    @property
+    def every_seed_caught(self) -> bool:
+        return bool(self.planted) and self.caught == len(self.planted)
+
+    @property
     def caught_by(self) -> list[str]:
-        """The checkers of the first detecting run."""
-        at = self.detected_at
-        return self.planted[at - 1].caught_by if at else []
+        """The checkers that caught it, over every detecting run (first seen first)."""
+        out: list[str] = []
+        for r in self.planted:
+            if r.valid is False:
+                out += [c for c in r.caught_by if c not in out]
+        return out
 
     @property
     def unmodified_verdict(self) -> Any:
@@ -314,7 +408,10 @@ class MutantRow:
 
     @property
     def ok(self) -> bool:
-        return self.detected_at is not None and self.unmodified_verdict is True
+        """The unmodified server passed; a scenario row also caught its mutant (workload rows: see `caught_mutants`)."""
+        if self.unmodified_verdict is not True:
+            return False
+        return self.entry.every_seed or self.detected_at is not None
 
 
 @dataclass
@@ -326,15 +423,39 @@ class MutantsReport:
     elapsed_s: float = 0.0
     summary_path: Path | None = None
 
+    def mutants(self) -> list[str]:
+        """The mutants of the table, in spec order."""
+        return list(dict.fromkeys(r.entry.mutant for r in self.rows))
+
+    def is_caught(self, mutant: str) -> bool:
+        """Caught on every seed by one of its workload rows (general or tuned); with none, by its scenario."""
+        rows = [r for r in self.rows if r.entry.mutant == mutant]
+        runs = [r for r in rows if r.entry.every_seed]
+        if runs:
+            return any(r.every_seed_caught for r in runs)
+        return bool(rows) and all(r.detected_at is not None for r in rows)
+
     @property
     def detected(self) -> int:
-        return sum(r.detected_at is not None for r in self.rows)
+        return sum(self.is_caught(m) for m in self.mutants())
+
+    def unmodified_runs(self) -> list[RunRecord]:
+        """Every distinct unmodified run (rows share them)."""
+        seen: dict[int, RunRecord] = {}
+        for r in self.rows:
+            for x in r.unmodified:
+                seen.setdefault(id(x), x)
+        return list(seen.values())
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.spec.name, "source": self.spec.source, "fast": self.spec.fast, "runs": self.spec.runs,
-                "elapsed_s": round(self.elapsed_s, 1), "detected": self.detected, "mutants": len(self.rows),
+                "elapsed_s": round(self.elapsed_s, 1), "detected": self.detected, "mutants": len(self.mutants()),
                 "exit_code": exit_code(self),
-                "rows": [{"mutant": r.entry.mutant, "exposed_by": r.entry.exposed_by(), "detected_at": r.detected_at,
+                "caught": {m: self.is_caught(m) for m in self.mutants()},
+                "rows": [{"mutant": r.entry.mutant, "kind": r.entry.kind, "workload": r.entry.workload,
+                          "scenario": r.entry.scenario, "nemesis": list(r.entry.nemesis),
+                          "exposed_by": r.entry.exposed_by(), "detected_at": r.detected_at,
+                          "caught_runs": r.caught, "planted": len(r.planted),
                           "caught_by": r.caught_by, "unmodified": r.unmodified_verdict,
                           "planted_runs": [vars(x) for x in r.planted],
                           "unmodified_runs": [vars(x) for x in r.unmodified]} for r in self.rows]}
@@ -353,11 +474,9 @@ def caught_by(results: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _one_run(spec: MutantsSpec, entry: Entry, seed: int, planted: bool, store_dir: Path,
+def _one_run(test: Test, variant: str, seed: int, store_dir: Path,
              run: Callable[[Test, Path], Mapping[str, Any]]) -> RunRecord:
     """Run one test; an exception (the stack did not start, ...) is recorded, not raised (Ctrl-C is)."""
-    test = build_test(spec, entry, seed, planted)
-    variant = PLANTED if planted else UNMODIFIED
     t0 = time.monotonic()
     try:
         results = run(test, store_dir)
@@ -378,26 +497,31 @@ def _default_run(test: Test, store_dir: Path) -> Mapping[str, Any]:
 
 def run_mutants(spec: MutantsSpec, store_dir: Path | str = "store", *, echo: Callable[[str], Any] = print,
                 run: Callable[[Test, Path], Mapping[str, Any]] | None = None) -> MutantsReport:
-    """Run every entry (planted until caught, then unmodified on the same seeds); write the summary."""
+    """Run every row (planted on every seed, a scenario until caught; then the unmodified runs of the same Tests,
+    each distinct one once); write the summary."""
     store_dir = Path(store_dir)
     if store_dir.exists() and not store_dir.is_dir():
         raise MutantsError(f"--store-dir {store_dir} exists and is not a directory")
     run = run or _default_run
     t0 = time.monotonic()
     rows: list[MutantRow] = []
+    honest: dict[str, RunRecord] = {}  # config_key -> the unmodified run of that Test
     for entry in spec.entries:
         row = MutantRow(entry)
         rows.append(row)
         for seed in range(entry.runs):
-            rec = _one_run(spec, entry, seed, True, store_dir, run)
+            rec = _one_run(build_test(spec, entry, seed, True), PLANTED, seed, store_dir, run)
             row.planted.append(rec)
             echo(_progress(entry, rec))
-            if rec.valid is False:
+            if rec.valid is False and not entry.every_seed:
                 break
         for seed in range(entry.runs):
-            rec = _one_run(spec, entry, seed, False, store_dir, run)
-            row.unmodified.append(rec)
-            echo(_progress(entry, rec))
+            test = build_test(spec, entry, seed, False)
+            key = config_key(test)
+            if key not in honest:
+                honest[key] = _one_run(test, UNMODIFIED, seed, store_dir, run)
+                echo(_progress(entry, honest[key]))
+            row.unmodified.append(honest[key])
     report = MutantsReport(spec, rows, time.monotonic() - t0)
     path = store_dir / spec.name / ("summary-fast.json" if spec.fast else "summary.json")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -412,61 +536,99 @@ def _progress(entry: Entry, rec: RunRecord) -> str:
     """One line per finished run."""
     verdict = "FAILED " + (rec.error or "") if rec.valid is None else f"valid={json.dumps(rec.valid)}"
     caught = f" caught by {'; '.join(rec.caught_by)}" if rec.caught_by else ""
-    return f"{entry.mutant} {rec.variant} s{rec.seed}: {verdict}{caught} ({rec.elapsed_s:.1f}s) {rec.run_dir or ''}"
+    who = entry.mutant if rec.variant == PLANTED else "unmodified server"
+    return (f"{who}, {entry.exposed_by()}, s{rec.seed}: {verdict}{caught} ({rec.elapsed_s:.1f}s) "
+            f"{rec.run_dir or ''}")
 
 
 def exit_code(report: MutantsReport) -> int:
-    """0: every mutant caught and the unmodified server valid everywhere; 1: not so."""
-    return 0 if report.rows and all(r.ok for r in report.rows) else 1
+    """0: every mutant caught (`is_caught`), every scenario row caught, every unmodified run valid; 1: not so."""
+    ok = report.rows and all(report.is_caught(m) for m in report.mutants()) and all(r.ok for r in report.rows)
+    return 0 if ok else 1
 
 
-# -- the table ----------------------------------------------------------------------------------------------
+# -- the tables ---------------------------------------------------------------------------------------------
 
-COLUMNS = ("mutant", "exposed by", "caught by", "runs to detection", "unmodified server")
+ROW_COLUMNS = ("mutant", "exposed by", "caught", "caught by", "unmodified server")
 
 
-def _cells(report: MutantsReport) -> list[tuple[str, ...]]:
-    """The table's rows as text."""
-    out = []
-    for r in report.rows:
-        at = r.detected_at
-        detection = f"run {at} (of up to {r.entry.runs})" if at else f"NOT CAUGHT in {len(r.planted)} runs"
-        v = r.unmodified_verdict
-        fails = [x for x in r.unmodified if x.valid is not True]
-        verdict = {True: "valid", False: "INVALID", None: "FAILED", "unknown": "UNKNOWN"}[v]
-        verdict += f" ({len(r.unmodified)} run{'s' if len(r.unmodified) != 1 else ''})"
-        if fails:
-            verdict += ": " + "; ".join(x.error or ", ".join(x.caught_by) or str(x.valid) for x in fails[:1])
-        out.append((r.entry.mutant, r.entry.exposed_by(), "; ".join(r.caught_by) or "-", detection, verdict))
-    return out
+def _verdict_text(records: list[RunRecord]) -> str:
+    """The unmodified server's verdict over some runs, as the tables show it."""
+    row = MutantRow(Entry("-", "-"), unmodified=records)
+    v = row.unmodified_verdict
+    fails = [x for x in records if x.valid is not True]
+    text = {True: "valid", False: "INVALID", None: "FAILED", "unknown": "UNKNOWN"}[v]
+    text += f" ({len(records)} run{'s' if len(records) != 1 else ''})"
+    if fails:
+        text += ": " + "; ".join(x.error or ", ".join(x.caught_by) or str(x.valid) for x in fails[:1])
+    return text
+
+
+def _caught_text(row: MutantRow) -> str:
+    if row.entry.every_seed:
+        return f"{row.caught}/{len(row.planted)}" + ("" if row.caught else " NOT CAUGHT")
+    at = row.detected_at
+    return f"run {at} (of up to {row.entry.runs})" if at else f"NOT CAUGHT in {len(row.planted)} runs"
+
+
+def _row_cells(report: MutantsReport) -> list[tuple[str, ...]]:
+    """One line per row: every configuration each mutant ran under."""
+    return [(r.entry.mutant, r.entry.exposed_by(), _caught_text(r), "; ".join(r.caught_by) or "-",
+             _verdict_text(r.unmodified)) for r in report.rows]
+
+
+def _matrix(report: MutantsReport) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The detection matrix: one line per mutant, caught/seeds per general workload (at its defaults)."""
+    general = list(dict.fromkeys(r.entry.workload for r in report.rows if r.entry.kind == GENERAL))
+    columns = ("mutant", "fault", *general, "tuned run", "scenario (extra evidence)", "caught")
+    lines = []
+    for m in report.mutants():
+        rows = [r for r in report.rows if r.entry.mutant == m]
+        gen_rows = {r.entry.workload: r for r in rows if r.entry.kind == GENERAL}
+        fault = "+".join(dict.fromkeys(n for r in rows if r.entry.kind == GENERAL for n in r.entry.nemesis)) or "-"
+        cells = [f"{gen_rows[w].caught}/{len(gen_rows[w].planted)}" if w in gen_rows else "-" for w in general]
+        tuned = "; ".join(f"{r.entry.exposed_by()}: {_caught_text(r)}" for r in rows if r.entry.kind == TUNED) or "-"
+        scen = "; ".join(f"{r.entry.scenario}: {_caught_text(r)}" for r in rows if r.entry.kind == SCENARIO) or "-"
+        lines.append((m, fault, *cells, tuned, scen, "yes" if report.is_caught(m) else "NO"))
+    return columns, lines
 
 
 def _totals(report: MutantsReport) -> str:
-    n = len(report.rows)
+    n = len(report.mutants())
     pct = 100.0 * report.detected / n if n else 0.0
-    valid = sum(r.unmodified_verdict is True for r in report.rows)
-    return (f"{report.detected}/{n} mutants caught ({pct:.0f}% detection); unmodified server valid on "
-            f"{valid}/{n} scenarios; {report.elapsed_s:.0f} s" + (" (--fast)" if report.spec.fast else ""))
+    honest = report.unmodified_runs()
+    valid = sum(x.valid is True for x in honest)
+    return (f"{report.detected}/{n} mutants caught on every seed ({pct:.0f}% detection); unmodified server valid "
+            f"on {valid}/{len(honest)} runs; {report.elapsed_s:.0f} s" + (" (--fast)" if report.spec.fast else ""))
+
+
+def _plain(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    table = [columns, *rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _markdown(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    table = [columns, tuple("---" for _ in columns), *rows]
+    return ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in table]
 
 
 def render_plain(report: MutantsReport) -> str:
-    """Plain-text columns (CI logs, pipes)."""
-    rows = [COLUMNS, *_cells(report)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines + ["", _totals(report)])
+    """Plain-text columns (CI logs, pipes): the detection matrix, then every row."""
+    return "\n".join([*_plain(*_matrix(report)), "", *_plain(ROW_COLUMNS, _row_cells(report)), "",
+                      _totals(report)])
 
 
 def render_markdown(report: MutantsReport) -> str:
-    """A Markdown table (docs/mutants.md's measured table)."""
-    rows = [COLUMNS, tuple("---" for _ in COLUMNS), *_cells(report)]
-    return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows) + \
-        f"\n\n{_totals(report)}\n"
+    """Markdown tables (docs/mutants.md's measured tables)."""
+    return "\n".join([*_markdown(*_matrix(report)), "", *_markdown(ROW_COLUMNS, _row_cells(report)), "",
+                      _totals(report)]) + "\n"
 
 
 def print_table(report: MutantsReport, echo: Callable[[str], Any] = print) -> None:
-    """A rich table on a terminal (never under CI), plain text otherwise."""
+    """Rich tables on a terminal (never under CI), plain text otherwise."""
     from rich.console import Console
 
     console = Console()
@@ -475,10 +637,17 @@ def print_table(report: MutantsReport, echo: Callable[[str], Any] = print) -> No
         return
     from rich.table import Table
 
-    table = Table(title=f"mutants: {report.spec.name}", show_lines=False)
-    for c in COLUMNS:
+    columns, lines = _matrix(report)
+    matrix = Table(title=f"mutants: {report.spec.name} (caught/seeds)")
+    for c in columns:
+        matrix.add_column(c, overflow="fold")
+    for m, line in zip(report.mutants(), lines):
+        matrix.add_row(*line, style=None if report.is_caught(m) else "bold red")
+    console.print(matrix)
+    table = Table(title="every run configuration")
+    for c in ROW_COLUMNS:
         table.add_column(c, overflow="fold")
-    for r, cells in zip(report.rows, _cells(report)):
+    for r, cells in zip(report.rows, _row_cells(report)):
         table.add_row(*cells, style=None if r.ok else "bold red")
     console.print(table)
     console.print(_totals(report), style="green" if exit_code(report) == 0 else "bold red")

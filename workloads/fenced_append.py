@@ -9,13 +9,15 @@ three kinds, run by lanes of threads as in the lease workload
 - plain: acquire, commit / renew three times, release; a commit is sometimes
   retried with the same request_id (it must return the original result);
 - stalled: poll for the takeover key (`k0`) until it is held, commit, send
-  two commits with deadlines of a few milliseconds (validated, perhaps never
+  three commits with deadlines of 5-120 milliseconds (validated, perhaps never
   written: their answers are lost), stall 1.15-1.6 x the TTL, then carry on
   with the lease it still believes it holds: a fresh commit, the lost commits
   retried with their request_ids and bodies (the server may finish them
-  under their original validation, C29), renew, commit, release. Meanwhile a successor has taken
-  the key over and committed, so the stale holder's commits land on both
-  sides of the takeover, and the boundary must refuse every one of them;
+  under their original validation, C29), renew, commit, release. Meanwhile
+  the other takeover thread has taken the key over and committed, so the
+  stale holder's commits arrive on both sides of its successor's: the
+  boundary must refuse the fresh ones and never let a lost one land over a
+  successor's write;
 - solo: the same on a key of its own, with a stall of 0.8-1.6 x the TTL.
 
 Every 2.5 s the burst lane's threads acquire one fresh key in the same
@@ -131,8 +133,9 @@ def _op(f: str, key: str, value: Any) -> dict[str, Any]:
     return {"f": f, "key": key, "value": value}
 
 
-# commits whose answer is lost: validated perhaps (a `pending` record), written perhaps not; one short, one longer
-LOST_COMMIT_DEADLINES_MS = ((3, 15), (15, 40))
+# commits whose answer is lost: validated perhaps (a `pending` record), written perhaps not. A spread of
+# deadlines, since where one strikes (before sending, after the validation, during the store write) depends on load
+LOST_COMMIT_DEADLINES_MS = ((5, 20), (20, 50), (50, 120))
 
 
 def session(keys: list[str], commits: int = 3):
