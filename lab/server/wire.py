@@ -104,33 +104,43 @@ def parse_json_object(raw: bytes, max_depth: int = 32) -> dict[str, Any]:
 def json_depth(value: Any, stop_after: int) -> int:
     """The nesting depth of a decoded JSON value (a scalar is 0), counted up to `stop_after` + 1.
 
-    Iterative, so no input can exhaust the Python stack.
+    Iterative, so no input can exhaust the Python stack; only containers are pushed.
     """
-    deepest, stack = 0, [(value, 0)]
+    if not isinstance(value, (dict, list)):
+        return 0
+    deepest, stack = 1, [(value, 1)]
     while stack:
         v, depth = stack.pop()
-        if isinstance(v, (dict, list)):
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > stop_after:
-                    return deepest
-            stack.extend((x, depth) for x in (v.values() if isinstance(v, dict) else v))
+        if depth > deepest:
+            deepest = depth
+            if deepest > stop_after:
+                break
+        for x in (v.values() if type(v) is dict else v):
+            if type(x) is dict or type(x) is list:
+                stack.append((x, depth + 1))
     return deepest
 
 
 def json_strings(value: Any) -> list[str]:
     """Every string of a decoded JSON value, object keys included (after `parse_json_object` bounded its depth)."""
-    out, stack = [], [value]
+    out: list[str] = []
+    stack = [value]
     while stack:
         v = stack.pop()
-        if isinstance(v, str):
-            out.append(v)
-        elif isinstance(v, dict):
-            out.extend(v.keys())
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
+        if type(v) is dict:
+            out.extend(v)
+            items = v.values()
+        elif type(v) is list:
+            items = v
+        else:
+            if type(v) is str:
+                out.append(v)
+            continue
+        for x in items:
+            if type(x) is str:
+                out.append(x)
+            elif type(x) is dict or type(x) is list:
+                stack.append(x)
     return out
 
 
