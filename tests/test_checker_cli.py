@@ -85,7 +85,7 @@ def test_json_lines_shape(tmp_path):
     for line, path in ((first, good), (second, bad)):
         assert {"file", "valid", "model", "ops", "elapsed_s", "checkers"} <= set(line)
         assert line["file"] == path and line["ops"] == 10 and line["model"] is None
-        assert set(line["checkers"]) == APPLICABLE  # no commit, no deadline: stale-commit, deadlines not run
+        assert set(line["checkers"]) == APPLICABLE  # no commit: no stale-commit; deadlines only when asked
         assert isinstance(line["elapsed_s"], float) and line["elapsed_s"] >= 0
     assert first["valid"] is True and "counterexample" not in first
     assert second["valid"] is False
@@ -204,9 +204,12 @@ def test_without_a_model_only_the_checkers_whose_operations_appear_run(tmp_path)
     assert invoke(reg, "--model", "register").exit_code == 0
     named = json.loads(invoke(reg, "--checker", "fencing", "--json").stdout)
     assert named["checkers"] == {"fencing": "unknown"} and "no successful acquisition" in named["unknown"]["fencing"]
-    # a commit history gets stale-commit and idempotency; deadlines only where ops carry one
+    # a commit history gets stale-commit and idempotency; deadlines (it times the caller's client) only
+    # when asked for
     h = LeaseHistory()
     h.call(0, "commit", {"request_id": "c", "lease_id": "L1", "fencing_token": 1, "doc": "d", "entry": [0, 1, 1],
                          "deadline_ms": 100}, {"doc": "d", "rev": 1, "accepted_token": 1})
-    line = json.loads(invoke(write_jsonl(tmp_path / "c.jsonl", h.ops), "--json").stdout)
-    assert set(line["checkers"]) == {"stale-commit", "idempotency", "deadlines", "availability"}
+    commits = write_jsonl(tmp_path / "c.jsonl", h.ops)
+    line = json.loads(invoke(commits, "--json").stdout)
+    assert set(line["checkers"]) == {"stale-commit", "idempotency", "availability"}
+    assert json.loads(invoke(commits, "--checker", "deadlines", "--json").stdout)["checkers"] == {"deadlines": True}
