@@ -74,6 +74,8 @@ NEMESES: dict[str, NemesisSpec] = {s.name: s for s in (
           {"persistence": "always", "recovery_store": True}),
     _spec("pause", "SIGSTOP a lease server, Valkey or the store; SIGCONT at the stop", "process"),
     _spec("client-pause", "hold one client thread at its gates (a GC-paused lease holder)", "client"),
+    _spec("leader-pause", "SIGSTOP the current leader of a system that has one (etcd's raft leader); SIGCONT at "
+          "the stop", "process"),
     _spec("client-clock", "bump or strobe the lab's client clocks only (no fake clocks needed; works against an "
           "external system)", "client", starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
     _spec("valkey-crash", "SIGKILL Valkey, restart it from its own files (everysec: may lose ~1 s)", "valkey",
@@ -308,7 +310,15 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
         members.append(valkey.valkey_restore(stack.process("valkey"), stack.dir / "valkey-snapshots"))
     if "client-pause" in names:
         members.append(process.client_pause(client_pauses, rng=_rng_for(seed, "client-pause")))
-    if "clock" in names:
+    if "leader-pause" in names:  # a system that declares its leader (lab.sut.processes.SystemProcesses.leader)
+        from lab.sut.processes import SutStack, leader_pause
+
+        if not isinstance(stack, SutStack) or stack.decl.leader is None:
+            raise ValueError("--nemesis leader-pause: the system under test declares no leader")
+        members.append(leader_pause(stack, rng=_rng_for(seed, "leader-pause")))
+    if "clock" in names and hasattr(stack, "clock_nemesis"):  # SSH hosts: the offset files live on the hosts
+        members.append(stack.clock_nemesis(rng=_rng_for(seed, "clock"), client_clocks=client_clocks))
+    elif "clock" in names:
         if not info.get("clocks"):
             raise ValueError("--nemesis clock: the stack was started without fake clocks (StackOptions fake_clocks=True)")
         members.append(clock.clock(info["clocks"], rng=_rng_for(seed, "clock"), client_clocks=client_clocks))
@@ -322,7 +332,13 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
     if "client-clock" in names:  # the lab's own clients only: no stack process is touched
         members.append(clock.clock(None, rng=_rng_for(seed, "client-clock"), client_clocks=client_clocks))
     network_names = [n for n in names if NEMESES[n].family == "network"]
-    if network_names:
+    if network_names and not info.get("toxiproxy") and hasattr(stack, "partition"):
+        from nemesis.network import DIRECTIONS
+
+        if network_names != ["partition"]:  # SSH hosts: kernel rules cut links; nothing there delays them
+            raise ValueError(f"--nemesis {','.join(network_names)}: on SSH hosts only partition (iptables) applies")
+        members.append(stack.partition(rng=_rng_for(seed, "partition"), directions=DIRECTIONS))
+    elif network_names:
         if not info.get("toxiproxy") or not info.get("topology"):
             raise ValueError(f"--nemesis {','.join(network_names)}: the stack was started without Toxiproxy "
                              "(StackOptions toxiproxy=True)")

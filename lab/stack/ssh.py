@@ -50,7 +50,7 @@ from lab.stack.remote import (RemoteError, RemoteFakeClock, RemoteProcess, SshHo
 from lab.stack.valkey import PERSISTENCE_MODES, valkey_argv
 from nemesis.core import NemesisUnavailable
 from nemesis.netns import NetnsPartition
-from nemesis.core import as_rng
+from nemesis.core import Rounds, as_rng
 from nemesis.network import DIRECTIONS, _choices, check_grudges
 
 __all__ = ["SshOptions", "SshPartition", "SshStack", "server_digest"]
@@ -561,6 +561,7 @@ class SshPartition(NetnsPartition):
                              "lease servers on different nodes)")
         self.directions = _choices("directions", directions, DIRECTIONS)
         self.grudges = check_grudges(grudges, self.pairs)
+        self.rounds = Rounds(self.rng)  # a start op with no grudge draws one, as NetnsPartition does
         self._active: list[dict[str, str]] = []
 
     async def setup(self, test: Any) -> None:
