@@ -62,13 +62,14 @@ Models (`MODELS`, `get_model(name)`):
   `release` / `force-release` / `revoke` need the current active lease;
   `inspect` must report the current lease in its state (active, or its
   terminal record: released, revoked, expired; by lease_id also a superseded
-  lease's terminal record; `null` is always accepted: it carries no time); `commit` needs the current active lease unexpired at
-  `validated_at_ms` and a token not below the high-water mark; the final
-  `read`'s `token` must be the high-water mark. An ok renew, release or
-  commit whose reply names another lease or token than the client sent
-  (`value.sent`) is never legal. Retries with the same
-  `request_id` are one operation, and a lease only an unanswered acquire can
-  have granted is accepted when first seen (rules L1, L2 in `prepare_lease`).
+  lease's terminal record; `null` is always accepted: it carries no time);
+  `commit` needs the current active lease unexpired at `validated_at_ms` and
+  a token not below the high-water mark; the final `read`'s `token` must be
+  the high-water mark. An ok renew, release or commit whose reply names
+  another lease or token than the client sent (`value.sent`) is never legal.
+  Retries with the same `request_id` are one operation, and a lease only an
+  unanswered acquire can have granted is accepted when first seen (rules L1,
+  L2 in `prepare_lease`).
 - `kv`: Porcupine's key-value model: per-key string state, `get` (ok value the
   string, `null` read as `""`), `put v`, `append v`; partitioned by `key`.
 """
