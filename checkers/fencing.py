@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Pair, Violations, analyzed, lease_index, pair_ops
+from checkers.core import Lease, Violations, analyzed, lease_index, pair_ops
 from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key
 
 __all__ = ["FencingChecker"]
