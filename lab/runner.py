@@ -76,9 +76,7 @@ def validate(test: Test) -> None:
                        "not a lease server at a URL: drop --url, or use a lease-API workload (lease, idempotency, "
                        "fenced-append)")
     if is_external(test):
-        if test.nemesis:
-            raise RunError("--nemesis needs a stack the lab runs (faults act on its processes and links); "
-                           "against an external system under test, run without --nemesis")
+        _validate_external(test)
     if test.extra.get("mutant"):
         _validate_mutant(test)
     if test.nemesis:
@@ -102,6 +100,56 @@ def _validate_mutant(test: Test) -> None:
     if is_external(test):
         raise RunError("--mutant plants a bug in the lab's own reference servers; it cannot apply to an external "
                        "system under test: drop --mutant, or drop --sut / --url")
+
+
+def _validate_external(test: Test) -> None:
+    """What an external run needs and may do (docs/external-systems.md); RunError naming what to change."""
+    extra = test.extra
+    urls = list(extra.get("urls") or [])
+    if extra.get("proxy_urls"):
+        if not urls:
+            raise RunError("--proxy-urls puts the lab's Toxiproxy in front of the --url servers: give --url")
+        tls = [u for u in urls if not u.startswith("http://")]
+        if tls:
+            raise RunError(f"--proxy-urls: {redact_url(tls[0])} is not plain http://; the proxy listens on loopback, "
+                           "so a TLS certificate naming the server's host would not match")
+    if extra.get("lab_owns_store") and not extra.get("store_url"):
+        raise RunError("--lab-owns-store says the --store-url store is a scratch store the lab may set up: give "
+                       "--store-url")
+    if test.nemesis:
+        from nemesis.registry import external_problem
+
+        for name in test.nemesis:
+            problem = external_problem(name, test)
+            if problem:
+                raise RunError(f"--nemesis {name}: {problem}")
+    from lab.sut.probe import store_db
+
+    if _needs_store(test) and not test.live.get("store_url") and not extra.get("scenario"):
+        raise RunError(f"workload {test.workload!r} against an external system needs --store-url: the store the "
+                       f"server writes into (database {store_db(test)!r}, --store-db), which the final reads check")
+
+
+def _needs_store(test: Test) -> bool:
+    """Does the test's workload (or scenario) commit into, and read back from, a document store?"""
+    if test.extra.get("scenario"):
+        from lab.scenarios import SCENARIOS
+
+        sc = SCENARIOS.get(test.extra["scenario"])
+        return bool(sc and sc.needs_store)
+    from workloads import WORKLOADS
+
+    return test.workload == "fenced-append" or bool(getattr(WORKLOADS.get(test.workload), "NEEDS_STORE", False))
+
+
+def probe_external(test: Test) -> None:
+    """Health, auth and store probes of an external system before its run (RunError: bad input, exit 2)."""
+    from lab.sut.probe import ProbeError, probe_external as probe
+
+    try:
+        test.extra["probe"] = probe(test, needs_store=_needs_store(test))
+    except ProbeError as e:
+        raise RunError(str(e)) from None
 
 
 def is_external(test: Test) -> bool:
@@ -288,6 +336,8 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     from workloads import get_workload
 
     validate(test)
+    if is_external(test) and test.extra.get("urls"):  # a wrong URL, key or store: refused before the run
+        probe_external(test)
     prepare_run(test)
     test.run_dir = new_run_dir(store_dir, test.name)
     write_test_json(test)
@@ -360,13 +410,29 @@ def _run_external(test: Test, wl) -> dict[str, Any]:
     test.lease_servers = urls
     test.client_nodes = urls
     test.nodes = urls or ["in-process"]
-    test.credentials_file, test.store = None, None
-    write_test_json(test)
-    writer = HistoryWriter(test.run_dir / "history.jsonl")
+    test.credentials_file = None
+    # the system's own store (--store-url): final reads go there; test.json keeps the redacted form
+    test.store = test.extra.get("store_url") if test.live.get("store_url") else None
+    proxies = None
+    if test.extra.get("proxy_urls"):  # the lab's Toxiproxy in front of the given URLs: client -> server links only
+        from lab.sut.proxy import ProxiedUrls
+
+        proxies = ProxiedUrls(urls, test.run_dir / "stack", client_groups=2)
+    writer = None
     try:
+        if proxies is not None:
+            proxies.up()
+            test.live["stack"] = proxies  # the network nemeses find the topology where a local stack keeps it
+            test.client_nodes = proxies.client_nodes
+            test.nodes = wl.nodes(test)
+        write_test_json(test)
+        writer = HistoryWriter(test.run_dir / "history.jsonl")
         asyncio.run(_run(test, wl, writer))
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
+        if proxies is not None:
+            proxies.down()
     return analyze(test.run_dir, checker=wl.checker, test=test)
 
 

@@ -78,8 +78,11 @@ def load_state(path: Path) -> dict[str, Any] | None:
 
 def _entry(run: PlannedRun) -> dict[str, Any]:
     """A fresh pending entry for a planned run."""
+    from lab.secrets import redact_tree
+
     return {"id": run.id, "workload": run.workload, "nemesis": run.nemesis, "scenario": run.scenario,
-            "implementation": run.implementation, "seed": run.seed, "rep": run.rep, "test": run.test_options(),
+            "implementation": run.implementation, "seed": run.seed, "rep": run.rep,
+            "test": redact_tree(run.test_options()),  # campaign.json keeps no URL user info (docs/cli.md#secrets)
             "status": "pending", "run_dir": None, "verdict": None, "ops": None, "elapsed_s": None,
             "started": None, "finished": None, "error": None, "note": None}
 
