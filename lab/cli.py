@@ -281,6 +281,14 @@ class _TestCommand(click.Command):
               help="System under test: reference, starintel, a registered name or module:Factory "
                    "(docs/plugging-in-a-system.md).")
 @click.option("--url", "urls", multiple=True, help="An external lease server (repeatable); no local stack is started.")
+@click.option("--proxy-urls", is_flag=True,
+              help="With --url: start the lab's own Toxiproxy in front of each URL, so network nemeses act on the "
+                   "client -> server links (docs/external-systems.md).")
+@click.option("--store-db", default=None,
+              help="With --url and --store-url: the database the server writes its documents into [default: fencelab].")
+@click.option("--lab-owns-store", is_flag=True,
+              help="The --store-url store is a scratch store the lab may set up (create the database, install the "
+                   "lab's fence guard); without it the lab installs nothing into a store it did not start.")
 @click.option("--api-key-file", type=click.Path(path_type=Path), default=None,
               help="File with the API key for an external system (else $FENCELAB_API_KEY).")
 @click.option("--scenario", default=None,
@@ -291,7 +299,8 @@ class _TestCommand(click.Command):
 @click.option("--mutant", default=None,
               help="Plant a named bug in the lab's reference servers (docs/mutants.md): the checkers must catch it.")
 def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
-             servers, name, store_dir, sut, urls, api_key_file, scenario, store_url, mutant, run_salt="new") -> None:
+             servers, name, store_dir, sut, urls, api_key_file, scenario, store_url, mutant, proxy_urls=False,
+             store_db=None, lab_owns_store=False, run_salt="new") -> None:
     """Run a workload against a fresh local stack; record, check, and store the run.
 
     Exit code (docs/cli.md#exit-codes): 0 valid, 1 invalid, 2 bad input, 3 unknown (any run), 130 interrupted.
@@ -317,6 +326,14 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
         for t in tests:
             t.live["store_url"] = store_url  # never saved: test.json gets the redacted form
             t.extra["store_url"] = redact_url(store_url)
+    from click.core import ParameterSource as _Source
+
+    if urls and click.get_current_context().get_parameter_source("servers") is _Source.COMMANDLINE:
+        fail("--servers sets how many lease servers the lab's own stack starts; with --url the system under test "
+             "is external: drop --servers (give one --url per server)")
+    for t in tests:  # the external-system options (docs/external-systems.md); validate() checks them
+        t.extra.update({k: v for k, v in (("proxy_urls", proxy_urls), ("store_db", store_db),
+                                          ("lab_owns_store", lab_owns_store)) if v})
     for t in tests if mutant else ():
         t.extra["mutant"] = mutant  # the runner's stack starts every lease server with --allow-mutants --mutant
     try:
