@@ -22,7 +22,7 @@ demo: install
 evidence: install
 	@$(VENV)/bin/fencelab evidence $(EVIDENCE_ARGS)
 
-# every planted bug under the run that exposes it, and the unmodified server on the same runs (docs/mutants.md)
+# every planted bug under the general workloads at their defaults, and the unmodified server on the same runs (docs/mutants.md)
 mutants: install
 	@$(VENV)/bin/fencelab mutants $(MUTANTS_ARGS)
 
