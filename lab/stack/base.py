@@ -1,4 +1,13 @@
-"""What every stack backend (local, compose, ssh) shares: its state directory and state file.
+"""What every stack backend (local, compose, ssh) shares: the `Stack` protocol, its state directory and file.
+
+`Stack` is what the runner, `fencelab up/status/down` and the nemesis
+registry use of a placement (Jepsen's DB: set up, tear down, and the nodes'
+processes): `up(options)` -> status, `down()`, `status()`, `processes`,
+`process(name)`, `dir`, and `info` (addresses, Toxiproxy topology, clock
+files). `LocalStack`, `ComposeStack` and `SshStack` implement it
+(tests/test_stack_protocol.py); a backend-specific ability (the SSH stack's
+`partition` and `clock_nemesis`, the local stack's `netns_hosts`) is asked for
+with `hasattr`, as Jepsen's optional DB protocols are.
 
 A backend is a class with `name`, `home`, `root`, `processes` and `info`;
 mixing in `StackFiles` gives it the directory layout, `save_state`, the
@@ -10,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from lab.stack.errors import StackError, stack_dir
 
@@ -24,6 +33,26 @@ def write_private_json(path: Path, data: Any) -> None:
         json.dump(data, f, indent=2)
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
+
+
+@runtime_checkable
+class Stack(Protocol):
+    """A placement of the system under test (local processes, Docker Compose, SSH nodes)."""
+
+    name: str
+    processes: list
+    info: dict[str, Any]
+
+    @property
+    def dir(self) -> Path: ...
+
+    def up(self, opts: Any) -> dict[str, Any]: ...
+
+    def down(self) -> list[str]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def process(self, name: str) -> Any: ...
 
 
 class StackFiles:

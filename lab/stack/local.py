@@ -315,6 +315,7 @@ class LocalStack(StackFiles):
                  for p in self.processes]
         return {
             "name": self.name,
+            "backend": "local",
             "up": bool(procs) and all(p["alive"] for p in procs),
             "lease_servers": self.info.get("lease_servers", []),
             "valkey": self.info.get("valkey"),

@@ -156,6 +156,7 @@ def etcd_processes(test: Any):
         install="run `scripts/install.sh etcd` (or `make install`)",
         check_installed=etcd_binary,
         ready=_cluster_ready,
+        leader=leader_of,
         client_clock=False,
         client_clock_note="the etcd client reads no clock (etcd keeps every lease time itself)")
 
@@ -175,6 +176,25 @@ def _cluster_ready(stack) -> bool:
         if r.status_code != 200 or r.json().get("health") != "true":
             return False
     return True
+
+
+def leader_of(stack) -> str | None:
+    """The member that leads now, by its own report (`Maintenance.Status` on its real client port, the lab's
+    instrument: never through a faulted link); None when no answering member names a leader it also is."""
+    from lab.sut.processes import member_processes_of
+
+    for name, proc in member_processes_of(stack).items():
+        if not proc.alive():
+            continue
+        try:
+            r = httpx.post(f"http://127.0.0.1:{proc.ports['client']}/v3/maintenance/status", json={}, timeout=0.5)
+            body = r.json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        if r.status_code == 200 and body.get("leader") and body.get("leader") == body.get("header", {}).get(
+                "member_id"):
+            return name
+    return None
 
 
 # -- the client ----------------------------------------------------------------------------------------------------

@@ -103,6 +103,7 @@ class SystemProcesses:
     start_timeout_s: float = 30.0
     client_clock: bool = True  # does the system's client read a clock the client-clock nemesis could move?
     client_clock_note: str = ""  # why not
+    leader: Callable[["SutStack"], str | None] | None = None  # the member leading now (the leader-pause nemesis)
 
     def validate(self) -> None:
         """Names, ports and links are consistent (SutError naming the problem)."""
@@ -171,6 +172,8 @@ class SystemProcesses:
             elif family == "valkey":
                 if not any(p.name == "valkey" and p.make is not None for p in self.processes):
                     out.append((n, "a Valkey process of its own (a lab.stack.valkey.ValkeyProcess named 'valkey')"))
+            elif n == "leader-pause" and self.leader is None:
+                out.append((n, "a leader (it declares no function naming its current leader)"))
             elif n == "client-clock" and not self.client_clock:
                 out.append((n, f"a client clock to move ({self.client_clock_note or 'its client reads no clock'})"))
             elif family == "network" and not self.links:
@@ -556,3 +559,28 @@ def wait_port(host: str, port: int, timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+# -- the leader-pause nemesis ---------------------------------------------------------------------------------------
+def leader_pause(stack: "SutStack", *, rng: Any):
+    """SIGSTOP the system's current leader (`SystemProcesses.leader`) at `start-leader-pause`, SIGCONT it at the
+    stop: the existing pause, aimed where a pause hurts a consensus system most."""
+    from nemesis.process import PauseNemesis
+
+    class LeaderPause(PauseNemesis):
+        fault = "leader-pause"
+
+        async def _start(self, op: dict, value: dict[str, Any]) -> dict:
+            import asyncio
+
+            from nemesis.core import completion
+
+            if "targets" not in value and not self._active:
+                leader = await asyncio.to_thread(stack.decl.leader, stack)
+                if leader is None or leader not in self.processes:
+                    return completion(op, {"fault": self.fault, "phase": "none", "leader": leader},
+                                      error=f"{stack.decl.system} has no leader right now")
+                value = {**value, "targets": [leader]}
+            return await super()._start(op, value)
+
+    return LeaderPause(member_processes_of(stack), rng=rng)

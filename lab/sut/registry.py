@@ -191,6 +191,9 @@ def validate_test(test: Any) -> SutEntry:
         from lab.sut.processes import check_test
 
         check_test(test)
+    elif "leader-pause" in (getattr(test, "nemesis", None) or []):
+        raise SutError(f"--nemesis leader-pause cannot apply to SUT {entry.name!r}: it lacks a leader the lab can "
+                       "find (only a system that brings its own processes and names its leader has one, e.g. etcd)")
     return entry
 
 
@@ -443,3 +446,13 @@ def claimed_checker(test: Any, checker: Any) -> Any:
     if not (dropped or rules) or not kept:
         return checker
     return NotClaimed(Compose(kept), {**dropped, **rules})
+
+
+def claims(test: Any, checker: str) -> bool:
+    """Does the test's system claim what checker `checker` judges? False when it declares it not claimed
+    (`SutEntry.not_claimed`): a workload then need not exercise it (e.g. no same-request-id retries for a
+    system that never sees a request id)."""
+    try:
+        return checker not in sut_of(test).not_claimed
+    except SutError:
+        return True
