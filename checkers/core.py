@@ -122,7 +122,7 @@ class Compose:
                 timings[name] = round(_time.perf_counter() - t0, 6)
         valid = merge_valid(r.get("valid") for r in results.values())
         out = {"valid": valid, "results": results, "elapsed_s": timings}
-        if valid is True and not any(op.get("process") != NEMESIS for op in history):
+        if valid is not False and not any(op.get("process") != NEMESIS for op in history):
             out["valid"], out["reason"] = "unknown", "empty history: no client operation"
         return out
 

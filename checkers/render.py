@@ -145,7 +145,7 @@ def render_html_string(results: Mapping, history: list[dict], *, title: str = "f
     failing = {i for v in violations for i in v["ops"]}
     ops, cut = _ops_for_page(history, failing, max_ops)
     processes = sorted({o["process"] for o in ops}, key=lambda p: (not isinstance(p, int), str(p)))
-    checkers = [{"name": n, "valid": r.get("valid")} for n, r in _checker_results(results)]
+    checkers = [{"name": n, "valid": r.get("valid"), "why": _why(r)} for n, r in _checker_results(results)]
     data = {
         "title": title, "source": source, "valid": results.get("valid"), "checkers": checkers,
         "ops": ops, "processes": processes, "cut": cut, "total_ops": len(history),
@@ -158,7 +158,8 @@ def render_html_string(results: Mapping, history: list[dict], *, title: str = "f
     template = _ENV.get_template("timeline.html.j2")
     return template.render(data=data, data_json=_json_for_script(data), violations=violations[:1000],
                            linear=data["linear"], title=title, source=source, valid=results.get("valid"),
-                           checkers=checkers, cut=cut)
+                           checkers=checkers, cut=cut,
+                           reason=results.get("reason") if isinstance(results.get("results"), Mapping) else None)
 
 
 def render_html(results: Mapping, history: list[dict], path: str | Path, **kw: Any) -> Path:
@@ -167,3 +168,10 @@ def render_html(results: Mapping, history: list[dict], path: str | Path, **kw: A
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(render_html_string(results, history, **kw), encoding="utf-8")
     return p
+
+
+def _why(r: Mapping) -> str | None:
+    """Why a checker could not decide (its error or reason), shown next to an unknown verdict."""
+    if r.get("valid") in (True, False):
+        return None
+    return str(r.get("error") or r.get("reason") or "undecided")

@@ -181,3 +181,12 @@ console.log(JSON.stringify({
   focused: focused.length ? focused[0].id : null,
   details: byId["details"].textContent }));
 """
+
+
+def test_an_unknown_verdict_shows_its_reason():
+    h = LeaseHistory()
+    h.acquire(0, "L1", 1, at=0)  # one acquisition: fencing has nothing to compare
+    html = render_html_string(compose({"fencing": get_checker("fencing")}).check({}, h.ops, {}), h.ops)
+    assert "no key was acquired twice" in html
+    empty = render_html_string(compose({"fencing": get_checker("fencing")}).check({}, [], {}), [])
+    assert "empty history: no client operation" in empty
