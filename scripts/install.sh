@@ -81,10 +81,12 @@ import (
 
 func main() { etcdmain.Main(os.Args) }
 GO
-    (cd "$dir" && go mod init fencelab.local/etcd >/dev/null 2>&1 \
-       && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" >/dev/null 2>&1 \
-       && go mod tidy >/dev/null 2>&1 \
-       && go build -trimpath -o "$TOOLS/bin/etcd.new" .) || { rm -rf "$dir"; die "building etcd $ETCD_VERSION failed"; }
+    if ! (cd "$dir" && go mod init fencelab.local/etcd && go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION" \
+            && go mod tidy && go build -trimpath -o "$TOOLS/bin/etcd.new" .) >"$dir/build.log" 2>&1; then
+      tail -n 20 "$dir/build.log" >&2
+      rm -rf "$dir"
+      die "building etcd $ETCD_VERSION failed (the go output is above)"
+    fi
     mv "$TOOLS/bin/etcd.new" "$TOOLS/bin/etcd"
     rm -rf "$dir"
   fi
