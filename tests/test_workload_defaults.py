@@ -188,3 +188,20 @@ def test_live_fenced_append_defaults_commit_on_both_sides_of_a_takeover(tmp_path
     for v in reads.values():  # the store kept the fence: tokens along each document never go down
         tokens = [e[1] for e in v["entries"]]
         assert tokens == sorted(tokens), v
+
+
+def test_live_idempotency_defaults_retry_across_stalls_and_bursts_and_stay_valid(tmp_path):
+    history, results = run(tmp_path, "idempotency", "--time-limit", "6")
+    assert results["valid"] is True, json.dumps(results)[:2000]
+    for name in ("idempotency", "fencing", "lease-state", "mutual-exclusion"):
+        assert results["results"][name]["valid"] is True, name  # each had a subject: not "unknown"
+    ps = pairs(history)
+    check_sent(ps)
+    # a burst: one winner, and its retry (same request_id) returned the same lease
+    wins = [(inv, comp) for inv, comp in ps if inv["f"] == "acquire" and str(inv["key"]).startswith("burst-")
+            and comp["type"] == "ok"]
+    by_rid = defaultdict(set)
+    for inv, comp in wins:
+        by_rid[inv["value"]["request_id"]].add(comp["value"]["lease_id"])
+    assert by_rid and all(len(v) == 1 for v in by_rid.values())
+    assert any(inv["f"] in ("renew", "release") for inv, _ in stale_ops(ps))  # a stalled holder acted after a takeover
