@@ -197,3 +197,37 @@ def test_kill_by_pid_only_reaches_our_process(kv_stack):
     assert not kv1.alive() and kv_stack.process("kv-2").alive()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_not_claimed_checkers_are_neither_run_nor_judged():
+    from checkers.core import compose
+    from lab.sut.registry import claimed_checker, claims
+
+    ran = []
+
+    class Judge:
+        def __init__(self, name, valid):
+            self.name, self.valid = name, valid
+
+        def check(self, test, history, opts):
+            ran.append(self.name)
+            return {"valid": self.valid}
+
+    register_sut("kv-claims", lambda test, node, sid: None, processes=lambda test: kv_system(),
+                 not_claimed={"idempotency": "no request ids"})
+    try:
+        t = Test(workload="lease", extra={"sut": "kv-claims"})
+        assert not claims(t, "idempotency") and claims(t, "fencing")
+        checker = claimed_checker(t, compose({"fencing": Judge("fencing", True),
+                                              "idempotency": Judge("idempotency", False)}))
+        history = [{"process": 0, "type": "invoke", "f": "acquire", "index": 0, "time": 0}]
+        res = checker.check(t.to_json(), history, {})
+        assert ran == ["fencing"] and res["valid"] is True
+        assert res["not_claimed"] == {"idempotency": "no request ids"} and "idempotency" not in res["results"]
+        # a system that claims everything keeps every checker (and a failing one still fails the run)
+        ran.clear()
+        full = claimed_checker(Test(workload="lease"), compose({"fencing": Judge("fencing", True),
+                                                                "idempotency": Judge("idempotency", False)}))
+        assert full.check({}, history, {})["valid"] is False and ran == ["fencing", "idempotency"]
+    finally:
+        unregister_sut("kv-claims")
