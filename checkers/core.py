@@ -487,17 +487,18 @@ def sent(p: Pair) -> dict | None:
 
 
 def op_lease_id(p: Pair) -> Any:
-    """The lease an op is about: the one the invocation or the client's `sent` names, else the one it returned.
+    """The lease an op is about: the one the client sent (`value.sent`) or the invocation names, else the one
+    it returned.
 
     For renew / release / commit what was sent is what the op is about: a reply naming another lease
     is the server acting on a lease the client did not name.
     """
+    s = sent(p)
+    if s is not None and s.get("lease_id") is not None:
+        return s["lease_id"]  # what went on the wire outranks what the generator asked for
     v = p.inv.get("value")
     if isinstance(v, dict) and v.get("lease_id") is not None:
         return v["lease_id"]
-    s = sent(p)
-    if s is not None and s.get("lease_id") is not None:
-        return s["lease_id"]
     r = p.result
     return r.get("lease_id") if isinstance(r, dict) else None
 

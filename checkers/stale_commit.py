@@ -95,7 +95,7 @@ class Commit:
         # (docs/history-format.md) is what went on the wire and outranks the rest of the completion
         comp = p.comp.get("value") if p.comp is not None and isinstance(p.comp.get("value"), dict) else {}
         wire = sent(p) or {}
-        val = {**comp, **wire, **{k: v for k, v in val.items() if v is not None}}
+        val = {**comp, **{k: v for k, v in val.items() if v is not None}, **wire}
         val.pop("sent", None)
         # the lease the boundary says it accepted the commit under, when a history with `sent` reports one
         self.returned_lease = res.get("lease_id") if wire else None
