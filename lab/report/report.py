@@ -257,6 +257,7 @@ def write_report(run_dir: str | os.PathLike, *, max_points: int = MAX_RAW_POINTS
     test = run.test
     summary = {"valid": run.results.get("valid"), "verdict": verdict_word(run.results.get("valid")),
                "checkers": {c["name"]: c["verdict"] for c in checkers}, "ops": run.results.get("ops"),
+               "entries": run.results.get("entries", len(run.history)),  # results.json's ops: client invocations
                "seed": test.get("seed"), "replay": test.get("replay") or run.results.get("replay")}
     page = _ENV.get_template("report.html.j2").render(
         title=f"fencelab {test.get('name') or test.get('workload') or run.dir.parent.name}",
