@@ -298,9 +298,21 @@ class _TestCommand(click.Command):
                    "starting pouchdb-server [env FENCELAB_STORE_URL]; its password is never written down.")
 @click.option("--mutant", default=None,
               help="Plant a named bug in the lab's reference servers (docs/mutants.md): the checkers must catch it.")
+@click.option("--backend", "backend", type=click.Choice(["local", "compose", "ssh"]), default="local",
+              show_default=True,
+              help="Where the lab places its reference stack: local processes, Docker Compose containers "
+                   "(docs/compose.md; needs a Docker engine, which the lab starts as root when none answers), or "
+                   "SSH nodes named by --hosts (docs/ssh-backend.md).")
+@click.option("--hosts", "hosts_file", type=click.Path(path_type=Path), default=None,
+              help="With --backend ssh: a TOML file of the nodes (nodes = [...], key_file, known_hosts, ...).")
+@click.option("--commit-mode", type=click.Choice(["fenced", "unfenced"]), default=None,
+              help="For a third-party system (docs/third-party.md): commit through the store's token guard (fenced, "
+                   "the default when the system hands out a fencing token) or whenever the client believes it "
+                   "holds the lock (unfenced).")
 def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
              servers, name, store_dir, sut, urls, api_key_file, scenario, store_url, mutant, proxy_urls=False,
-             store_db=None, lab_owns_store=False, run_salt="new") -> None:
+             store_db=None, lab_owns_store=False, run_salt="new", commit_mode=None, backend="local",
+             hosts_file=None) -> None:
     """Run a workload against a fresh local stack; record, check, and store the run.
 
     Exit code (docs/cli.md#exit-codes): 0 valid, 1 invalid, 2 bad input, 3 unknown (any run), 130 interrupted.
@@ -314,7 +326,7 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
     tests = [Test(name=workload if name is None else name, workload=workload, time_limit=time_limit, concurrency=concurrency,
                   rate=rate, keys=keys, ttl_ms=ttl_ms, seed=seed + i, nemesis=nemeses,
                   nemesis_interval=nemesis_interval, extra=_test_extra(servers, sut, urls, api_key_file),
-                  run_salt="" if run_salt == "new" else run_salt)
+                  run_salt="" if run_salt == "new" else run_salt, backend=backend)
              for i in range(test_count)]
     if store_url:
         from lab.secrets import redact_url
@@ -331,9 +343,11 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
     if urls and click.get_current_context().get_parameter_source("servers") is _Source.COMMANDLINE:
         fail("--servers sets how many lease servers the lab's own stack starts; with --url the system under test "
              "is external: drop --servers (give one --url per server)")
+    for t in tests if hosts_file else ():  # --backend ssh: the nodes (validate() reads and checks the file)
+        t.extra["hosts_file"] = str(Path(hosts_file).resolve())
     for t in tests:  # the external-system options (docs/external-systems.md); validate() checks them
         t.extra.update({k: v for k, v in (("proxy_urls", proxy_urls), ("store_db", store_db),
-                                          ("lab_owns_store", lab_owns_store)) if v})
+                                          ("lab_owns_store", lab_owns_store), ("commit_mode", commit_mode)) if v})
     for t in tests if mutant else ():
         t.extra["mutant"] = mutant  # the runner's stack starts every lease server with --allow-mutants --mutant
     try:
@@ -533,8 +547,10 @@ def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool) -> No
 @click.option("--api-key-file", type=click.Path(path_type=Path), default=None,
               help="File with the API key for the external service (else $FENCELAB_API_KEY).")
 @click.option("--sut", default="reference", show_default=True, help="The external system's client (lab.sut).")
+@click.option("--backend", type=click.Choice(["local", "compose"]), default="local", show_default=True,
+              help="Where the lab's own stack is placed for each run (docs/compose.md).")
 def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, urls: tuple[str, ...],
-                 api_key_file: Path | None, sut: str) -> None:
+                 api_key_file: Path | None, sut: str, backend: str = "local") -> None:
     """Run every contract row's scenarios and write evidence.json and evidence.html.
 
     Exit code (docs/cli.md#exit-codes): 0 every row passes (or is not applicable), 1 a row fails, 2 bad options,
@@ -561,7 +577,9 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
                 d = describe_depth(spec, x)
                 click.echo(f"(--depth {x.name}: {d['runs']} runs, {d['scenarios']} scenarios x {d['seeds']} seed(s) "
                            f"at x{d['time_scale']} time, {len(d['fault_runs'])} fault runs, ~{d['estimated_s']} s)")
-        target = Target(tuple(urls), str(api_key_file) if api_key_file else None, sut)
+        if backend != "local" and (urls or sut != "reference"):
+            fail(f"--backend {backend} places the lab's own stack; an external service places itself: drop --backend")
+        target = Target(tuple(urls), str(api_key_file) if api_key_file else None, sut, backend)
         with sigterm_interrupts():
             evidence = run_evidence(spec, store_dir, depth=chosen.name, target=target, echo=click.echo)
     except EvidenceError as e:
@@ -590,12 +608,16 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
 @click.option("--fast", is_flag=True, help="The CI subset: the spec's [fast] table (every mutant, one short run).")
 @click.option("--only", multiple=True, help="Run only this mutant (repeatable).")
 @click.option("--markdown", is_flag=True, help="Also print the table as Markdown (for docs/mutants.md).")
-def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, ...], markdown: bool) -> None:
-    """Plant each bug of the reference server, run what exposes it, and check the unmodified server passes it.
+@click.option("--backend", type=click.Choice(["local", "compose"]), default="local", show_default=True,
+              help="Where each run's stack is placed (docs/compose.md); nemeses a backend cannot take are refused.")
+def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, ...], markdown: bool,
+                backend: str = "local") -> None:
+    """Plant each bug of the reference server, run the general workloads at their defaults (and the scenario
+    that scripts its race), and check the unmodified server passes the same runs.
 
-    Prints: mutant, scenario, the checker that caught it, runs to first detection, and the unmodified
-    server's verdict. Exit code: 0 every mutant caught and the unmodified server valid everywhere,
-    1 otherwise, 2 bad spec or options, 130 interrupted.
+    Prints the detection matrix (caught/seeds per general workload), then every row: what exposed it, the
+    checkers that caught it and the unmodified server's verdict. Exit code: 0 every mutant caught on every seed
+    by a workload and the unmodified server valid everywhere, 1 otherwise, 2 bad spec or options, 130 interrupted.
     """
     from lab.mutants import MutantsError, exit_code, load_spec, print_table, render_markdown, run_mutants, validate_spec
 
@@ -603,9 +625,10 @@ def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, .
         spec = load_spec(spec_path, fast=fast, only=only)
         validate_spec(spec)
         seeds = sum(e.runs for e in spec.entries)
-        click.echo(f"mutants {spec.name}: {len(spec.entries)} mutants, {seeds} seeds in all, each run planted (until "
-                   f"caught) and unmodified ({spec.source}{', --fast' if fast else ''})")
-        report = run_mutants(spec, store_dir, echo=click.echo)
+        mutants = len({e.mutant for e in spec.entries})
+        click.echo(f"mutants {spec.name}: {mutants} mutants in {len(spec.entries)} rows, {seeds} planted runs at most, "
+                   f"each distinct run also unmodified ({spec.source}{', --fast' if fast else ''})")
+        report = run_mutants(spec, store_dir, echo=click.echo, backend=backend)
     except MutantsError as e:
         fail(str(e))
     except KeyboardInterrupt:

@@ -303,7 +303,7 @@ def load_spec(path: Path | str = DEFAULT_SPEC, *, fast: bool = False, only: tupl
     return parse_spec(data, str(path), fast=fast, only=only)
 
 
-def build_test(spec: MutantsSpec, entry: Entry, seed: int, planted: bool) -> Test:
+def build_test(spec: MutantsSpec, entry: Entry, seed: int, planted: bool, backend: str = "local") -> Test:
     """The Test of one run: [defaults], then the scenario's options, then the entry's; `extra.mutant` if planted.
 
     The same merge order as a campaign's (docs/campaigns.md). Unmodified runs are named by their configuration
@@ -313,7 +313,8 @@ def build_test(spec: MutantsSpec, entry: Entry, seed: int, planted: bool) -> Tes
     extra = {"servers": opts.pop("servers", 2), **opts.pop("extra", {})}
     name = f"{spec.name}/{entry.mutant}/{entry.label()}/{PLANTED}-s{seed}" if planted else \
         f"{spec.name}/{UNMODIFIED}/{entry.label()}/s{seed}"
-    test = Test(name=name, workload=entry.workload, seed=seed, nemesis=list(entry.nemesis), extra=extra, **opts)
+    test = Test(name=name, workload=entry.workload, seed=seed, nemesis=list(entry.nemesis), extra=extra,
+                backend=backend, **opts)
     if entry.scenario:
         from lab.scenarios import apply_scenario
 
@@ -496,7 +497,7 @@ def _default_run(test: Test, store_dir: Path) -> Mapping[str, Any]:
 
 
 def run_mutants(spec: MutantsSpec, store_dir: Path | str = "store", *, echo: Callable[[str], Any] = print,
-                run: Callable[[Test, Path], Mapping[str, Any]] | None = None) -> MutantsReport:
+                run: Callable[[Test, Path], Mapping[str, Any]] | None = None, backend: str = "local") -> MutantsReport:
     """Run every row (planted on every seed, a scenario until caught; then the unmodified runs of the same Tests,
     each distinct one once); write the summary."""
     store_dir = Path(store_dir)
@@ -510,13 +511,13 @@ def run_mutants(spec: MutantsSpec, store_dir: Path | str = "store", *, echo: Cal
         row = MutantRow(entry)
         rows.append(row)
         for seed in range(entry.runs):
-            rec = _one_run(build_test(spec, entry, seed, True), PLANTED, seed, store_dir, run)
+            rec = _one_run(build_test(spec, entry, seed, True, backend), PLANTED, seed, store_dir, run)
             row.planted.append(rec)
             echo(_progress(entry, rec))
             if rec.valid is False and not entry.every_seed:
                 break
         for seed in range(entry.runs):
-            test = build_test(spec, entry, seed, False)
+            test = build_test(spec, entry, seed, False, backend)
             key = config_key(test)
             if key not in honest:
                 honest[key] = _one_run(test, UNMODIFIED, seed, store_dir, run)

@@ -75,6 +75,7 @@ def validate(test: Test) -> None:
         raise RunError(f"workload {test.workload!r} tests the lab's own Valkey (it needs the stack the lab starts), "
                        "not a lease server at a URL: drop --url, or use a lease-API workload (lease, idempotency, "
                        "fenced-append)")
+    _validate_backend(test)
     if is_external(test):
         _validate_external(test)
     if test.extra.get("mutant"):
@@ -100,6 +101,40 @@ def _validate_mutant(test: Test) -> None:
     if is_external(test):
         raise RunError("--mutant plants a bug in the lab's own reference servers; it cannot apply to an external "
                        "system under test: drop --mutant, or drop --sut / --url")
+
+
+# nemeses that need the local backend's host processes and files (compose: containers, no host data dir or netns)
+COMPOSE_REFUSES = {"netns": "network namespaces around host processes (the compose stack has its own networks; "
+                            "use partition)",
+                   "valkey-restore": "Valkey's data directory on the host (to restart it from an older snapshot)"}
+
+
+def _validate_backend(test: Test) -> None:
+    """`--backend`: a known placement, and one the rest of the test can use."""
+    if test.backend not in BACKENDS:
+        raise RunError(f"--backend must be one of {', '.join(BACKENDS)}, not {test.backend!r}")
+    if test.backend == "local":
+        if test.extra.get("hosts_file"):
+            raise RunError("--hosts names SSH nodes: it goes with --backend ssh")
+        return
+    if is_external(test) or test.sut_name() != "reference":
+        raise RunError(f"--backend {test.backend} places the lab's own reference stack; another system "
+                       "(--url, or a --sut that brings its own processes) is placed by itself: drop --backend")
+    if test.live.get("store_url") or test.extra.get("store_url"):
+        raise RunError(f"--store-url with --backend {test.backend}: that stack runs its own store; drop one of them")
+    if test.backend == "ssh":
+        if not test.extra.get("hosts_file"):
+            raise RunError("--backend ssh needs --hosts FILE: the nodes to run on (docs/ssh-backend.md)")
+        load_hosts(test.extra["hosts_file"])
+        for name in test.nemesis:
+            if name not in SSH_NEMESES:
+                raise RunError(f"--nemesis {name} cannot run on --backend ssh; there: {', '.join(SSH_NEMESES)}")
+        return
+    if test.extra.get("hosts_file"):
+        raise RunError("--hosts names SSH nodes: it goes with --backend ssh")
+    for name in test.nemesis:
+        if name in COMPOSE_REFUSES:
+            raise RunError(f"--nemesis {name} cannot run on --backend compose: it needs {COMPOSE_REFUSES[name]}")
 
 
 def _validate_external(test: Test) -> None:
@@ -201,7 +236,7 @@ def link_latest(run_dir: Path, store_dir: Path, name: str) -> None:
 
 # Test fields given on `fencelab test`'s command line (the rest of its options live in Test.extra by option name)
 _REPLAY_FIELDS = ("workload", "time_limit", "concurrency", "rate", "keys", "ttl_ms", "seed", "nemesis",
-                  "nemesis_interval", "name", "run_salt")
+                  "nemesis_interval", "name", "run_salt", "backend")
 
 
 def replay_command(test: Test) -> str:
@@ -332,7 +367,7 @@ def _nemesis_stack_options(test: Test) -> dict[str, Any]:
 def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     """Run one test: stack up, workload, stack down, checkers. Returns results (also in results.json)."""
     from lab.history import HistoryWriter
-    from lab.stack.local import LocalStack, StackOptions
+    from lab.stack.local import StackOptions
     from workloads import get_workload
 
     validate(test)
@@ -352,15 +387,15 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
         return results
     from lab.sut.processes import stack_for  # a system that brings its own processes: the lab runs those
 
-    stack = stack_for(test, test.run_dir / "stack") or LocalStack(name="stack", root=test.run_dir / "stack",
-                                                                   die_with_parent=True)
+    stack = stack_for(test, test.run_dir / "stack") or placement_stack(test, test.run_dir / "stack")
     writer = None
     try:
-        status = stack.up(StackOptions(servers=test.extra.get("servers", 2), store=wl.needs_store,
-                                       store_url=test.live.get("store_url"), mutant=test.extra.get("mutant", ""),
-                                       **_nemesis_stack_options(test)))
+        opts = StackOptions(servers=test.extra.get("servers", 2), store=wl.needs_store,
+                            store_url=test.live.get("store_url"), mutant=test.extra.get("mutant", ""),
+                            **_nemesis_stack_options(test))
+        status = stack.up(ssh_options(test, opts) if test.backend == "ssh" else opts)
         test.live["stack"] = stack
-        if stack.netns_hosts is not None:  # the servers run in network namespaces: the netns nemesis cuts them
+        if getattr(stack, "netns_hosts", None) is not None:  # servers in network namespaces: the netns nemesis cuts them
             test.live["netns_hosts"] = stack.netns_hosts
         test.lease_servers, test.valkey = status["lease_servers"], status["valkey"]
         test.client_nodes = status["client_nodes"]
@@ -376,6 +411,55 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     results = analyze(test.run_dir, checker=wl.checker, test=test)
     link_latest(test.run_dir, store_dir, test.name)
     return results
+
+
+BACKENDS = ("local", "compose", "ssh")
+# the nemeses SSH hosts can take: processes by pid over SSH, offset files on the hosts, iptables between them
+SSH_NEMESES = ("partition", "kill", "pause", "clock", "server-clock", "client-pause", "client-clock")
+HOSTS_KEYS = ("nodes", "user", "port", "key_file", "known_hosts", "remote_root", "remote_dir", "valkey_node",
+              "store_node", "server_nodes")
+
+
+def load_hosts(path: Any) -> dict[str, Any]:
+    """`--hosts FILE`: the SSH nodes and how to reach them (TOML; docs/ssh-backend.md); RunError naming the key."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise RunError(f"--hosts {path}: cannot read it ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise RunError(f"--hosts {path}: not TOML ({e})") from None
+    unknown = sorted(set(data) - set(HOSTS_KEYS))
+    if unknown:
+        raise RunError(f"--hosts {path}: unknown key {unknown[0]!r}; known keys: {', '.join(HOSTS_KEYS)}")
+    if not isinstance(data.get("nodes"), list) or not data["nodes"]:
+        raise RunError(f"--hosts {path}: `nodes` must list the hosts, e.g. nodes = [\"root@10.0.0.1\", \"10.0.0.2\"]")
+    return data
+
+
+def ssh_options(test: Test, opts: Any) -> Any:
+    """The SSH stack's options: the hosts file, plus what the test's workload and nemeses need of the stack."""
+    from lab.stack.ssh import SshOptions
+
+    hosts = load_hosts(test.extra["hosts_file"])
+    return SshOptions(**hosts, servers=opts.servers, persistence=opts.persistence, store=opts.wants_store,
+                      fake_clocks=opts.fake_clocks)
+
+
+def placement_stack(test: Test, root: Path):
+    """The run's own stack of the reference system, placed as `test.backend` says (it dies with the run)."""
+    if test.backend == "ssh":
+        from lab.stack.ssh import SshStack
+
+        return SshStack(name="stack", root=root)
+    if test.backend == "compose":
+        from lab.stack.compose import ComposeStack
+
+        return ComposeStack(name=f"run-{test.run_dir.name.lower()}", root=root, start_engine=True)
+    from lab.stack.local import LocalStack
+
+    return LocalStack(name="stack", root=root, die_with_parent=True)
 
 
 def prepare_run(test: Test) -> None:

@@ -86,6 +86,7 @@ class Target:
     urls: tuple[str, ...] = ()
     api_key_file: str | None = None
     sut: str = "reference"
+    backend: str = "local"  # where the lab's own stack is placed per run: local processes or Docker Compose
 
     @property
     def external(self) -> bool:
@@ -106,7 +107,9 @@ class Target:
     def describe(self) -> dict[str, Any]:
         """The target as evidence.json records it (never a key)."""
         if not self.external:
-            return {"kind": "reference-stack", "detail": "the lab's reference servers on a fresh local stack per run"}
+            where = "a fresh local stack" if self.backend == "local" else f"a fresh {self.backend} stack"
+            return {"kind": "reference-stack", "backend": self.backend,
+                    "detail": f"the lab's reference servers on {where} per run"}
         from lab.secrets import redact_url  # a URL's user info is a secret too (docs/cli.md#secrets)
 
         return {"kind": "external", "sut": self.sut, "urls": [redact_url(u) for u in self.urls],
@@ -188,7 +191,8 @@ def _scenario_test(name: str, seed: int, base: str, depth: Depth, target: Target
     from lab.scenarios import apply_scenario
     from lab.testmap import Test
 
-    test = Test(name=f"{base}/{name}-s{seed}", seed=seed, extra={**target.extra(), "scenario": name})
+    test = Test(name=f"{base}/{name}-s{seed}", seed=seed, extra={**target.extra(), "scenario": name},
+                backend=target.backend)
     apply_scenario(test, {"name"})
     test.time_limit = round(test.time_limit * depth.time_scale, 3)
     return test
@@ -201,7 +205,7 @@ def _fault_test(run: ExtraRun, seed: int, base: str, target: Target):
     opts = {"time_limit": 10.0, "concurrency": 5, "rate": 40.0, "keys": 2, "ttl_ms": 1000, "nemesis_interval": 1.5}
     opts.update(run.options)
     return Test(name=f"{base}/{run.name}-s{seed}", workload=run.workload, seed=seed, nemesis=list(run.nemesis),
-                extra={**target.extra(), "servers": 2}, **{k: (int(v) if k in ("concurrency", "keys", "ttl_ms")
+                backend=target.backend, extra={**target.extra(), "servers": 2}, **{k: (int(v) if k in ("concurrency", "keys", "ttl_ms")
                                                               else float(v)) for k, v in opts.items()})
 
 
