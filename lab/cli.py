@@ -11,6 +11,7 @@ import os
 import shlex
 import signal
 import sys
+import textwrap
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -251,8 +252,10 @@ class _TestCommand(click.Command):
                              ("Nemeses (--nemesis a,b; docs/nemesis.md)", known_names()),
                              ("Race scenarios (--scenario, docs/scenarios.md)", RACE_SCENARIOS),
                              ("Probe scenarios (--scenario)", PROBE_SCENARIOS)):
-            with formatter.section(title):
-                formatter.write_text(", ".join(names))
+            with formatter.section(title):  # wrapped here, never inside a hyphenated name; \b: click keeps it
+                width = max(40, (formatter.width or 80) - formatter.current_indent)
+                lines = textwrap.wrap(", ".join(names), width=width, break_on_hyphens=False)
+                formatter.write_text("\b\n" + "\n".join(lines))
         with formatter.section("Exit codes (docs/cli.md#exit-codes)"):
             formatter.write_text("0 valid, 1 invalid, 2 bad input, 3 unknown, 130 interrupted")
         super().format_epilog(ctx, formatter)
