@@ -246,6 +246,64 @@ def test_paused_client_sends_nothing_while_its_lease_runs_out(cluster):
     asyncio.run(scenario())
 
 
+class HoldAt:
+    """A pause gate that holds the Nth request (1-based) the client is about to send, until released."""
+
+    def __init__(self, n: int):
+        self.n, self.calls = n, 0
+        self.reached, self.release = asyncio.Event(), asyncio.Event()
+
+    async def __call__(self) -> None:
+        self.calls += 1
+        if self.calls == self.n:
+            self.reached.set()
+            await self.release.wait()
+
+
+@pytest.mark.parametrize("mode", ["fenced", "unfenced"])
+def test_a_pause_after_the_check_and_before_the_write(cluster, mode):
+    """Kleppmann's pause, inside the commit: the holder is stopped at the gate right before its store write (after
+    the fenced commit's ownership read), its lease expires, a successor acquires and writes; resumed, the stale
+    write is refused by the store's token guard (fenced) or lands over the successor's (unfenced)."""
+    ident = identity_for("k3")
+
+    async def scenario():
+        holder, successor = client(cluster, 1, 1, mode=mode), client(cluster, 2, 2, mode=mode)
+        try:
+            first = await holder.acquire(ident, ttl_ms=2000, deadline_s=3)
+            assert first.ok
+            gate = holder.pause_gate = HoldAt(2 if mode == "fenced" else 1)  # fenced: the read, then the write
+            stale = asyncio.create_task(holder.commit(first.lease, "doc-k3", {"append": [0, first.lease.fencing_token,
+                                                                                          1]}, identity=ident,
+                                                      deadline_s=3))
+            await asyncio.wait_for(gate.reached.wait(), 10)
+            sent = list(holder.sent)
+            await until(lambda: lease_gone(successor, first.lease), timeout=20, what="the held lease to expire")
+            second = await successor.acquire(ident, ttl_ms=2000, deadline_s=3)
+            assert second.ok and second.lease.fencing_token > first.lease.fencing_token
+            wrote = await successor.commit(second.lease, "doc-k3", {"append": [1, second.lease.fencing_token, 1]},
+                                           identity=ident, deadline_s=3)
+            assert wrote.ok and holder.sent == sent  # the paused holder sent nothing meanwhile
+            gate.release.set()
+            late = await stale
+            db = wrote.data["commit"]["db"]
+            from lab.couch import CouchClient
+
+            async with CouchClient(cluster.store_url_for(holder.node)) as couch:
+                entries = (await couch.get(db, "doc-k3"))["entries"]
+            if mode == "fenced":
+                assert (late.outcome, late.code) == ("fail", "stale_token")
+                assert [e[1] for e in entries] == [second.lease.fencing_token]
+            else:
+                assert late.ok
+                assert [e[1] for e in entries] == [second.lease.fencing_token, first.lease.fencing_token]
+        finally:
+            await holder.aclose()
+            await successor.aclose()
+
+    asyncio.run(scenario())
+
+
 def _run(tmp_path, name: str, seed: int, nemesis: list[str], time_limit: float, **extra):
     from lab.runner import run_test
 

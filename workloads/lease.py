@@ -74,6 +74,9 @@ class LeaseWorkloadClient:
             self.api.clock_ms = clocks.clock_for(op["process"])
         pauses = test.live.get("client_pauses")
         if pauses is not None:
+            if self.api is not None and hasattr(self.api, "pause_gate"):  # a system that stops mid-op too (etcd)
+                process = op["process"]
+                self.api.pause_gate = lambda: pauses.wait(process)
             await pauses.wait(op["process"])
 
     def session_for(self, test, op: dict[str, Any]) -> Session:

@@ -73,7 +73,7 @@ import json
 import math
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 from urllib.parse import quote
 
 import httpx
@@ -249,12 +249,19 @@ class EtcdLockSystem:
         self._couch = None
         self._dbs_ready: set[str] = set()
         self.sent: list[str] = []  # the gateway paths this client sent, in order (tests read it: a pause sends none)
+        # the client-pause gate (set per op by the workload client, like clock_ms): awaited before every request
+        # this client sends, so a paused worker stops at its next request, inside an op too (between the grant
+        # and the lock transaction, between the ownership read and the store write), as a SIGSTOPped process
+        # would; time spent there is not charged to the op's deadline (a paused process does not notice it)
+        self.pause_gate: Callable[[], Awaitable[None]] | None = None
+        self._paused_s = 0.0
 
     # -- the wire ----------------------------------------------------------------------------------------------
     async def _post(self, path: str, body: dict, deadline_s: float | None) -> _Reply:
         """One POST to the gateway under the caller's deadline; _Unsent / _Broken when no answer came."""
         from lab.client.lease import _SendProbe
 
+        await self._gate()
         probe = _SendProbe()
         req = self.http.build_request("POST", path, content=json.dumps(body).encode(),
                                       headers={"content-type": "application/json"}, extensions={"trace": probe})
@@ -280,6 +287,19 @@ class EtcdLockSystem:
             raise _Broken("unparseable_response", f"{path}: HTTP {r.status_code}: {r.text[:200]!r}") from None
         return _Reply(r.status_code, data)
 
+    async def _gate(self) -> None:
+        """Wait at the client-pause gate, if any (accounting the time paused)."""
+        if self.pause_gate is None:
+            return
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await self.pause_gate()
+        self._paused_s += loop.time() - t0
+
+    def _elapsed(self, t0: float, paused0: float) -> float:
+        """Seconds since loop time `t0`, less the time paused at the gate since then."""
+        return asyncio.get_running_loop().time() - t0 - (self._paused_s - paused0)
+
     @staticmethod
     def _unsent(e: _Unsent) -> Result:
         code = CONNECT_ERROR if "Connect" in str(e) else "deadline_exceeded"
@@ -297,8 +317,7 @@ class EtcdLockSystem:
     async def acquire(self, identity: Identity, *, ttl_ms: int, request_id: str | None = None,
                       deadline_s: float | None = None) -> Result:
         """Grant a lease, then create the lock key on it only if absent; the token is the key's create revision."""
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
+        t0, paused0 = asyncio.get_running_loop().time(), self._paused_s
         ttl_s = max(1, math.ceil(ttl_ms / 1000))
         try:
             grant = await self._post("/v3/lease/grant", {"TTL": ttl_s}, deadline_s)
@@ -316,7 +335,7 @@ class EtcdLockSystem:
         txn = {"compare": [{"key": key, "target": "CREATE", "create_revision": "0", "result": "EQUAL"}],
                "success": [{"request_put": {"key": key, "value": _b64(owner), "lease": str(lease_id)}}],
                "failure": [{"request_range": {"key": key}}]}
-        rest = None if deadline_s is None else max(0.001, deadline_s - (loop.time() - t0))
+        rest = None if deadline_s is None else max(0.001, deadline_s - self._elapsed(t0, paused0))
         try:
             r = await self._post("/v3/kv/txn", txn, rest)
         except _Unsent as e:
@@ -407,13 +426,13 @@ class EtcdLockSystem:
         from lab.sut.valkey_lock import ValkeyLockSystem
 
         if self.commit_mode == "fenced":
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
+            t0, paused0 = asyncio.get_running_loop().time(), self._paused_s
             lost = await self._still_owner(lease, identity, deadline_s)
             if lost is not None:
                 return lost
             if deadline_s is not None:
-                deadline_s = max(0.001, deadline_s - (loop.time() - t0))
+                deadline_s = max(0.001, deadline_s - self._elapsed(t0, paused0))
+        await self._gate()  # a pause here is Kleppmann's: after the check, before the write
         self.sent.append("store")
         return await ValkeyLockSystem.commit(self, lease, doc, body, identity=identity, request_id=request_id,
                                              deadline_s=deadline_s)
