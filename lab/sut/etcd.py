@@ -41,9 +41,12 @@ from a background thread, and whose lease helpers keep leases alive in the
 background. The lab must see every request a worker sends (retries would hide
 what etcd did) and a paused worker must send nothing at all, keep-alives
 included (issue 11: a client pause must be real). Here a worker's only
-traffic is the request of the op it is running: a keep-alive is sent only by
-`renew`, so a worker held at its client-pause gate sends nothing while its
-lease runs out on etcd (tests/test_sut_etcd.py shows both).
+traffic is the requests of the op it is running: a keep-alive is sent only by
+`renew`, and every request first awaits the worker's client-pause gate
+(`pause_gate`), so a paused worker sends nothing while its lease runs out on
+etcd, and stops where a SIGSTOPped process would, mid-op included (between
+the grant and the lock transaction; between the fenced commit's ownership
+read and its write: Kleppmann's pause). tests/test_sut_etcd.py shows both.
 
 Outcomes: `fail` only when the op definitely did not take effect (nothing was
 sent; etcd answered NotFound; the lock was taken; a grant whose transaction
