@@ -18,7 +18,8 @@ every op here names:
 Completions follow docs/history-format.md (lease fields, `request_id`), plus
 `sent_at_ms` (the client's wall clock when the request left: with the
 backend's times on the same machine it tells a replayed result from a fresh
-one), `replayed` (the server's flag), `lock_key`, and `end_backend_ms` (the
+one), `replayed` (the server's flag), `lock_key`, `stored_identity` (the
+record's identity tuple, C4, when the system reports it), and `end_backend_ms` (the
 backend time of a release / revoke) on ends.
 Errors are `{"code", "msg"}` objects, so a checker can tell the commit
 boundary's enforcement points apart by their message.

@@ -59,7 +59,8 @@ The scenario client (`lab.scenarios.client.ScenarioClient`) names leases by
 thread or server). Completions add `sent_at_ms` (the client's wall clock when
 the request left; on the local stack Valkey's `TIME` reads the same clock,
 which tells a result replayed from the idempotency record from a fresh one),
-`replayed`, `lock_key`, `end_backend_ms`, `cancelled` (a definite
+`replayed`, `lock_key`, `stored_identity` (the record's tuple, C4),
+`end_backend_ms`, `cancelled` (a definite
 `lease_lost` reached the worker's cancellation path) and errors as
 `{code, msg}`. `observe-backend` reads an identity's fencing counter, commit
 high-water mark and record straight from Valkey, `observe-audit` the audit
@@ -82,6 +83,19 @@ runs the scenario's composed nemesis and script (`build_nemesis(test)`) beside
 the workload's (empty) generator. `fencelab analyze` re-judges a stored run with
 the scenario's checker; the replay command includes `--scenario`.
 
+The run's verdict is its row's: `scenario:<name>` judges it, and any violation
+of a domain checker makes the run invalid; a domain checker that had nothing to
+compare in a short script (one acquisition per key, no retry) says `unknown` in
+its own result (listed in `nothing_to_compare`) without making the row unknown.
+
+The commit scenarios read every document back in a final phase, from the
+run's store: the lab's own, or the system's (`--store-url`, read only; the
+lab installs its fence guard only in a store it started or one the user
+marks `--lab-owns-store`). A final read that failed (no store, unreachable)
+leaves "a refused commit never lands" unjudged: the verdict is `unknown` with
+`documents_unread` naming why, never a silent pass. Documents are
+`doc-<nonce>-<key>`, run-unique like the identities (docs/external-systems.md).
+
 ## The scenarios
 """
 
@@ -92,14 +106,23 @@ TESTS = """\
 - `tests/test_scenario_checkers.py`: every scenario checker on hand-written
   histories: the required result is valid, each way of breaking it is valid
   False with its violation kind, and a race that was not hit is unknown.
-- `tests/test_scenario_runs.py`: real runs on the local stack (concurrent
-  acquires, renew vs release, a corrupt record, a server crash, both commit
-  scenarios reaching the lease validation and the store guard), `analyze`,
+- `tests/test_scenario_runs.py`: every registered scenario run live on its
+  own fresh stack at the shortest depth (`--time-limit 1`): its own checker
+  judged its row (valid, not "unknown"), no checker found a violation, and the
+  extra evidence some must show (both enforcement points of
+  `older-holder-commit`, commits after expiry, idempotency conflicts, the
+  identity probe's spellings and distinct keys); `analyze`,
   the CLI (`--scenario`, its refusals), a scenario against an external URL,
   campaign specs, this file being up to date, and two scenarios against the
   server's planted bugs: `backup-restore` with `recovery: off` finds a token
   issued twice after the restore, `older-holder-commit` with `commit_mode:
   unfenced` finds the old holder's write landing after its successor's.
+
+- `tests/test_external_identity.py`: `identity-probe` against in-memory
+  systems with other documented case rules (keep case and trim; fold every
+  field): valid; one that maps two identities to one lease: invalid
+  (`collision`). `tests/test_external_runs.py`: the commit scenarios against an
+  external server read its store (`--store-url`), and say unknown without it.
 
 ```
 .tools/venv/bin/pytest -q tests/test_scenario_checkers.py tests/test_scenario_runs.py
