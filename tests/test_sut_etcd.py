@@ -392,6 +392,8 @@ def test_nemeses_etcd_cannot_take_are_refused_before_the_run(tmp_path):
         validate(Test(workload="fenced-append", extra={"sut": "etcd"}, nemesis=["valkey-crash"]))
     with pytest.raises(RunError, match=r"--nemesis leader-pause cannot apply to SUT 'reference': it lacks a leader"):
         validate(Test(workload="fenced-append", nemesis=["leader-pause"]))
+    with pytest.raises(RunError, match=r"--backend compose places the reference stack; SUT 'etcd' runs its own"):
+        validate(Test(workload="fenced-append", extra={"sut": "etcd"}, backend="compose"))
     validate(Test(workload="fenced-append", extra={"sut": "etcd"},
                   nemesis=["pause", "partition", "kill", "client-pause", "latency", "leader-pause"]))
     assert not list(tmp_path.iterdir())  # refused before anything started

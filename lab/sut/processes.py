@@ -226,6 +226,10 @@ def check_test(test: Any) -> None:
         except Exception as e:  # noqa: BLE001 - a missing tool is one clear line
             raise SutError(f"SUT {decl.system!r}: {e}" + (f"; {decl.install}" if decl.install else "")) from None
     extra = getattr(test, "extra", None) or {}
+    backend = getattr(test, "backend", None) or "local"
+    if backend != "local":
+        raise SutError(f"--backend {backend} places the reference stack; SUT {decl.system!r} runs its own "
+                       "processes on this machine's loopback: drop --backend")
     if extra.get("mutant"):
         raise SutError(f"--mutant plants a bug in the lab's own reference servers; SUT {decl.system!r} runs "
                        "its own processes: drop --mutant")
