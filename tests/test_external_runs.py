@@ -105,14 +105,14 @@ def test_a_store_the_server_does_not_write_into_is_refused(tmp_path, ext):
     (["--nemesis", "valkey-crash"], "its Valkey process"),
     (["--nemesis", "clock"], "use client-clock"),
     (["--nemesis", "partition"], "add --proxy-urls"),
-    (["--nemesis", "clock,client-clock", "--proxy-urls"], "clock"),
+    (["--nemesis", "reset-peer"], "add --proxy-urls"),
     (["--lab-owns-store"], "give --store-url"),
 ])
 def test_what_cannot_apply_to_an_external_system_is_refused_naming_it(tmp_path, ext, args, message):
     code, out = run_cli(tmp_path, *url_args(ext, "--time-limit", "2", *args))
     line = one_error_line(out)
     assert code == 2 and message in line, out
-    if "--nemesis" in args and "client-clock" not in args[1]:
+    if "--nemesis" in args:
         assert ext["urls"][0] in line, "the refusal names the system"
     assert not (tmp_path / "store").exists()
 
@@ -127,8 +127,16 @@ def test_network_faults_need_a_url_to_proxy(tmp_path):
             validate(Test(nemesis=["latency"], extra={"sut": "inproc-x"}))
         with pytest.raises(RunError, match="no settable client clock"):
             validate(Test(nemesis=["client-clock"], extra={"sut": "inproc-x"}))
+        with pytest.raises(RunError, match="--proxy-urls puts the lab's Toxiproxy in front of the --url servers"):
+            validate(Test(extra={"sut": "inproc-x", "proxy_urls": True}))
     finally:
         unregister_sut("inproc-x")
+    with pytest.raises(RunError, match="is not plain http://"):
+        validate(Test(extra={"urls": ["https://lease.example"], "api_key_file": __file__, "proxy_urls": True}))
+    from nemesis.registry import validate_names
+
+    with pytest.raises(ValueError, match="give clock or client-clock, not both"):
+        validate_names("clock,client-clock")
 
 
 # -- client-side faults against an external system --------------------------------------------------------
