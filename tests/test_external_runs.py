@@ -98,6 +98,23 @@ def test_a_store_the_server_does_not_write_into_is_refused(tmp_path, ext):
     assert not (tmp_path / "store").exists()
 
 
+def test_a_store_that_refuses_the_credentials_is_refused_without_showing_them(tmp_path, ext):
+    from lab.stack.store import PouchDBProcess
+
+    store = PouchDBProcess(tmp_path / "theirs", in_memory=True).start()
+    try:
+        assert httpx.put(store.url + "/_config/admins/admin", content='"right-pw"',
+                         headers={"Content-Type": "application/json"}, timeout=5).status_code == 200
+        wrong = store.url.replace("http://", "http://admin:wrong-pw@")
+        code, out = run_cli(tmp_path, *url_args(ext, "--workload", "fenced-append", "--time-limit", "2",
+                                                "--store-url", wrong))
+        line = one_error_line(out)
+        assert code == 2 and "refused the credentials (HTTP 401)" in line and "admin:***@" in line, out
+        assert "wrong-pw" not in out
+    finally:
+        store.stop()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--workload", "fenced-append"], "needs --store-url"),
     (["--servers", "3"], "drop --servers"),
