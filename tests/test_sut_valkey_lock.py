@@ -228,34 +228,35 @@ def test_fenced_lock_can_also_write_unfenced(valkey, store):
 
 
 def test_a_holder_stalled_between_set_nx_and_incr_outranks_its_successor(valkey, store):
-    """The INCR is not atomic with SET NX: stall A between them past its TTL, let B win and count first, and A's
-    token is the larger one. The guard then takes the expired holder's writes and refuses the rightful one's.
-    (docs/third-party.md, "the INCR window": a finding about this construction, shown on the real lock.)"""
-
-    class Stalling(FencedValkeyLockSystem):
-        def __init__(self, *a, gate: asyncio.Event, **kw):
-            super().__init__(*a, **kw)
-            self.gate = gate
-
-        async def _fencing_token(self, identity):
-            await self.gate.wait()  # a GC pause between SET NX and INCR
-            return await super()._fencing_token(identity)
+    """The INCR is not atomic with SET NX: stop A at its pause gate between them (the client-pause nemesis does
+    this to a worker) past its TTL, let B win and count first, and A's token is the larger one. The guard then
+    takes the expired holder's writes and refuses the rightful one's. (docs/third-party.md, "the INCR window".)
+    The time A spends at the gate does not count against its deadline."""
 
     async def go():
-        gate = asyncio.Event()
-        a = Stalling(valkey.url, store.url, service_instance_id="a", gate=gate)
+        gate, requests = asyncio.Event(), []
+
+        async def pause_gate():  # A's requests: TIME, SET NX, then INCR: hold it before the INCR
+            requests.append(len(requests))
+            if len(requests) == 3:
+                await gate.wait()
+
+        a = FencedValkeyLockSystem(valkey.url, store.url, service_instance_id="a")
+        a.pause_gate = pause_gate
         b = FencedValkeyLockSystem(valkey.url, store.url, service_instance_id="b")
         doc = f"doc-incr-{uuid.uuid4().hex[:8]}"
         try:
-            a_acq = asyncio.create_task(a.acquire(ident(doc), ttl_ms=100))
+            a_acq = asyncio.create_task(a.acquire(ident(doc), ttl_ms=100, deadline_s=0.5))
             await wait_held(b, ident(doc))  # A's SET NX has won
-            await wait_gone(b, ident(doc))  # ... and expired while A stalls
+            await wait_gone(b, ident(doc))  # ... and expired while A stands at its gate
             new = await b.acquire(ident(doc), ttl_ms=5000)
             assert new.ok
+            await asyncio.sleep(0.5)  # past A's deadline in wall time: the paused time does not count
             gate.set()
             old = await a_acq
             assert old.ok and old.lease.fencing_token > new.lease.fencing_token  # the expired holder outranks
             assert (await b.inspect(ident(doc))).lease.lease_id == new.lease.lease_id  # B holds it in Valkey
+            a.pause_gate = None
             assert (await a.commit(old.lease, doc, {"append": ["a", old.lease.fencing_token, 1]})).ok
             refused = await b.commit(new.lease, doc, {"append": ["b", new.lease.fencing_token, 1]})
             assert refused.outcome == "fail" and refused.code == "stale_token"

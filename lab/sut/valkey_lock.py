@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -82,6 +83,24 @@ def _definitely_unsent(e: BaseException) -> bool:
     or "Error N connecting to host:port"; it has no separate exception class for it.
     """
     return "connecting to" in str(e).lower()
+
+
+class _Unsent(Exception):
+    """The deadline was spent before a request was sent: nothing of it reached anyone."""
+
+
+class _Budget:
+    """What is left of an op's deadline, not counting the time its worker was held at the pause gate."""
+
+    def __init__(self, deadline_s: float | None):
+        self.deadline_s = deadline_s
+        self.t0 = time.monotonic()
+        self.paused = 0.0
+
+    def left(self) -> float | None:
+        if self.deadline_s is None:
+            return None
+        return self.deadline_s - (time.monotonic() - self.t0 - self.paused)
 
 
 @dataclass
@@ -122,6 +141,9 @@ class ValkeyLockSystem:
         self._held: dict[str, _Held] = {}  # lease_id -> the Lock that won it
         self._couch = None
         self._dbs_ready: set[str] = set()
+        # set by the workload client per op: awaited before every request this system sends, so the client-pause
+        # nemesis stops a worker mid-op too (between SET NX and INCR; between the store read and its write)
+        self.pause_gate: Callable[[], Awaitable[None]] | None = None
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def _lock(self, identity: Identity, ttl_ms: int):
@@ -154,6 +176,24 @@ class ValkeyLockSystem:
             return await coro
         return await asyncio.wait_for(coro, deadline_s)
 
+    async def _step(self, make: Callable[[], Awaitable[Any]], budget: "_Budget",
+                    on_send: Callable[[], None] | None = None) -> Any:
+        """One request: wait at the pause gate, then send it under what is left of the deadline.
+
+        Time held at the gate does not count against the deadline (the worker was stopped, not slow); a
+        deadline already spent raises `_Unsent` (nothing was sent)."""
+        if self.pause_gate is not None:
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            await self.pause_gate()
+            budget.paused += loop.time() - t0
+        left = budget.left()
+        if left is not None and left <= 0:
+            raise _Unsent("the deadline passed before the request was sent")
+        if on_send is not None:
+            on_send()
+        return await self._deadline(make(), left)
+
     def _lease(self, identity: Identity, lock_value: str, token: int | None, ttl_ms: int, acquired_at_ms: int | None,
                expires_at_ms: int | None, state: str = "active", renewed_at_ms: int | None = None) -> Lease:
         d = identity.as_dict()
@@ -171,21 +211,21 @@ class ValkeyLockSystem:
         """SET NX PX through redis-py's Lock (non-blocking): ok with a lease, `lease_conflict` when held."""
         lock = self._lock(identity, ttl_ms)
         stage = "time"
-        t0 = time.monotonic()
+        budget = _Budget(deadline_s)
         try:
-            before = await self._deadline(self._backend_ms(), deadline_s)
+            before = await self._step(self._backend_ms, budget)
             stage = "set"
-            rest = None if deadline_s is None else max(0.001, deadline_s - (time.monotonic() - t0))
-            won = await self._deadline(lock.acquire(blocking=False), rest)
+            won = await self._step(lambda: lock.acquire(blocking=False), budget)
             if not won:
                 return Result("fail", LOCK_TAKEN, msg="the lock is held (SET NX refused)")
             stage = "fence"
-            rest = None if deadline_s is None else max(0.001, deadline_s - (time.monotonic() - t0))
-            token = await self._deadline(self._fencing_token(identity), rest)
+            token = await self._step(lambda: self._fencing_token(identity), budget) if self.FENCING_TOKENS else None
         except Exception as e:  # noqa: BLE001 - every failure becomes a typed outcome
             if stage == "fence":
                 return Result("info", FENCE_UNKNOWN, msg=f"the lock was won; its fencing token did not answer: "
                                                            f"{type(e).__name__}: {e}"[:300])
+            if isinstance(e, _Unsent):
+                return Result("fail", "deadline_exceeded", msg=f"acquire: {e}")
             return self._error(e, sent=stage == "set", op="acquire")
         try:
             after = await self._backend_ms()
@@ -213,18 +253,19 @@ class ValkeyLockSystem:
 
         held = self._held_lock(lease, identity)
         ttl_ms = lease.ttl_ms or 1000
-        sent = False
-        t0 = time.monotonic()
+        stage = "time"  # TIME only reads: a failure there changed nothing
+        budget = _Budget(deadline_s)
         try:
-            before = await self._deadline(self._backend_ms(), deadline_s)
-            sent = True
-            rest = None if deadline_s is None else max(0.001, deadline_s - (time.monotonic() - t0))
-            await self._deadline(held.lock.extend(ttl_ms / 1000.0, replace_ttl=True), rest)
+            before = await self._step(self._backend_ms, budget)
+            stage = "extend"
+            await self._step(lambda: held.lock.extend(ttl_ms / 1000.0, replace_ttl=True), budget)
         except LockError as e:  # LockNotOwnedError: the key is gone or holds another token (the script ran)
             self._held.pop(lease.lease_id, None)
             return Result("fail", NOT_OWNED, msg=f"renew: {e}")
+        except _Unsent as e:
+            return Result("fail", "deadline_exceeded", msg=f"renew: {e}")
         except Exception as e:  # noqa: BLE001
-            return self._error(e, sent=sent, op="renew")
+            return self._error(e, sent=stage == "extend", op="renew")
         new = self._lease(held.lease.identity, lease.lease_id, lease.fencing_token, ttl_ms, lease.acquired_at_ms,
                           before + ttl_ms, renewed_at_ms=before)
         held.lease = new
@@ -238,10 +279,12 @@ class ValkeyLockSystem:
 
         held = self._held_lock(lease, identity)
         try:
-            await self._deadline(held.lock.release(), deadline_s)
+            await self._step(held.lock.release, _Budget(deadline_s))
         except LockError as e:
             self._held.pop(lease.lease_id, None)
             return Result("fail", NOT_OWNED, msg=f"release: {e}")
+        except _Unsent as e:
+            return Result("fail", "deadline_exceeded", msg=f"release: {e}")
         except Exception as e:  # noqa: BLE001
             return self._error(e, sent=True, op="release")
         self._held.pop(lease.lease_id, None)
@@ -257,7 +300,7 @@ class ValkeyLockSystem:
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.get(lock_name(target)).pttl(lock_name(target)).time()
-                value, pttl, (sec, usec) = await self._deadline(pipe.execute(), deadline_s)
+                value, pttl, (sec, usec) = await self._step(pipe.execute, _Budget(deadline_s))
         except Exception as e:  # noqa: BLE001 - a read: whatever happened changed nothing
             return Result("fail", "lease_backend_unavailable", msg=f"inspect: {type(e).__name__}: {e}"[:300])
         if value is None or pttl is None or pttl < 0:
@@ -284,25 +327,26 @@ class ValkeyLockSystem:
         db = FENCED_DB if fenced else UNFENCED_DB
         state = {"put_sent": False}
         try:
-            return await self._deadline(self._write(db, doc, body["append"], lease, fenced, state), deadline_s)
+            return await self._write(db, doc, body["append"], lease, fenced, state, _Budget(deadline_s))
         except Exception as e:  # noqa: BLE001 - a write that broke: did any PUT leave?
             msg = f"commit: {type(e).__name__}: {e}"[:300]
-            if not state["put_sent"]:
+            if not state["put_sent"] or isinstance(e, _Unsent):
                 return Result("fail", CONNECT_ERROR if _is_connect(e) else "deadline_exceeded", msg=msg)
             return Result("info", TIMEOUT if isinstance(e, (asyncio.TimeoutError, *_timeout_types())) else
                           CONNECTION_LOST, msg=msg)
 
-    async def _write(self, db: str, doc: str, entry: Any, lease: Lease, fenced: bool, state: dict) -> Result:
+    async def _write(self, db: str, doc: str, entry: Any, lease: Lease, fenced: bool, state: dict,
+                     budget: "_Budget") -> Result:
         from lab.couch import CouchClient
 
         if self._couch is None:
             self._couch = CouchClient(self.store_url, timeout_s=self.timeout_s)
         couch = self._couch
-        if db not in self._dbs_ready:
-            await couch.ensure_db(db, fenced=fenced)  # the fenced system's guard is part of the system
+        if db not in self._dbs_ready:  # the fenced system's guard is part of the system
+            await self._step(lambda: couch.ensure_db(db, fenced=fenced), budget)
             self._dbs_ready.add(db)
         for _ in range(COMMIT_ATTEMPTS):
-            current = await couch.get(db, doc)
+            current = await self._step(lambda: couch.get(db, doc), budget)
             if current is not None and entry in (current.get("entries") or []):
                 # a retry of a write that already landed (its entry is unique): applying it again would duplicate
                 # it; which revision applied it is unknown, so no rev is reported
@@ -315,8 +359,8 @@ class ValkeyLockSystem:
                 new.update(fence_token=lease.fencing_token, fence_lease_id=lease.lease_id)
             else:
                 new.update(writer_token=lease.fencing_token, writer_lease_id=lease.lease_id)
-            state["put_sent"] = True
-            res = await couch.put(db, doc, new)
+            # a pause here is Kleppmann's: the client believes it holds the lock, read the document, then stops
+            res = await self._step(lambda: couch.put(db, doc, new), budget, on_send=lambda: state.update(put_sent=True))
             if res.ok:
                 data = {"doc": doc, "db": db, "rev": res.rev,
                         "accepted_token": lease.fencing_token if fenced else None, "validated_at_ms": None,
