@@ -51,6 +51,7 @@ __all__ = [
     "merge_valid",
     "nemesis_phase",
     "backend_clock_moves",
+    "clock_strobe_windows",
     "backend_rules_note",
     "clock_segments",
     "segment_of",
@@ -385,6 +386,25 @@ def clock_segments(history: list[dict]) -> list[int]:
         if "clock" in str(op.get("f")) or (isinstance(v, dict) and v.get("fault") == "clock"):
             bounds.append(op.get("time", 0))
     return sorted(bounds)
+
+
+def clock_strobe_windows(history: list[dict]) -> list[tuple[int, int]]:
+    """(start, end) monotonic times during which a strobe kept flipping a clock with no op of its own: from a
+    `strobe-clock` start to the next reset (or the history's end). No two backend times inside one are comparable."""
+    windows, start = [], None
+    end_of_history = max((op.get("time", 0) for op in history), default=0)
+    for op in history:
+        if op.get("process") != NEMESIS or op.get("type") != "info":
+            continue
+        v = op.get("value") if isinstance(op.get("value"), dict) else {}
+        if op.get("f") == "strobe-clock" and v.get("phase") == "start" and start is None:
+            start = op.get("time", 0)
+        elif op.get("f") == "reset-clock" and start is not None and v:
+            windows.append((start, op.get("time", 0)))
+            start = None
+    if start is not None:
+        windows.append((start, end_of_history))
+    return windows
 
 
 def segment_of(pairs: Iterable[Pair], bounds: list[int]) -> int | None:

@@ -43,7 +43,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, Violations, analyzed, error_code, lease_index, op_lease_id, pair_ops
-from checkers.core import backend_clock_moves, backend_rules_note, clock_segments, segment_of
+from checkers.core import backend_clock_moves, backend_rules_note, clock_segments, clock_strobe_windows, segment_of
 
 __all__ = ["MutualExclusionChecker"]
 
@@ -86,14 +86,21 @@ def _by_clock_segment(history: list[dict], by_key: dict[Any, list[Lease]]) -> di
     """(key, stretch) -> the leases whose every timed op lies in that stretch between clock moves.
 
     Backend times of one stretch are comparable with each other; a lease with ops on both sides of a
-    move (or never completed) is left out: fewer comparisons, never a false alarm.
+    move (or never completed), or with an op while a strobe was flipping a clock, is left out: fewer
+    comparisons, never a false alarm.
     """
     bounds = clock_segments(history)
+    strobes = clock_strobe_windows(history)  # a strobe flips the clock between its start and reset ops
+
+    def strobed(ops: list[Pair]) -> bool:
+        return any(p.t0 <= e and (p.t1 is None or p.t1 >= s) for p in ops for s, e in strobes)
+
     out: dict[tuple, list[Lease]] = defaultdict(list)
     for key, ls in by_key.items():
         for lease in ls:
-            seg = segment_of([*lease.acquires, *lease.grants, *(e for e in lease.ends if e.type == "ok")], bounds)
-            if seg is not None:
+            ops = [*lease.acquires, *lease.grants, *(e for e in lease.ends if e.type == "ok")]
+            seg = segment_of(ops, bounds)
+            if seg is not None and not strobed(ops):
                 out[(key, seg)].append(lease)
     return out
 
