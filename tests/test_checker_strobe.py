@@ -27,8 +27,8 @@ def lease(lid, token, acq, exp, **kw):
 
 def history(strobe: bool) -> list[dict]:
     h = [
-        op(0, 0.0, "invoke", 0, "acquire", {"request_id": "a1"}, key="k"),
-        op(1, 0.1, "ok", 0, "acquire", lease("A", 1, 100_000, 102_000, request_id="a1"), key="k"),
+        op(0, 0.7, "invoke", 0, "acquire", {"request_id": "a1"}, key="k"),
+        op(1, 0.8, "ok", 0, "acquire", lease("A", 1, 100_000, 102_000, request_id="a1"), key="k"),
         op(4, 1.1, "invoke", 0, "renew", {"request_id": "r1"}, key="k"),
         # the renew ran while Valkey's clock read 24.7 s early: its expiry is in the past
         op(5, 1.2, "ok", 0, "renew", lease("A", 1, 100_000, 77_300, request_id="r1",
