@@ -54,8 +54,9 @@ from typing import Any
 
 from lab.testmap import Test
 
-__all__ = ["Entry", "MutantRow", "MutantsError", "MutantsReport", "MutantsSpec", "RunRecord", "build_test", "config_key",
-           "caught_by", "exit_code", "load_spec", "parse_spec", "render_markdown", "render_plain", "run_mutants"]
+__all__ = ["Entry", "MutantRow", "MutantsError", "MutantsReport", "MutantsSpec", "RunRecord", "build_test",
+           "caught_by", "config_key", "exit_code", "load_spec", "parse_spec", "render_markdown", "render_plain",
+           "run_mutants"]
 
 DEFAULT_SPEC = Path("campaigns/mutants.toml")
 TOP_KEYS = ("name", "description", "runs", "workloads", "defaults", "fast", "mutants")

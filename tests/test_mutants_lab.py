@@ -228,7 +228,8 @@ def test_workload_rows_run_every_seed_scenarios_stop_at_detection_and_unmodified
     assert "| mutant | fault | lease | idempotency | tuned run | scenario (extra evidence) | caught |" in md
     assert "| volatile-counter | - | 3/3 | 1/3 | - | - | yes |" in md
     assert "| renew-revives-expired | - | - | - | - | renew-vs-expiry: run 2 (of up to 3) | yes |" in md
-    assert "| no-idempotency | idempotency workload (defaults) | 3/3 | fencing (duplicate-token) | valid (3 runs) |" in md
+    assert ("| no-idempotency | idempotency workload (defaults) | 3/3 | fencing (duplicate-token) | valid (3 runs) |"
+            in md)
     summary = json.loads((tmp_path / "m" / "summary.json").read_text())
     assert summary["detected"] == 3 and summary["exit_code"] == 0 and len(lines) == len(seen)
     assert summary["caught"] == {"volatile-counter": True, "no-idempotency": True, "renew-revives-expired": True}

@@ -174,7 +174,8 @@ def session(keys: list[str], renews: int = 2):
                 ops.append(_op("inspect", k, None))
             return ops
         # a holder that stalls: it polls for the key until it holds it, then works, stalls, and carries on
-        ops = [acquire_until_held(k, lambda test, ctx: v(ttl_ms=test.ttl_ms)), _op("renew", k, v()), stall(span, end_ns)]
+        ops = [acquire_until_held(k, lambda test, ctx: v(ttl_ms=test.ttl_ms)), _op("renew", k, v()),
+               stall(span, end_ns)]
         after = [_op("renew", k, v()), _op("release", k, v())]
         if kind == "stalled" and ctx.rng.random() < 0.5:
             after.reverse()  # the stale holder's release first: it must not end (or delete) its successor's lease
