@@ -182,6 +182,31 @@ def as_rng(rng: Any) -> random.Random:
     raise ValueError(f"rng must be a random.Random or an int seed, got {rng!r}")
 
 
+class Rounds:
+    """Seeded draws in shuffled rounds: each choice once per round, in an order the rng picks.
+
+    A nemesis draws its targets (a process, a grudge, a scope, a client thread) this way rather than
+    independently, so a short run with as many windows as choices sees every one of them (a run of four
+    kills over valkey, store, lease-1 and lease-2 kills each once), and the same seed replays the same order.
+    """
+
+    def __init__(self, rng: random.Random):
+        self.rng = rng
+        self._left: dict[str, list] = {}
+
+    def pick(self, name: str, choices: Any) -> Any:
+        """The next draw for `name` from `choices` (a new shuffled round when the last one is used up)."""
+        choices = list(choices)
+        if not choices:
+            raise ValueError(f"no {name} to choose from")
+        left = self._left.get(name)
+        if not left or any(c not in choices for c in left):
+            left = list(choices)
+            self.rng.shuffle(left)
+            self._left[name] = left
+        return left.pop()
+
+
 def invocation(f: str, value: Any = None) -> dict:
     """A nemesis op as the interpreter hands it to `invoke` (for driving a nemesis by hand, e.g. in tests)."""
     return {"type": "info", "process": NEMESIS_PROCESS, "f": f, "value": value}

@@ -51,7 +51,7 @@ import psutil
 
 from lab.stack.process import ManagedProcess
 from nemesis.core import NemesisUnavailable, completion
-from nemesis.core import as_rng
+from nemesis.core import Rounds, as_rng
 from nemesis.network import DIRECTIONS, _choices, check_grudges, grudge_pairs, streams_of
 from nemesis.topology import _check_endpoint, role
 
@@ -458,6 +458,7 @@ class NetnsPartition:
             raise ValueError(f"hosts must be a NetnsHosts, got {type(hosts).__name__}")
         self.hosts = hosts
         self.rng = as_rng(rng)
+        self.rounds = Rounds(self.rng)  # grudges and directions: each once per round
         self.pairs = [tuple(p) for p in (links if links is not None else _default_pairs(hosts.endpoints))]
         if not self.pairs:
             raise ValueError("links: no links among these hosts (give links=[(from, to), ...])")
@@ -513,10 +514,10 @@ class NetnsPartition:
                 raise ValueError(f"unknown links {bad}; links: {', '.join(sorted(names))}")
             chosen, cut = {"grudge": "links"}, [names[n] for n in value["links"]]
         else:
-            grudge = value.get("grudge") or self.rng.choice(self.grudges)
+            grudge = value.get("grudge") or self.rounds.pick("grudge", self.grudges)
             picked, cut = grudge_pairs(grudge, self.pairs, self.rng, target=value.get("target"), sides=value.get("sides"))
             chosen = {"grudge": grudge, **picked}
-        direction = value.get("direction") or self.rng.choice(self.directions)
+        direction = value.get("direction") or self.rounds.pick("direction", self.directions)
         return {**chosen, "direction": direction}, cut, streams_of(direction)
 
     async def _start(self, op: dict) -> dict:

@@ -34,7 +34,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from nemesis.core import NemesisUnavailable, as_rng, completion
+from nemesis.core import NemesisUnavailable, Rounds, as_rng, completion
 from nemesis.topology import Link, Topology, role
 from nemesis.toxiproxy import ToxiproxyError, validate_toxic
 
@@ -218,6 +218,7 @@ class ToxicNemesis:
         self.topology = topology
         self.name = fault
         self.rng = as_rng(rng)
+        self.rounds = Rounds(self.rng)  # grudges, scopes, directions: each once per round
         self.directions = _choices("directions", directions, DIRECTIONS)
         self.scopes = _choices("scopes", scopes, SCOPES)
         if "server" in self.scopes and not topology.servers:
@@ -280,7 +281,7 @@ class ToxicNemesis:
         """The targets (`scope`, `target`, or explicit `links`) for one start."""
         if "links" in value:
             return {"scope": "links"}, self._named_links(value["links"])
-        scope = value.get("scope") or self.rng.choice(self.scopes)
+        scope = value.get("scope") or self.rounds.pick("scope", self.scopes)
         if scope not in SCOPES:
             raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
         target = value.get("target")
@@ -288,10 +289,10 @@ class ToxicNemesis:
             return {"scope": "all"}, list(self.topology.links.values())
         if scope == "link":
             names = sorted(self.topology.links)
-            target = target if target is not None else self.rng.choice(names)
+            target = target if target is not None else self.rounds.pick("link", names)
             return {"scope": "link", "target": target}, self._named_links([target])
         servers = self.topology.servers
-        target = target if target is not None else self.rng.choice(servers)
+        target = target if target is not None else self.rounds.pick("server", servers)
         if target not in servers:
             raise ValueError(f"scope server: target must be one of {', '.join(servers)}, got {target!r}")
         return {"scope": "server", "target": target}, self.topology.links_touching(target)
@@ -318,7 +319,7 @@ class ToxicNemesis:
             raise ValueError(f"start-{self.name}: unknown value key(s) {', '.join(sorted(unknown))}")
         params = self._check_params({**self.params, **overrides})
         chosen, links = self._choose(value)
-        direction = value.get("direction") or self.rng.choice(self.directions)
+        direction = value.get("direction") or self.rounds.pick("direction", self.directions)
         return {**chosen, "direction": direction}, links, streams_of(direction), params
 
     # -- start / stop ------------------------------------------------------------
@@ -405,7 +406,7 @@ class PartitionNemesis(ToxicNemesis):
         """A grudge (drawn, or `grudge` with optional `target`/`sides`), or explicit `links`."""
         if "links" in value:
             return {"grudge": "links"}, self._named_links(value["links"])
-        grudge = value.get("grudge") or self.rng.choice(self.grudges)
+        grudge = value.get("grudge") or self.rounds.pick("grudge", self.grudges)
         chosen, cut = grudge_pairs(grudge, self._pairs(), self.rng, target=value.get("target"),
                                    sides=value.get("sides"))
         return {"grudge": grudge, **chosen}, [self.topology.link(f, t) for f, t in cut]

@@ -41,7 +41,7 @@ import psutil
 
 from lab.stack.leaseserver import LeaseServerProcess
 from lab.stack.process import ManagedProcess, ProcessError
-from nemesis.core import NemesisUnavailable, as_rng, completion
+from nemesis.core import NemesisUnavailable, Rounds, as_rng, completion
 
 __all__ = [
     "ClientPauseNemesis",
@@ -267,6 +267,7 @@ class _ProcessFault:
         self.processes = _check_processes(processes)
         self.name = self.fault
         self.rng = as_rng(rng)
+        self.rounds = Rounds(self.rng)  # every target once per round
         self.targets = (_check_targets("targets", targets, list(self.processes)) if targets is not None
                         else list(self.processes))
         self.restart_timeout_s = _seconds("restart_timeout_s", restart_timeout_s, maximum=600)
@@ -314,7 +315,7 @@ class _ProcessFault:
         """The targets of one start: given, or one drawn from the configured targets."""
         if "targets" in value:
             return _check_targets("targets", value["targets"], self.targets)
-        return [self.rng.choice(self.targets)]
+        return [self.rounds.pick("target", self.targets)]
 
     async def _cancel_timer(self) -> None:
         """Stop a pending timed restart, if this fault has one."""
@@ -535,6 +536,7 @@ class ClientPauseNemesis:
         self.pauses = pauses
         self.name = self.fault
         self.rng = as_rng(rng)
+        self.rounds = Rounds(self.rng)  # every client thread once per round
         all_threads = list(range(pauses.concurrency))
         if threads is None:
             self.threads = all_threads
@@ -584,7 +586,7 @@ class ClientPauseNemesis:
             if thread not in self.threads:
                 raise ValueError(f"start-client-pause: thread must be one of {self.threads}, got {thread!r}")
         else:
-            thread = self.rng.choice(self.threads)
+            thread = self.rounds.pick("thread", self.threads)
         duration = _seconds("duration_s", value.get("duration_s", self.duration_s), allow_none=True,
                             maximum=self.max_duration_s)
         self.pauses.pause(thread)

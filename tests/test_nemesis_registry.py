@@ -31,7 +31,9 @@ from nemesis.schedule import Fault, final_heal, nemesis_generator, plan
 from nemesis.toxiproxy import ToxiproxyClient
 
 # everything the local stack can run (leader-pause needs a system that names its leader: tests/test_sut_etcd.py)
-LOCAL = [n for n in registry.known_names() if n not in ("netns", "leader-pause")]
+# client-clock is the client half of clock (the two are exclusive): tests/test_external_runs.py runs it
+# server-clock is clock on the lease servers only (exclusive with clock too): tests/test_fault_exposure.py runs it
+LOCAL = [n for n in registry.known_names() if n not in ("netns", "leader-pause", "client-clock", "server-clock")]
 
 
 # -- names ------------------------------------------------------------------------------
@@ -55,6 +57,41 @@ def test_validate_names_messages(names, message):
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
+def test_server_clock_moves_only_the_lease_servers_and_excludes_the_other_clock_nemeses(tmp_path):
+    with pytest.raises(ValueError, match="^--nemesis: clock and server-clock all bump and reset clocks"):
+        registry.validate_names("clock,server-clock")
+    assert registry.stack_options("server-clock") == {"fake_clocks": True}
+    clocks = {n: str(tmp_path / f"{n}.rc") for n in ("valkey", "lease-1", "lease-2")}
+
+    class Stack:  # what build reads of a running LocalStack
+        processes = []
+        info = {"clocks": clocks}
+
+    test = Test(name="t", time_limit=5, concurrency=2)
+    test.live["stack"] = Stack()
+    nemesis, _ = registry.build(test, ["server-clock"], interval_s=1, seed=3)
+    assert nemesis.fs == {"bump-clock", "strobe-clock", "reset-clock"}
+    (member,) = nemesis.nemeses
+    assert member.targets == ["lease-1", "lease-2"] and "valkey" not in member.files  # backend time never moves
+
+
+def test_rounds_draw_every_choice_once_per_round_in_a_seeded_order():
+    import random
+
+    from nemesis.core import Rounds
+
+    choices = ["valkey", "store", "lease-1", "lease-2"]
+    r = Rounds(random.Random(5))
+    draws = [r.pick("target", choices) for _ in range(12)]
+    for i in range(0, 12, 4):
+        assert sorted(draws[i:i + 4]) == sorted(choices)  # each round covers every target
+    again = Rounds(random.Random(5))
+    assert [again.pick("target", choices) for _ in range(12)] == draws  # the seed replays the order
+    assert len({tuple(draws[i:i + 4]) for i in range(0, 12, 4)}) > 1  # the order is shuffled, not fixed
+    with pytest.raises(ValueError, match="no target to choose from"):
+        r.pick("target", [])
+
+
 def test_netns_needs_root(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(ValueError, match=r"^--nemesis netns: netns nemesis needs root .* running as uid 1000$"):
@@ -72,8 +109,11 @@ def test_stack_options_merge_what_the_nemeses_need():
     assert registry.stack_options([]) == {}
     assert registry.stack_options("partition,latency") == {"toxiproxy": True}
     assert registry.stack_options("clock") == {"fake_clocks": True}
-    assert registry.stack_options("kill,pause,client-pause") == {"persistence": "always"}
+    # the nemeses that restart Valkey need the store, where the servers' recovery rule keeps its epoch
+    assert registry.stack_options("kill,pause,client-pause") == {"persistence": "always", "recovery_store": True}
+    assert registry.stack_options("pause,client-pause") == {}
     assert registry.stack_options("valkey-restore,valkey-crash,slicer") == {"persistence": "everysec",
+                                                                            "recovery_store": True,
                                                                             "toxiproxy": True}
     StackOptions(**registry.stack_options(LOCAL)).validate()  # they are StackOptions fields
     with pytest.raises(ValueError, match="unknown nemesis"):

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["MUTANTS", "MUTANT_NAMES", "LuaPatch", "Mutant", "get_mutant"]
+__all__ = ["GENERAL_MUTANT_NAMES", "MUTANTS", "MUTANT_NAMES", "LuaPatch", "Mutant", "get_mutant"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,9 @@ class Mutant:
     settings: Mapping[str, Any] = field(default_factory=dict)
     patches: tuple[LuaPatch, ...] = ()
     variants: tuple[str, ...] = ()  # class names in lab.server.mutants.variants
+    # the fault that exposes it (campaigns/faults.toml, docs/nemesis.md "Every fault exposes a bug"): a bug that
+    # only shows under that fault, so `fencelab mutants`' general workloads (no fault) cannot be asked to catch it
+    fault: str = ""
 
 
 # The one line of renew.lua and release.lua that decides whether the caller holds the lease (C12, C13).
@@ -162,6 +165,34 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
         patches=(LuaPatch("release", _REFUSE, _CLEANUP), LuaPatch("common", _REFUSE, _CLEANUP)),
     ),
     Mutant(
+        "renew-without-backend",
+        "a circuit breaker around Valkey: a renew that Valkey refuses (down) is answered lease_renewed from the "
+        "server's memory of the lease, and once Valkey has been slow or silent for a while (calls pending past "
+        "120 ms, sustained over 0.2 s) renewals are answered from memory without Valkey for 5 s: holders believe "
+        "in expiries Valkey never recorded, and successors take the identities at the real ones",
+        ("C12", "C20"),
+        variants=("RenewWithoutBackendService",),
+        fault="partition",
+    ),
+    Mutant(
+        "restart-drops-leases",
+        "at start-up a server instance deletes every unexpired lease record, taking the holders for clients of "
+        "its previous life: after one server restarts, every held identity is free again although its holder "
+        "still holds it, and the next acquirer gets it",
+        ("C9", "C11"),
+        variants=("RestartDropsLeasesBackend",),
+        fault="kill",
+    ),
+    Mutant(
+        "idle-lease-reaper",
+        "a background task deletes the record of a lease whose holder has not called the server for a second "
+        "(\"reclaiming abandoned leases\"), before its expiry: a holder that was only paused comes back to a "
+        "lease a successor already holds",
+        ("C9", "C10"),
+        variants=("IdleLeaseReaperService",),
+        fault="client-pause",
+    ),
+    Mutant(
         "counter-from-snapshot",
         "no recovery rule: after Valkey restarts from an older snapshot the server trusts the restored fencing "
         "counters and re-issues tokens already used downstream",
@@ -171,6 +202,9 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
 )}
 
 MUTANT_NAMES = tuple(MUTANTS)
+# the planted bugs the general workloads must catch without a fault (campaigns/mutants.toml); the others are
+# the fault table's (campaigns/faults.toml)
+GENERAL_MUTANT_NAMES = tuple(m for m in MUTANT_NAMES if not MUTANTS[m].fault)
 
 
 def get_mutant(name: str) -> Mutant:

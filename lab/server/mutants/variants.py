@@ -15,23 +15,34 @@ settings-only mutants); a few replace more:
   `time.time()` as its last argument, which the patched `now_ms()` returns.
 - `NoIdempotencyCommits` (no-idempotency): a commit's final idempotency record
   is not written either (the scripts neither read nor write theirs).
+- `RenewWithoutBackendService` (renew-without-backend): a circuit breaker
+  around Valkey that answers renewals from the server's own memory of the
+  leases it granted while Valkey is failing or slow.
+- `RestartDropsLeasesBackend` (restart-drops-leases): at start-up, deletes
+  every unexpired lease record.
+- `IdleLeaseReaperService` (idle-lease-reaper): a background task that deletes
+  the record of a lease whose holder has not called this server for a second.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import logging
+import re
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
-from lab.server.backend import Backend, BackendError, NotStarted
+from lab.server.backend import ACTIVE_INDEX, Backend, BackendError, NotStarted
+from lab.server.identity import KEY_PREFIX
 from lab.server.commit import CommitService
 from lab.server.errors import LeaseError
 from lab.server.mutants import LuaPatch, Mutant, get_mutant
 from lab.server.scripts import LUA_DIR, Script
-from lab.server.service import LeaseService
+from lab.server.service import LeaseService, Outcome, rfc3339_ms
 from lab.server.settings import Settings
+from lab.server.wire import now_ms
 
 log = logging.getLogger("lab.server.mutants")
 
@@ -82,6 +93,45 @@ class MutantBackend(Backend):
         self.scripts = patch_scripts(self.scripts, self.mutant.patches)
 
 
+_LOCK_KEY = re.compile(re.escape(KEY_PREFIX) + r"[A-Za-z0-9_-]{43}\Z")  # a lease record's key (the lock key)
+
+
+class RestartDropsLeasesBackend(MutantBackend):
+    """restart-drops-leases: at start-up the server deletes every unexpired lease record.
+
+    MUTANT(restart-drops-leases). "Clean start" housekeeping when a server instance starts: it takes
+    every live lease for one granted to a client of its previous life, dead with it, and deletes the
+    record (DEL lock key, out of the active index). No holder is told: a holder that still runs, on
+    another server or reconnecting to this one, holds a lease whose identity is free again, and the next
+    acquirer gets it (C9: a lease ends by expiry, release or an audited admin action). Only a server
+    (re)start runs it: a run whose servers start once, over an empty Valkey, never shows it.
+    """
+
+    async def start(self) -> None:
+        await super().start()
+        loop = asyncio.get_running_loop()
+        try:
+            deadline = loop.time() + 5.0
+            now_s, us = await self.command(deadline, "TIME")
+            now = int(now_s) * 1000 + int(us) // 1000
+            cursor, dropped = "0", 0
+            while True:
+                cursor, names = await self.command(deadline, "SCAN", cursor, "MATCH", KEY_PREFIX + "*", "COUNT", 1000)
+                for name in names:
+                    if not _LOCK_KEY.match(name):
+                        continue  # a counter, a high-water mark, an index: not a lease record
+                    expires = await self.command(deadline, "HGET", name, "expires_at")
+                    if expires is not None and int(expires) > now:  # MUTANT(restart-drops-leases): dropped
+                        await self.command(deadline, "DEL", name)
+                        await self.command(deadline, "ZREM", ACTIVE_INDEX, name)
+                        dropped += 1
+                if str(cursor) == "0":
+                    break
+            log.warning("restart-drops-leases: deleted %d live lease records at start-up", dropped)
+        except Exception as e:  # noqa: BLE001 - a planted bug's housekeeping must not stop the server
+            log.warning("restart-drops-leases: %s", type(e).__name__)
+
+
 class LocalClockBackend(MutantBackend):
     """local-clock: the server's wall clock rides along as every script's last argument."""
 
@@ -125,8 +175,199 @@ class NoIdempotencyCommits(CommitService):
         return None
 
 
-_VARIANTS: dict[str, type] = {c.__name__: c for c in (LocalClockBackend, NonatomicAcquireService,
-                                                       NoIdempotencyCommits)}
+_UNAVAILABLE = frozenset(("lease_backend_unavailable", "lease_outcome_unknown"))
+
+
+class RenewWithoutBackendService(LeaseService):
+    """renew-without-backend: while Valkey is down or slow, renewals are answered from the server's memory.
+
+    MUTANT(renew-without-backend). A "circuit breaker" meant to ride out backend trouble: the server
+    remembers every lease it granted or renewed. A renew that Valkey refuses outright (connection
+    refused: Valkey is down) is answered `lease_renewed` from memory, the expiry moved by the server's
+    clock. The breaker probes Valkey (PING every `PROBE_S`) and watches acquires and renews: every
+    `SLOW_S` that one of them waits for Valkey is a strike (a call hanging for 0.5 s strikes four
+    times); once `STRIKES` strikes span at least `SUSTAINED_S` within a second
+    (sustained trouble, not one slow reply or one stall of this process), the breaker opens for `OPEN_S`
+    and renewals are answered from memory without waiting for Valkey. Valkey never extends those leases: their holders believe them valid after
+    Valkey let them expire, and after a successor took the identity (C12, C20; races table: backend
+    unavailable, "no assumed success").
+    """
+
+    PROBE_S = 0.1
+    SLOW_S = 0.12
+    STRIKES = 3
+    SUSTAINED_S = 0.2
+    OPEN_S = 5.0
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self.granted: dict[str, dict[str, Any]] = {}  # lease_id -> the lease object last returned
+        self.strikes: list[float] = []
+        self.open_until = 0.0
+        self._probe: asyncio.Task | None = None
+
+    def _remember(self, out: Outcome) -> Outcome:
+        lease = out.lease
+        if isinstance(lease, dict) and lease.get("lease_id") and lease.get("state", "active") == "active":
+            self.granted[lease["lease_id"]] = dict(lease)
+        return out
+
+    def _start_probe(self) -> None:
+        if self._probe is None:
+            self._probe = asyncio.create_task(self._probing(), name="renew-without-backend probe")
+
+    async def _probing(self) -> None:
+        """PING Valkey every PROBE_S; a strike for every SLOW_S a ping waits."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.PROBE_S)
+            try:
+                await (await self._timed(self.backend.command(loop.time() + 1.0, "PING")))
+            except Exception:  # noqa: BLE001 - a failed probe is a strike; the prober never dies
+                self._strike()
+
+    def _strike(self) -> None:
+        now = asyncio.get_running_loop().time()
+        self.strikes = [t for t in self.strikes if now - t < 1.0] + [now]
+        if len(self.strikes) >= self.STRIKES and self.strikes[-1] - self.strikes[0] >= self.SUSTAINED_S:
+            if not self._open():
+                log.warning("renew-without-backend: breaker open for %.1f s (Valkey slow or silent)", self.OPEN_S)
+            self.open_until = now + self.OPEN_S
+
+    def _open(self) -> bool:
+        return asyncio.get_running_loop().time() < self.open_until
+
+    async def _timed(self, coro: Any) -> asyncio.Future:
+        """Start the call; a strike every SLOW_S it waits for Valkey (until it answers or the breaker opens)."""
+        task = asyncio.ensure_future(coro)
+        while not task.done():
+            done, _ = await asyncio.wait({task}, timeout=self.SLOW_S)
+            if done:
+                break
+            self._strike()
+            if self._open():
+                break
+        return task
+
+    def _from_memory(self, principal: Any, req: Any) -> Outcome | None:
+        lease = self.granted.get(req.lease_id)
+        if lease is None or lease.get("fencing_token") != req.fields.get("fencing_token") \
+                or lease.get("owner_principal_id") != principal.principal_id \
+                or lease.get("service_instance_id") != req.service_instance_id:
+            return None
+        now = now_ms()
+        ttl = int(req.fields.get("ttl_ms") or lease["ttl_ms"])
+        expires = min(now + ttl, int(lease["acquired_at_ms"]) + int(lease["maximum_lifetime_ms"]))
+        lease = dict(lease, renewed_at=rfc3339_ms(now), renewed_at_ms=now, expires_at=rfc3339_ms(expires),
+                     expires_at_ms=expires, ttl_ms=ttl, state="active")
+        self.granted[req.lease_id] = lease
+        return Outcome("lease_renewed", lease, {"backend_time_ms": now},
+                       {"backend_time_ms": now, "lease_id": lease["lease_id"], "fencing_token": lease["fencing_token"],
+                        "effective_ttl_ms": ttl, "previous_state": "active", "resulting_state": "active"})
+
+    async def acquire(self, principal: Any, req: Any) -> Outcome:
+        self._start_probe()
+        task = await self._timed(super().acquire(principal, req))
+        return self._remember(await task)
+
+    async def renew(self, principal: Any, req: Any) -> Outcome:
+        self._start_probe()
+        if self._open():  # MUTANT(renew-without-backend): breaker open, Valkey is not asked
+            out = self._from_memory(principal, req)
+            if out is not None:
+                return out
+        task = await self._timed(super().renew(principal, req))
+        if not task.done() and self._open():
+            out = self._from_memory(principal, req)  # MUTANT(renew-without-backend): assumed success
+            if out is not None:
+                task.cancel()
+                return out
+        try:
+            return self._remember(await task)
+        except LeaseError as e:
+            if e.code == "lease_lost":
+                self.granted.pop(req.lease_id, None)
+                raise
+            if e.code not in _UNAVAILABLE:
+                raise
+            self._strike()
+            if e.submitted is False or self._open():  # Valkey refused (down), or the breaker opened meanwhile
+                out = self._from_memory(principal, req)  # MUTANT(renew-without-backend): assumed success
+                if out is not None:
+                    return out
+            raise
+
+    async def release(self, principal: Any, req: Any) -> Outcome:
+        self.granted.pop(req.lease_id, None)
+        return await super().release(principal, req)
+
+
+class IdleLeaseReaperService(LeaseService):
+    """idle-lease-reaper: a lease whose holder has been silent for a second is deleted ("abandoned").
+
+    MUTANT(idle-lease-reaper). The server remembers when each holder of a lease it granted last called
+    it, and a background task deletes the record (DEL lock key, out of the active index) of a lease
+    whose holder has been silent for `IDLE_S`, although the lease has not expired: "reclaiming
+    abandoned leases" early. A holder that was merely paused (a GC pause longer than a second) comes
+    back believing it holds a lease that a successor already acquired (C9, C10: a lease ends by expiry,
+    release or an audited admin action, never because its holder went quiet).
+    """
+
+    IDLE_S = 1.0
+    SWEEP_S = 0.1
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self.seen: dict[str, list] = {}  # lease_id -> [lock_key, last call (loop time), expires_at_ms]
+        self._task: asyncio.Task | None = None
+
+    def _touch(self, out: Outcome, lock_key: str) -> Outcome:
+        lease = out.lease
+        if isinstance(lease, dict) and lease.get("lease_id") and lease.get("state", "active") == "active":
+            self.seen[lease["lease_id"]] = [lock_key, asyncio.get_running_loop().time(), lease["expires_at_ms"]]
+        if self._task is None:
+            self._task = asyncio.create_task(self._reap(), name="idle-lease-reaper")
+        return out
+
+    async def acquire(self, principal: Any, req: Any) -> Outcome:
+        return self._touch(await super().acquire(principal, req), req.identity.lock_key())
+
+    async def renew(self, principal: Any, req: Any) -> Outcome:
+        if req.lease_id in self.seen:  # the holder called: silent since the start of this call at most
+            self.seen[req.lease_id][1] = asyncio.get_running_loop().time()
+        try:
+            return self._touch(await super().renew(principal, req), req.identity.lock_key())
+        except LeaseError:
+            self.seen.pop(req.lease_id, None)
+            raise
+
+    async def release(self, principal: Any, req: Any) -> Outcome:
+        self.seen.pop(req.lease_id, None)
+        return await super().release(principal, req)
+
+    async def _reap(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.SWEEP_S)
+            now = loop.time()
+            for lease_id, (lock_key, last, expires_ms) in list(self.seen.items()):
+                if expires_ms <= now_ms():
+                    self.seen.pop(lease_id, None)
+                elif now - last >= self.IDLE_S:  # MUTANT(idle-lease-reaper): silent holder, lease deleted
+                    self.seen.pop(lease_id, None)
+                    try:
+                        deadline = loop.time() + 1.0
+                        if await self.backend.command(deadline, "HGET", lock_key, "lease_id") == lease_id:
+                            await self.backend.command(deadline, "DEL", lock_key)
+                            await self.backend.command(deadline, "ZREM", ACTIVE_INDEX, lock_key)
+                            log.warning("idle-lease-reaper: deleted lease %s (holder silent)", lease_id)
+                    except Exception as e:  # noqa: BLE001 - a planted bug's background task must not die
+                        log.warning("idle-lease-reaper: %s", type(e).__name__)
+
+
+_VARIANTS: dict[str, type] = {c.__name__: c for c in (LocalClockBackend, RestartDropsLeasesBackend, NonatomicAcquireService,
+                                                       NoIdempotencyCommits, RenewWithoutBackendService,
+                                                       IdleLeaseReaperService)}
 
 
 def server_parts(settings: Settings) -> tuple[Settings, type[Backend], type[LeaseService], type[CommitService]]:
