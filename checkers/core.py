@@ -430,6 +430,14 @@ def backend_rules_note(moved: list[int]) -> str:
 def nemesis_windows(history: list[dict]) -> list[dict]:
     """Fault windows marked by the nemesis: [{fault, start, end, start_index, end_index, open}].
 
+    Inside `analysis(history)` the list is computed once and shared: do not mutate it.
+    """
+    return _shared("windows", history, lambda: _nemesis_windows(history))
+
+
+def _nemesis_windows(history: list[dict]) -> list[dict]:
+    """The windows themselves (see `nemesis_windows`).
+
     A window opens at the first start op of a fault (its invoke, when the nemesis
     logs invoke + info) and closes at the last op of the matching end (its
     completion). A window never closed ends at the history's last time, `open: True`.
@@ -501,9 +509,10 @@ def sent(p: Pair) -> dict | None:
     docs/history-format.md: every completion of acquire / renew / release / commit carries it; a
     completion without it either sent nothing (`not_held`) or comes from a run that predates it.
     """
-    r = p.result
-    s = r.get("sent") if isinstance(r, dict) else None
-    return s if isinstance(s, dict) else None
+    c = p.comp  # hot path (every op of every lease checker): no property, exact-type checks
+    r = c.get("value") if c is not None else None
+    s = r.get("sent") if r.__class__ is dict else None
+    return s if s.__class__ is dict else None
 
 
 def op_lease_id(p: Pair) -> Any:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Mapping
+from typing import Callable, Mapping
 
 from checkers.core import Pair, Violations, analyzed, error_code, pair_ops, sent
 
@@ -71,10 +71,17 @@ class IdempotencyChecker:
                 if rid is not None:
                     groups[(p.f, p.key, rid)].append(p)
         v = Violations(self.max_violations)
-        records_sent = any(sent(p) is not None for ops in groups.values() for p in ops)
+        records: list[bool] = []  # whether the history records `sent` at all, found out when first needed
+
+        def records_sent() -> bool:
+            if not records:
+                records.append(any(sent(p) is not None for ops in groups.values() for p in ops))
+            return records[0]
+
         retried = judged = 0
         for gkey, ops in groups.items():
-            ops = [p for p in ops if not _nothing_sent(p, records_sent)]
+            if any(p.type == "fail" for p in ops):
+                ops = [p for p in ops if not _nothing_sent(p, records_sent)]
             if len(ops) > 1:
                 retried += 1
                 judged += _check_group(gkey, ops, v)
@@ -90,11 +97,11 @@ class IdempotencyChecker:
         return v.result(request_ids=len(groups), retried=retried, judged=judged, unjudged=unjudged)
 
 
-def _nothing_sent(p: Pair, records_sent: bool) -> bool:
+def _nothing_sent(p: Pair, records_sent: Callable[[], bool]) -> bool:
     """A definite failure that never reached the server: not an attempt of its request_id at all."""
     if p.type != "fail":
         return False
-    return error_code(p.comp) in NOTHING_SENT or (records_sent and sent(p) is None)
+    return error_code(p.comp) in NOTHING_SENT or (sent(p) is None and records_sent())
 
 
 def _body(p: Pair) -> str:
