@@ -51,7 +51,7 @@ from typing import Any
 from lab.stack.base import StackFiles
 from lab.stack.clock import faketime_env
 from lab.stack.errors import StackError
-from lab.stack.process import ManagedProcess, ProcessError, free_port, port_open
+from lab.stack.process import ManagedProcess, ProcessError, free_port
 
 CLIENTS = "clients"  # the `frm` of a link every client group dials (one proxy per group: c1_<to>, c2_<to>, ...)
 STORE = "store"  # the lab's CouchDB-API store, as a link's `to`
@@ -543,26 +543,11 @@ def store_url_for(test: Any, node: str) -> str | None:
     return test.live.get("store_url") or test.store
 
 
-def member_processes(test: Any) -> dict[str, ManagedProcess]:
-    """The running system's processes by name (the store and Toxiproxy excluded)."""
-    stack = (getattr(test, "live", None) or {}).get("stack")
-    return member_processes_of(stack) if isinstance(stack, SutStack) else {}
-
-
 def member_processes_of(stack: "SutStack") -> dict[str, ManagedProcess]:
     """A SutStack's own system processes by name (the store and Toxiproxy excluded)."""
     names = {p.name for p in stack.decl.processes}
     return {p.name: p for p in stack.processes if p.name in names}
 
-
-def wait_port(host: str, port: int, timeout_s: float = 10.0) -> bool:
-    """Until something accepts on host:port (True) or the timeout (False)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if port_open(host, port):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # -- the leader-pause nemesis ---------------------------------------------------------------------------------------
