@@ -337,16 +337,17 @@ class ValkeyLockSystem:
 
     async def _write(self, db: str, doc: str, entry: Any, lease: Lease, fenced: bool, state: dict,
                      budget: "_Budget") -> Result:
+        # shared with lab.sut.etcd (called with its own self): only attributes both have, and this class's _step
         from lab.couch import CouchClient
 
         if self._couch is None:
             self._couch = CouchClient(self.store_url, timeout_s=self.timeout_s)
         couch = self._couch
         if db not in self._dbs_ready:  # the fenced system's guard is part of the system
-            await self._step(lambda: couch.ensure_db(db, fenced=fenced), budget)
+            await ValkeyLockSystem._step(self, lambda: couch.ensure_db(db, fenced=fenced), budget)
             self._dbs_ready.add(db)
         for _ in range(COMMIT_ATTEMPTS):
-            current = await self._step(lambda: couch.get(db, doc), budget)
+            current = await ValkeyLockSystem._step(self, lambda: couch.get(db, doc), budget)
             if current is not None and entry in (current.get("entries") or []):
                 # a retry of a write that already landed (its entry is unique): applying it again would duplicate
                 # it; which revision applied it is unknown, so no rev is reported
@@ -360,7 +361,7 @@ class ValkeyLockSystem:
             else:
                 new.update(writer_token=lease.fencing_token, writer_lease_id=lease.lease_id)
             # a pause here is Kleppmann's: the client believes it holds the lock, read the document, then stops
-            res = await self._step(lambda: couch.put(db, doc, new), budget, on_send=lambda: state.update(put_sent=True))
+            res = await ValkeyLockSystem._step(self, lambda: couch.put(db, doc, new), budget, on_send=lambda: state.update(put_sent=True))
             if res.ok:
                 data = {"doc": doc, "db": db, "rev": res.rev,
                         "accepted_token": lease.fencing_token if fenced else None, "validated_at_ms": None,
