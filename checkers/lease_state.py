@@ -85,8 +85,9 @@ class LeaseStateChecker:
             if p.f == "renew":
                 _check_revived(p, lease, started, v)
             _check_stale(p, lease, started, realtime.get(lease.key), backend.get(lease.key), v)
+        maybe = _maybe_renewed(pairs)
         for lease in leases.values() if not moved else ():
-            _check_renew_times(lease, v)
+            _check_renew_times(lease, v, maybe.get(lease.lease_id, []))
         unjudged = None
         if not leases:
             unjudged = "no successful acquisition"
@@ -161,10 +162,23 @@ def _check_inspect(p: Pair, lease: Lease, v: Violations) -> None:
               f"completed", key=p.key, lease=lease.lease_id)
 
 
-def _check_renew_times(lease: Lease, v: Violations) -> None:
+def _maybe_renewed(pairs: list[Pair]) -> dict[Any, list[Pair]]:
+    """lease_id -> renews of it whose outcome is unknown (info, or never completed): each may have extended it."""
+    out: dict[Any, list[Pair]] = defaultdict(list)
+    for p in pairs:
+        if p.f == "renew" and p.type == "info":
+            lid = op_lease_id(p)
+            if lid is not None:
+                out[lid].append(p)
+    return out
+
+
+def _check_renew_times(lease: Lease, v: Violations, maybe: list[Pair] = ()) -> None:
     """Each renew's backend time is before the expiry in force and before the lease's end.
 
     Grants are swept in `renewed_at_ms` order with the running max expiry of strictly earlier grants.
+    A renew whose outcome is unknown (`maybe`: info, C19) may have extended the lease unseen, by at most
+    one TTL each, so an ok renew is after the expiry only past that too.
     """
     grants = sorted((g for g in lease.grants if _res(g, "renewed_at_ms") is not None),
                     key=lambda g: _res(g, "renewed_at_ms"))
@@ -177,7 +191,7 @@ def _check_renew_times(lease: Lease, v: Violations) -> None:
             j += 1
         for p in grants[i:j]:
             if p.f == "renew":
-                _check_renew_at(p, at, best, lease, v)
+                _check_renew_at(p, at, best, lease, v, _unseen_extension(p, best, maybe))
         for g in grants[i:j]:
             exp = _res(g, "expires_at_ms")
             if exp is not None and (best is None or exp > _res(best, "expires_at_ms")):
@@ -185,9 +199,18 @@ def _check_renew_times(lease: Lease, v: Violations) -> None:
         i = j
 
 
-def _check_renew_at(p: Pair, at: int, best: Pair | None, lease: Lease, v: Violations) -> None:
-    """One renew at backend time `at` against the expiry in force and the lease's end."""
-    if best is not None and at >= _res(best, "expires_at_ms"):
+def _unseen_extension(p: Pair, best: Pair | None, maybe: list[Pair]) -> int:
+    """How far renews of unknown outcome, invoked before `p` completed, may have moved the expiry past `best`'s."""
+    if best is None or not maybe:
+        return 0
+    ttl = _res(best, "ttl_ms")
+    n = sum(1 for m in maybe if p.t1 is None or m.t0 < p.t1)
+    return n * ttl if isinstance(ttl, int) and ttl > 0 else (0 if not n else 1 << 62)
+
+
+def _check_renew_at(p: Pair, at: int, best: Pair | None, lease: Lease, v: Violations, unseen: int = 0) -> None:
+    """One renew at backend time `at` against the expiry in force (plus what unknown renews may have added)."""
+    if best is not None and at >= _res(best, "expires_at_ms") + unseen:
         exp = _res(best, "expires_at_ms")
         v.add("renew-after-expiry", [best.i1, p.i0, p.i1], f"lease {lease.lease_id!r} renewed at {at} ms, "
               f"it had expired at {exp} ms", key=p.key, lease=lease.lease_id, renewed_at_ms=at, expires_at_ms=exp)
