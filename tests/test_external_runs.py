@@ -11,6 +11,7 @@ before any run directory exists.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -182,6 +183,40 @@ def test_client_pause_and_client_clock_act_on_an_external_system(tmp_path, ext):
     assert sum(1 for op in history if op.get("type") == "ok" and op.get("f") == "acquire") > 0
     assert all(v["valid"] is not False for v in results["results"].values()), results["results"]
     assert "--nemesis client-pause,client-clock" in test["replay"]
+
+
+async def test_client_clock_moves_only_the_labs_client_clock(ext):
+    """A client clock 30 s behind sends deadlines already past: the external server refuses them (408), and
+    once the clock is reset the same client works again. No stack: the nemesis needs none."""
+    import secrets
+
+    from lab.client import LeaseClient
+    from nemesis import registry
+    from nemesis.core import invocation
+    from workloads.common import identity_for
+
+    test = Test(concurrency=2, time_limit=5, extra={"urls": ext["urls"]})
+    nemesis, _ = registry.build(test, ["client-clock"], interval_s=1, seed=1)
+    await nemesis.setup(test)
+    client = LeaseClient(ext["urls"][0], ext["key"].read_text().strip(), service_instance_id="client-clock-probe")
+    client.clock_ms = test.live["client_clocks"].clock_for(0)  # what the workload clients do before each op
+    try:
+        ident = identity_for(f"cc-{secrets.token_hex(4)}")
+        before = await client.inspect(ident, deadline_s=2)
+        assert before.code == "lease_not_found", before
+        moved = await nemesis.invoke(test, invocation("bump-clock", {"targets": ["client-0"], "delta_s": -30}))
+        assert moved["value"]["offsets"] == {"client-0": -30.0}, moved
+        behind = await client.acquire(ident, ttl_ms=2000, deadline_s=2)
+        assert (behind.outcome, behind.code, behind.http_status) == ("fail", "deadline_exceeded", 408), behind
+        other = test.live["client_clocks"].clock_for(1)()  # the other thread's clock did not move
+        assert abs(other - time.time() * 1000) < 5_000
+        await nemesis.invoke(test, invocation("reset-clock"))
+        after = await client.acquire(ident, ttl_ms=2000, deadline_s=2)
+        assert after.ok, after
+        await client.release(after.lease, identity=ident, deadline_s=2)
+    finally:
+        await nemesis.teardown(test)
+        await client.aclose()
 
 
 def test_proxy_urls_put_the_labs_toxiproxy_between_clients_and_the_servers(tmp_path, ext):
