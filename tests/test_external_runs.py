@@ -219,6 +219,50 @@ async def test_client_clock_moves_only_the_labs_client_clock(ext):
         await client.aclose()
 
 
+def test_a_partition_through_proxied_urls_cuts_the_client_link_and_heals(tmp_path, ext):
+    """Through ProxiedUrls the lab's partition blackholes exactly the client -> server link it names."""
+    import asyncio
+
+    from lab.sut.proxy import ProxiedUrls
+    from nemesis.core import invocation
+    from nemesis.registry import build
+
+    px = ProxiedUrls(ext["urls"], tmp_path / "px").up()
+    procs = list(px.processes)
+    try:
+        assert len(px.client_nodes) == 2 * len(ext["urls"]) and sorted(px.info["topology"]) == sorted(
+            f"c{g}_lease-{i}" for g in (1, 2) for i in range(1, len(ext["urls"]) + 1))
+        c1_lease1, c2_lease1 = px.client_nodes[0], px.client_nodes[len(ext["urls"])]
+        test = Test(concurrency=2, time_limit=5, nemesis=["partition"], extra={"urls": ext["urls"]})
+        test.live["stack"] = px
+
+        def healthy(url: str) -> bool:
+            try:
+                return httpx.get(url + "/healthz", timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        async def scenario() -> tuple[bool, bool, bool]:
+            nemesis, _ = build(test, ["partition"], interval_s=1, seed=1)
+            await nemesis.setup(test)
+            try:
+                await nemesis.invoke(test, invocation("start-partition", {"links": ["c1_lease-1"]}))
+                cut, other = await asyncio.gather(asyncio.to_thread(healthy, c1_lease1),
+                                                  asyncio.to_thread(healthy, c2_lease1))
+                await nemesis.invoke(test, invocation("stop-partition"))
+                healed = await asyncio.to_thread(healthy, c1_lease1)
+            finally:
+                await nemesis.teardown(test)
+            return cut, other, healed
+
+        assert healthy(c1_lease1) and healthy(ext["urls"][0])
+        cut, other, healed = asyncio.run(scenario())
+        assert (cut, other, healed) == (False, True, True), "only c1 -> lease-1 was cut, and it healed"
+    finally:
+        assert px.down() == ["toxiproxy"]
+    assert procs and not any(p.alive() for p in procs), "the run's Toxiproxy is stopped by pid"
+
+
 def test_proxy_urls_put_the_labs_toxiproxy_between_clients_and_the_servers(tmp_path, ext):
     code, out = run_cli(tmp_path, *url_args(ext, "--time-limit", "6", "--nemesis", "partition,latency",
                                             "--nemesis-interval", "1", "--proxy-urls", "--name", "px"))
