@@ -275,3 +275,20 @@ async def wait_held(system, identity, limit_s: float = 10.0) -> None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError("the lock was never taken")
+
+
+def test_valkey_persistence_is_the_nemeses_unless_the_test_says(tmp_path):
+    from lab.sut.processes import Placement
+    from lab.sut.protocol import SutError
+    from lab.sut.valkey_lock import valkey_processes
+    from lab.testmap import Test
+
+    def persistence(extra, asked):
+        decl = valkey_processes(Test(workload="fenced-append", extra={"sut": "valkey-lock", **extra}))
+        placement = Placement(decl, tmp_path, 1, False, persistence=asked)
+        return decl.processes[0].make(placement).persistence
+
+    assert persistence({}, "always") == "always"  # what the kill nemesis asks
+    assert persistence({"valkey_persistence": "none"}, "always") == "none"  # a Valkey that forgets on a kill
+    with pytest.raises(SutError, match="valkey_persistence"):
+        persistence({"valkey_persistence": "sometimes"}, "none")

@@ -53,6 +53,7 @@ from typing import Any
 from urllib.parse import quote
 
 from lab.client.results import CONNECT_ERROR, CONNECTION_LOST, TIMEOUT, Identity, Lease, Result
+from lab.stack.valkey import PERSISTENCE_MODES
 
 LOCK_PREFIX = "fencelab:lock:"
 FENCE_PREFIX = "fencelab:fence:"
@@ -425,12 +426,20 @@ def valkey_processes(test: Any):
     """The one process these systems bring: a lab-owned valkey-server, dialled by every client group."""
     from lab.sut.processes import CLIENTS, LinkSpec, ProcessSpec, SystemProcesses
 
+    chosen = (getattr(test, "extra", None) or {}).get("valkey_persistence")
+    if chosen is not None and chosen not in PERSISTENCE_MODES:
+        from lab.sut.protocol import SutError
+
+        raise SutError(f"valkey_persistence must be one of {', '.join(PERSISTENCE_MODES)}, not {chosen!r}")
+
     def make(placement):
         from lab.stack.valkey import ValkeyProcess
 
-        # persistence: what the nemeses asked of a Valkey (kill: always, valkey-crash: everysec), else none
+        # persistence: test.extra["valkey_persistence"] when given (a Valkey that forgets on a kill: "none"),
+        # else what the nemeses asked of a Valkey (kill: always, valkey-crash: everysec), else none
         return ValkeyProcess(placement.root, name="valkey", port=placement.port("valkey"),
-                             persistence=getattr(placement, "persistence", "none"), env=placement.env("valkey"))
+                             persistence=chosen or getattr(placement, "persistence", "none"),
+                             env=placement.env("valkey"))
 
     def installed():
         from lab import paths
