@@ -408,7 +408,8 @@ async def test_fake_authenticates_with_star_keys():
     store = FakeStore()
     key = store.add_credential("alice")
     async with asgi_client(store) as http:
-        for auth in (None, "Bearer nope", "Basic " + key, "Bearer " + key[:-1] + "0"):
+        wrong_last = key[:-1] + ("1" if key[-1] == "0" else "0")  # one character off, never the key itself
+        for auth in (None, "Bearer nope", "Basic " + key, "Bearer " + wrong_last):
             headers = {"authorization": auth} if auth else {}
             r = await http.post(API + "/acquire", json=dict(IDENT, request_id="r1"), headers=headers)
             assert (r.status_code, r.json()["code"]) == (401, "invalid_credential")
