@@ -33,7 +33,10 @@ fast; all of it is optional with safe defaults:
 - `prepare(ops)` rewrites the operation list of one partition before the
   search where the model's reading of the history needs it (the lease model
   merges idempotent retries); `prune(ops)` then drops ops that provably cannot
-  change the verdict (each rule proven in its docstring). The brute-force
+  change the verdict (each rule proven in its docstring). `faults(history)`
+  sees the raw history, nemesis ops included, before pairing and may add the
+  effects a fault is allowed to have (the lease model: invalidation at a
+  backend failure). The brute-force
   reference checker runs `prepare` but not `prune`, so tests verify pruning.
 
 Models (`MODELS`, `get_model(name)`):
@@ -189,6 +192,7 @@ class Model:
     read_only: Callable[[Any, Any], bool] | None = None
     prepare: Callable[[list], list] | None = None
     prune: Callable[[list], list] | None = None
+    faults: Callable[[list[dict]], list[dict]] | None = None
     native_states: bool = dataclasses.field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -216,6 +220,8 @@ class Model:
             fill(self, "prepare", _identity)
         if self.prune is None:
             fill(self, "prune", _identity)
+        if self.faults is None:
+            fill(self, "faults", _identity)
 
     def _compile_from_step(self, inp: Any, out: Any) -> Callable[[Any], Any]:
         """The default `compile`: wrap `step` for one operation."""
@@ -521,6 +527,7 @@ _ACTIVE, _RELEASED, _REVOKED, _EXPIRED = "active", "released", "revoked", "expir
 # the record states inspect may report (C6's `state`), and the model status each one needs
 _INSPECT_STATES = {_ACTIVE: _ACTIVE, _RELEASED: _RELEASED, _REVOKED: _REVOKED, _EXPIRED: _EXPIRED}
 _LEASE_REF_OPS = ("renew", "release", "force-release", "revoke", "commit")
+INVALIDATE = "invalidate"  # added by `lease_faults`, never in a recorded history
 _ORPHAN = "__orphan__"  # set by prepare_lease on ops that refer to a lease no answered acquire returned
 
 
@@ -608,7 +615,10 @@ def _lease_compile(inp: Input, out: Output) -> Callable[[Any], Any] | None:
         return _lease_commit(inp, out, ok)
     if f == "read":
         return _lease_read(inp, out) if ok else None
-    raise _bad("lease", inp, "unknown f; expected acquire, renew, release, force-release, revoke, inspect, commit or read")
+    if f == INVALIDATE:
+        return _lease_invalidate
+    raise _bad("lease", inp, "unknown f; expected acquire, renew, release, force-release, revoke, inspect, commit "
+                             "or read")
 
 
 def _lease_acquire(inp: Input, out: Output) -> Callable[[Any], Any]:
@@ -774,6 +784,51 @@ def _lease_read(inp: Input, out: Output) -> Callable[[Any], Any] | None:
     return lambda s: s if s[5] == want else ILLEGAL
 
 
+def _lease_invalidate(s: tuple) -> Any:
+    """A backend failure's recovery may end the current lease (see `lease_faults`): it becomes revoked."""
+    lid, tok, exp, st, mx, hw = s
+    if lid is None or st != _ACTIVE:
+        return ILLEGAL  # nothing to end: the op need not take effect
+    return (lid, tok, exp, _REVOKED, mx, hw)
+
+
+# Faults after which the backend's lease records may be lost or rolled back (value.fault of the nemesis op;
+# `kill` only when it killed Valkey).
+BACKEND_LOSS = frozenset(("valkey-crash", "valkey-restore"))
+
+
+def lease_faults(history: list[dict]) -> list[dict]:
+    """At each fault that may lose or roll back the backend's records, one unanswered `invalidate` per key.
+
+    The contract's races table (backup / restore, failover) lets the service recover by moving to a
+    higher epoch with "all restored leases invalid": after such a fault the current lease of each
+    identity may end without any client op. The added op is invoked when the fault starts and never
+    completes, so the search may let it take effect once, at any later point, or never; everything
+    else (tokens only increase, one live lease at a time before and after it) is judged as usual.
+    """
+    points = [pos for pos, op in enumerate(history) if _loses_backend(op)]
+    if not points:
+        return history
+    keys = sorted({op.get("key") for op in history if op.get("process") != "nemesis" and op.get("key") is not None},
+                  key=str)
+    out = list(history)
+    for n, pos in enumerate(reversed(points)):
+        op = history[pos]
+        extra = [{"index": op.get("index", pos), "time": op.get("time", 0), "type": "invoke", "f": INVALIDATE,
+                  "process": f"recovery-{len(points) - n}-{k}", "key": k, "value": None} for k in keys]
+        out[pos + 1:pos + 1] = extra
+    return out
+
+
+def _loses_backend(op: dict) -> bool:
+    """A nemesis op that started a fault losing or rolling back the backend's records."""
+    v = op.get("value")
+    if op.get("process") != "nemesis" or not isinstance(v, dict) or v.get("phase") != "start":
+        return False
+    fault = v.get("fault")
+    return fault in BACKEND_LOSS or (fault == "kill" and "valkey" in (v.get("targets") or ()))
+
+
 def _lease_read_only(inp: Input, out: Output) -> bool:
     """read and (non-binding) inspect never change the state when legal (an inspect reporting expiry does)."""
     if inp.f == "read":
@@ -859,6 +914,7 @@ LEASE = Model(
     read_only=_lease_read_only,
     prepare=prepare_lease,
     prune=prune_lease,
+    faults=lease_faults,
 )
 
 # --------------------------------------------------------------------------- registry

@@ -333,3 +333,29 @@ def test_lease_inspect_reporting_expiry_ends_the_lease():
     b = HistoryBuilder().invoke(0, "inspect", None, key="k").ok(0, lease("L1", 1, 1000, 2000, "zombie"))
     with pytest.raises(ModelError, match="inspect state must be one of"):
         check_history(b.ops, "lease")
+
+
+def test_lease_a_backend_failure_may_end_the_current_lease_once():
+    """Races table, backup / restore and failover: a higher epoch and all restored leases invalid. After a
+    fault that may lose the backend's records the service may end the current lease without a client op."""
+
+    def crash(b: HistoryBuilder) -> HistoryBuilder:
+        b.nemesis("start-valkey-crash", None)
+        return b.nemesis("start-valkey-crash", {"fault": "valkey-crash", "phase": "start"})
+
+    def over_live(with_crash: bool) -> HistoryBuilder:
+        b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 5000))
+        if with_crash:
+            crash(b)
+        return acq(b, 1, "r2", lease("L2", 2 ** 32 + 1, 2000, 6000))  # L1 still live by its expiry
+
+    assert valid(over_live(True), "lease") is True
+    assert valid(over_live(False), "lease") is False  # no fault: an acquisition over a live lease
+    b = over_live(True)
+    b.invoke(0, "renew", ref("L1", 1, "r3"), key="k").ok(0, {**lease("L1", 1, 1000, 7000), "renewed_at_ms": 2500})
+    assert valid(b, "lease") is False  # the ended lease renewed: never revived
+    b = acq(over_live(True), 2, "r4", lease("L3", 2 ** 32 + 2, 2500, 7000))
+    assert valid(b, "lease") is False  # one crash ends the lease of the moment, not every later one
+    b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 5000))
+    b.nemesis("start-kill", {"fault": "kill", "phase": "start", "targets": ["lease-1"]})  # Valkey's data survives
+    assert valid(acq(b, 1, "r2", lease("L2", 2, 2000, 6000)), "lease") is False

@@ -62,7 +62,7 @@ def _check(history: list[dict], model: Model, time_limit: float | None, max_cach
     if max_cache_entries is not None and max_cache_entries < 1:
         raise ValueError(f"max_cache_entries must be >= 1, got {max_cache_entries}")
     deadline = None if time_limit is None else t0 + time_limit
-    ops = pair_history(history)
+    ops = pair_history(model.faults(history))
     parts = partition_ops(ops, model)
     parts.sort(key=lambda kp: len(kp[1]))
     result: dict[str, Any] = {"valid": True, "partitions": len(parts), "ops": len(ops)}
