@@ -260,3 +260,22 @@ async def test_without_a_store_a_valkey_restart_fails_closed(own_valkey, run_dir
         health = await s.client.get("/healthz")
         assert health.status_code == 503
     assert two["fencing_token"] == 1
+
+
+async def test_a_commit_retried_after_a_restore_gets_its_original_result(own_valkey, store, run_dir, db_name):
+    """The restore took the commit's idempotency record (and revoked its lease); the store's applied list still
+    has the write: the retry gets the original result, replayed (C17), and nothing is written twice."""
+    async with in_process_server(run_dir, own_valkey.url, store_url=store.url, store_db=db_name) as s:
+        one = await acquired(s, ttl_ms=10_000)
+        committed(await s.commit(one, "doc-r", {"append": ["one", 1]}))
+        await save_snapshot(own_valkey, run_dir / "snap.rdb")
+        rid = uuid.uuid4().hex
+        first = committed(await s.commit(one, "doc-r", {"append": ["after", 1]}, request_id=rid))
+        await restore_snapshot(own_valkey, run_dir / "snap.rdb")
+        await acquire_after_restart(s, ttl_ms=1000, target_id="other.example")  # recovered: one is revoked
+        again = await s.commit(one, "doc-r", {"append": ["after", 1]}, request_id=rid)
+        assert again.status_code == 200 and again.json().get("replayed") is True, again.text
+        assert again.json()["commit"]["rev"] == first["rev"]
+        lost(await s.commit(one, "doc-r", {"append": ["new", 1]}))  # a new commit of the revoked lease: refused
+    doc = await read_doc(store.url, db_name, "doc-r")
+    assert doc["entries"] == [["one", 1], ["after", 1]]

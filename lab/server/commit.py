@@ -122,7 +122,14 @@ class CommitService:
                              "(start it with --store-url)", retryable=False, backend_health="not_contacted",
                              submitted=False)
         deadline = self.service.call_deadline(req.deadline_ms)
-        token, validated_at, replay = await self.validate(principal, req, deadline)
+        try:
+            token, validated_at, replay = await self.validate(principal, req, deadline)
+        except LeaseError as e:
+            if e.code != "lease_lost":
+                raise
+            replay = await self.applied_before(principal, req, deadline)
+            if replay is None:
+                raise
         if replay is not None:
             return self.outcome(replay, req)
         await self._hook("validated", req)
@@ -170,6 +177,20 @@ class CommitService:
         if status == "lease_lost":
             raise commit_lost(res[2])
         raise self.service.common_failure(res, expected) or corrupt()
+
+    async def applied_before(self, principal: Principal, req: MutationRequest, deadline: float) -> Accepted | None:
+        """A retry of a commit that was written, whose idempotency record Valkey no longer has (C17).
+
+        After Valkey restarted from an older snapshot the record may be gone and the lease revoked by
+        the recovery rule: the validation answers lease_lost, but the write happened, and the store's
+        applied list says so. The original result is answered (replayed), nothing is written.
+        """
+        assert self.store is not None
+        try:
+            current = await self.store.get(self.store.commit_db, req.fields["doc"], deadline)
+        except (StoreUnavailable, StoreOutcomeUnknown):
+            return None  # the refusal stands: nothing is assumed
+        return self.already_applied(current, principal, req, self.store.commit_db)
 
     async def remember(self, principal: Principal, req: MutationRequest, accepted: Accepted) -> None:
         """Replace the pending idempotency record by the result; the write happened whatever this does."""

@@ -78,7 +78,7 @@ class Settings:
     valkey_max_connections: int = 64
     valkey_connect_timeout_ms: int = 1_000
     # -- the fenced-write boundary (C24-C29): a CouchDB-API document store ------
-    store_url: str = ""                      # "" = no store: commits answer 503, recovery is inactive
+    store_url: str = ""                      # "" = none: commits 503, mutations fail closed after a Valkey restart
     store_db: str = "fencelab"               # the fenced database (its _design/fence guard is installed at start)
     commit_max_attempts: int = 8             # conditional writes per commit (re-read after a _rev conflict)
     commit_applied_max: int = 64             # request ids of recent commits kept in each document
