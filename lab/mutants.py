@@ -32,7 +32,7 @@ The spec (TOML):
     runs = 3                  # seeds per row
     workloads = ["lease", "fenced-append", "idempotency"]   # the general workloads
     [defaults]                # Test options of every run (as a campaign's [defaults])
-    [fast]                    # what --fast changes: runs, skip, Test options for every run
+    [fast]                    # what --fast changes: runs, skip, Test options for every workload run
     [mutants.<name>]          # nemesis = "..." | [...] (general rows), workloads = [...] (else the spec's),
                               # scenario = "...", workload = "..." + Test options (a tuned row),
                               # fast = { runs, workloads, scenario = false, Test options }
@@ -236,7 +236,9 @@ def _entries(source: str, name: str, table: Any, defaults: dict[str, Any], fast:
     if scenario is not None and not (fast is not None and own_fast.get("scenario") is False):
         from lab.scenarios import SCENARIOS
 
-        scenario_options = {k: v for k, v in given.items() if k not in NEMESIS_OPTIONS}  # its own faults
+        # its own faults and timing: [fast]'s options shorten the workload runs, not a scripted race
+        own_given = _merge(options, *((entry_fast,) if fast is not None else ()))
+        scenario_options = {k: v for k, v in own_given.items() if k not in NEMESIS_OPTIONS}
         rows.append(Entry(name, SCENARIOS[scenario].workload, scenario, (), scenario_options, defaults, runs,
                           SCENARIO))
     if not rows:

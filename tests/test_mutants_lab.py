@@ -52,9 +52,7 @@ def test_the_shipped_spec_plants_every_mutant_under_the_general_workloads_at_the
         if m == "local-clock":  # the fault table's (campaigns/faults.toml); here a tuned run
             assert [e.kind for e in rows] == ["tuned"]
             continue
-        # every general workload; a bug that needs a fault, under those whose unmodified runs are valid with it
-        expected = {"idempotency"} if m == "counter-from-snapshot" else general
-        assert {e.workload for e in rows if e.kind == "general"} == expected, m
+        assert {e.workload for e in rows if e.kind == "general"} == general, m
         for e in rows:
             if e.kind == "general":  # at its defaults: only the nemesis may be configured
                 assert set(e.options) <= {"nemesis_interval"} and e.runs == 3, (m, e.options)
@@ -64,7 +62,10 @@ def test_the_shipped_spec_plants_every_mutant_under_the_general_workloads_at_the
     assert nemeses == {"counter-from-snapshot": ("valkey-restore",)}  # the one bug that needs a fault
     fast = load_spec(SPEC, fast=True)
     assert fast.fast and {e.mutant for e in fast.entries} == {e.mutant for e in full.entries} - {"local-clock"}
-    assert all(e.runs == 1 and e.kind == "general" for e in fast.entries)
+    # under --fast a general workload each, but counter-from-snapshot: its scenario (the unmodified server is not
+    # yet valid under valkey-restore at the workloads' defaults, docs/mutants.md)
+    assert all(e.runs == 1 and e.kind == ("scenario" if e.mutant == "counter-from-snapshot" else "general")
+               for e in fast.entries)
     assert len(fast.entries) == len({e.mutant for e in fast.entries})  # one general workload each under --fast
     only = load_spec(SPEC, only=("volatile-counter",))
     assert [e.exposed_by() for e in only.entries] == [f"{w} workload (defaults)" for w in
@@ -97,7 +98,10 @@ def test_entry_options_beat_the_scenarios_and_the_scenarios_beat_defaults():
     assert t.time_limit == 2.5  # the entry's own
     assert t.ttl_ms == 300 and t.concurrency == 1  # the scenario's, over [defaults]
     fast = parse_spec({**data, "fast": {"runs": 1, "time_limit": 1.5}}, fast=True)
-    assert build_test(fast, fast.entries[0], 0, True).time_limit == 1.5
+    assert build_test(fast, fast.entries[0], 0, True).time_limit == 2.5  # [fast] shortens workload runs only
+    data["mutants"]["renew-revives-expired"]["fast"] = {"time_limit": 1.5}
+    fast = parse_spec({**data, "fast": {"runs": 1}}, fast=True)
+    assert build_test(fast, fast.entries[0], 0, True).time_limit == 1.5  # the entry's own fast options do
 
 
 def test_general_rows_take_only_the_nemesis_options_and_fast_narrows_them():
@@ -300,7 +304,8 @@ def test_the_fast_subset_catches_every_mutant_and_the_unmodified_server_passes(t
     summary = json.loads((tmp_path / "store" / "mutants" / "summary-fast.json").read_text())
     assert [r["mutant"] for r in summary["rows"]] == [e.mutant for e in fast.entries]
     for row in summary["rows"]:
-        assert row["kind"] == "general" and not row["scenario"], row  # a general workload at its defaults
+        if row["mutant"] != "counter-from-snapshot":  # (its scenario row: see the shipped-spec test)
+            assert row["kind"] == "general" and not row["scenario"], row  # a general workload at its defaults
         assert row["caught_runs"] == row["planted"] == 1 and row["caught_by"] and row["unmodified"] is True, row
         planted = Path(row["planted_runs"][0]["run_dir"])
         test_json = json.loads((planted / "test.json").read_text())

@@ -9,7 +9,7 @@ three kinds, run by lanes of threads as in the lease workload
 - plain: acquire, commit / renew three times, release; a commit is sometimes
   retried with the same request_id (it must return the original result);
 - stalled: poll for the takeover key (`k0`) until it is held, commit, send
-  three commits with deadlines of 5-120 milliseconds (validated, perhaps never
+  five commits with deadlines of 8-250 milliseconds (validated, perhaps never
   written: their answers are lost), stall 1.15-1.6 x the TTL, then carry on
   with the lease it still believes it holds: a fresh commit, the lost commits
   retried with their request_ids and bodies (the server may finish them
@@ -135,7 +135,7 @@ def _op(f: str, key: str, value: Any) -> dict[str, Any]:
 
 # commits whose answer is lost: validated perhaps (a `pending` record), written perhaps not. A spread of
 # deadlines, since where one strikes (before sending, after the validation, during the store write) depends on load
-LOST_COMMIT_DEADLINES_MS = ((5, 20), (20, 50), (50, 120))
+LOST_COMMIT_DEADLINES_MS = ((8, 25), (25, 50), (50, 90), (90, 150), (150, 250))
 
 
 def session(keys: list[str], commits: int = 3):
