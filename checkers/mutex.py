@@ -135,7 +135,8 @@ class _RollbackExcuse:
     counters. An overlap of lease L with lease M is then no violation when the history shows exactly that:
 
     - a Valkey loss E (the nemesis killed Valkey: `valkey-crash` or `kill` of `valkey`, or restored it from an
-      older snapshot: `valkey-restore` end) completed after L's acquire was invoked and before M's was;
+      older snapshot: `valkey-restore` end) completed after L's acquire was invoked, and M's acquire completed
+      after E began (the nemesis op's invocation: M may have run on the restarted Valkey);
     - M's token is greater than L's (the higher epoch);
     - no renew, release or commit of L invoked after E succeeded (L really was invalid after E).
 
@@ -146,7 +147,8 @@ class _RollbackExcuse:
     SUCCESS_FS = frozenset(("renew", "release", "commit"))
 
     def __init__(self, history: list[dict], pairs: list[Pair]):
-        self.losses = sorted(_valkey_losses(history))
+        self.losses = sorted(_valkey_losses(history))  # (began, completed), by completion below
+        self.losses.sort(key=lambda e: e[1])
         self.last_success: dict[Any, int] = {}
         for p in pairs if self.losses else ():
             if p.type == "ok" and p.f in self.SUCCESS_FS:
@@ -158,11 +160,11 @@ class _RollbackExcuse:
     def __call__(self, lease: Lease, m: Lease) -> bool:
         if not self.losses or lease.token is None or m.token is None or not m.token > lease.token:
             return False
-        lo, hi = lease.first.t0, m.first.t0
-        i = bisect.bisect_left(self.losses, hi) - 1  # the latest loss before M's acquire was invoked
-        if i < 0 or not self.losses[i] > lo:
+        lo, hi = lease.first.t0, m.first.t1
+        between = [done for began, done in self.losses if done > lo and hi is not None and began < hi]
+        if not between:
             return False
-        if self.last_success.get(lease.lease_id, lo) > self.losses[i]:
+        if self.last_success.get(lease.lease_id, lo) > max(between):  # L was used after the (last) loss: valid
             return False
         self.count += 1
         return True
@@ -177,19 +179,23 @@ class _RollbackExcuse:
                                     "of higher tokens acquired after the loss are not violations"}
 
 
-def _valkey_losses(history: list[dict]) -> list[int]:
-    """Times of the nemesis completions after which Valkey may have lost or rolled back state."""
-    out = []
+def _valkey_losses(history: list[dict]) -> list[tuple[int, int]]:
+    """(began, completed) times of the nemesis ops after which Valkey may have lost or rolled back state."""
+    out, invoked = [], {}
     for op in history:
+        if op.get("process") != "nemesis" or op.get("type") != "info" or not isinstance(op.get("time"), int):
+            continue
         v = op.get("value")
-        if op.get("process") != "nemesis" or op.get("type") != "info" or not isinstance(v, dict):
+        if not isinstance(v, dict) or "phase" not in v:  # the invocation (its completion carries the phase)
+            invoked[op.get("f")] = op["time"]
             continue
         fault, phase = v.get("fault"), v.get("phase")
         killed = fault == "valkey-crash" and phase == "start"
         killed = killed or (fault == "kill" and phase == "start" and "valkey" in (v.get("targets") or ()))
         restored = fault == "valkey-restore" and phase == "end" and v.get("restored") is True
-        if (killed or restored) and isinstance(op.get("time"), int):
-            out.append(op["time"])
+        began = invoked.pop(op.get("f"), op["time"])
+        if killed or restored:
+            out.append((began, op["time"]))
     return out
 
 

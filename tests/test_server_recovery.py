@@ -271,11 +271,12 @@ async def test_a_commit_retried_after_a_restore_gets_its_original_result(own_val
         await save_snapshot(own_valkey, run_dir / "snap.rdb")
         rid = uuid.uuid4().hex
         first = committed(await s.commit(one, "doc-r", {"append": ["after", 1]}, request_id=rid))
+        committed(await s.commit(one, "doc-r", {"append": ["later", 1]}))  # the document moves on
         await restore_snapshot(own_valkey, run_dir / "snap.rdb")
         await acquire_after_restart(s, ttl_ms=1000, target_id="other.example")  # recovered: one is revoked
         again = await s.commit(one, "doc-r", {"append": ["after", 1]}, request_id=rid)
         assert again.status_code == 200 and again.json().get("replayed") is True, again.text
-        assert again.json()["commit"]["rev"] == first["rev"]
+        assert again.json()["commit"]["rev"] == first["rev"]  # the revision its own write produced
         lost(await s.commit(one, "doc-r", {"append": ["new", 1]}))  # a new commit of the revoked lease: refused
     doc = await read_doc(store.url, db_name, "doc-r")
-    assert doc["entries"] == [["one", 1], ["after", 1]]
+    assert doc["entries"] == [["one", 1], ["after", 1], ["later", 1]]

@@ -260,8 +260,9 @@ class CommitService:
                 if entry[2] != req.digest[:16]:
                     raise LeaseError("idempotency_conflict",
                                      "request_id was already used for this operation with a different body")
-                return Accepted(req.fields["doc"], db, current["_rev"], entry[3], req.lease_id, entry[4],
-                                replayed=True)
+                # the rev its write produced: recorded by the next commit's write, else the current one (C17)
+                rev = entry[5] if len(entry) == 6 else current["_rev"]
+                return Accepted(req.fields["doc"], db, rev, entry[3], req.lease_id, entry[4], replayed=True)
         return None
 
     def build(self, current: dict[str, Any] | None, principal: Principal, req: MutationRequest, token: int,
@@ -281,17 +282,25 @@ class CommitService:
         doc.update(fence_token=token, fence_lease_id=req.lease_id, fence_lock_key=req.identity.lock_key(),
                    fence_execution_id=f["execution_id"] or None, fence_trace_id=f["trace_id"] or None,
                    fence_service_instance_id=req.service_instance_id, fence_validated_at_ms=validated_at)
-        applied = [*applied_list(doc), [req.request_id, principal.principal_id, req.digest[:16], token, validated_at]]
+        earlier = list(applied_list(doc))
+        if earlier and current is not None and len(earlier[-1]) == 5:  # the current rev is the last commit's
+            earlier[-1] = [*earlier[-1], current["_rev"]]
+        applied = [*earlier, [req.request_id, principal.principal_id, req.digest[:16], token, validated_at]]
         doc["fence_applied"] = applied[-self.settings.commit_applied_max:]
         return doc
 
 
 def applied_list(doc: dict[str, Any]) -> list[list[Any]]:
-    """The document's recent commits `[request_id, principal_id, digest16, token, validated_at_ms]`."""
+    """The document's recent commits `[request_id, principal_id, digest16, token, validated_at_ms, rev?]`.
+
+    `rev` is the revision the commit's write produced, recorded by the next commit's write (the latest
+    commit's is the document's current `_rev`), so a retry gets the original result back.
+    """
     applied = doc.get("fence_applied", [])
     if not isinstance(applied, list) or not all(
-            isinstance(e, list) and len(e) == 5 and isinstance(e[0], str) and isinstance(e[1], str)
-            and isinstance(e[2], str) and isinstance(e[3], int) and isinstance(e[4], int) for e in applied):
+            isinstance(e, list) and len(e) in (5, 6) and isinstance(e[0], str) and isinstance(e[1], str)
+            and isinstance(e[2], str) and isinstance(e[3], int) and isinstance(e[4], int)
+            and (len(e) == 5 or isinstance(e[5], str)) for e in applied):
         raise LeaseError("lease_backend_unavailable", "the document's commit record is malformed; failing closed",
                          retryable=False, backend_health="corrupt")
     return applied
