@@ -9,7 +9,7 @@ three kinds, run by lanes of threads as in the lease workload
 - plain: acquire, commit / renew three times, release; a commit is sometimes
   retried with the same request_id (it must return the original result);
 - stalled: poll for the takeover key (`k0`) until it is held, commit, send
-  five commits with deadlines of 8-250 milliseconds (validated, perhaps never
+  seven commits with deadlines spread over 4-180 ms (validated, perhaps never
   written: their answers are lost), stall 1.15-1.6 x the TTL, then carry on
   with the lease it still believes it holds: a fresh commit, the lost commits
   retried with their request_ids and bodies (the server may finish them
@@ -33,6 +33,7 @@ the leases and retries. Every completion keeps what the client sent
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 from lab.client import new_request_id
@@ -133,9 +134,10 @@ def _op(f: str, key: str, value: Any) -> dict[str, Any]:
     return {"f": f, "key": key, "value": value}
 
 
-# commits whose answer is lost: validated perhaps (a `pending` record), written perhaps not. A spread of
-# deadlines, since where one strikes (before sending, after the validation, during the store write) depends on load
-LOST_COMMIT_DEADLINES_MS = ((8, 25), (25, 50), (50, 90), (90, 150), (150, 250))
+# Commits whose answer is lost: validated perhaps (a `pending` record), written perhaps not. Where a deadline
+# strikes (before sending, between the validation and the store write, after the write) depends on the load, so
+# one lost commit per slice of a log scale: whatever a commit takes, one or two deadlines fall in its window.
+LOST_COMMIT_DEADLINES_MS = ((4, 7), (7, 12), (12, 20), (20, 35), (35, 60), (60, 100), (100, 180))
 
 
 def session(keys: list[str], commits: int = 3):
@@ -168,7 +170,7 @@ def session(keys: list[str], commits: int = 3):
             c = v()
             c["body"] = dict(c)  # what the digest covers: not the first attempt's own deadline
             lost.append(c)
-        quick = [_op("commit", k, dict(c, deadline_ms=ctx.rng.randint(lo, hi)))
+        quick = [_op("commit", k, dict(c, deadline_ms=round(math.exp(ctx.rng.uniform(math.log(lo), math.log(hi))), 1)))
                  for c, (lo, hi) in zip(lost, LOST_COMMIT_DEADLINES_MS)]
         return [acquire_until_held(k, lambda test, ctx: v(ttl_ms=test.ttl_ms)), _op("commit", k, v()), *quick,
                 stall(span, end_ns), _op("commit", k, v()), *(_op("commit", k, c) for c in lost),
