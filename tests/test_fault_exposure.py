@@ -155,6 +155,7 @@ def table(tmp_path_factory):
     return {r.row.fault: r for r in results}
 
 
+@pytest.mark.timeout(900)  # the first one runs the whole table (its fixture): about 5 minutes on 2 cores
 @pytest.mark.parametrize("fault", FAULT_KINDS)
 def test_the_fault_exposes_its_planted_bug_on_every_seed_and_only_the_fault_does(fault, table):
     res = table[fault]

@@ -244,3 +244,18 @@ def test_an_overlap_the_loss_does_not_explain_is_still_a_violation(case):
                         new_token=1 if case == "token-not-higher" else 2 << 32)
     res = run("mutual-exclusion", ops)
     assert kinds(res) == ["overlap"], res
+
+
+def test_an_acquisition_that_completes_while_the_restore_op_finishes_is_after_the_loss():
+    """The restarted Valkey serves before the nemesis op returns: an acquire invoked during the restore op and
+    completed after it began runs on the new incarnation (here, a token of the next epoch)."""
+    from test_checker_core import LeaseHistory, run
+
+    h = LeaseHistory()
+    h.acquire(0, "L1", 1, at=0, ttl=10_000)
+    h.nemesis(RESTORE["f"], None)  # the restore begins
+    h.invoke(1, "acquire", {"request_id": h.rid(), "ttl_ms": 1000})
+    h.complete("ok", 1, "acquire", h.lease("L2", 2 << 32, at=300))
+    h.nemesis(RESTORE["f"], RESTORE["value"])  # ... and completes after the acquisition did
+    res = run("mutual-exclusion", h.ops)
+    assert res["valid"] is True and res["overlaps_after_valkey_loss"] == 1, res["violations"]
