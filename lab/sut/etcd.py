@@ -251,7 +251,9 @@ class EtcdLockSystem:
         self.http = httpx.AsyncClient(base_url=self.node, timeout=timeout_s)
         self._couch = None
         self._dbs_ready: set[str] = set()
-        self.sent: list[str] = []  # the gateway paths this client sent, in order (tests read it: a pause sends none)
+        # the last requests this client sent (gateway paths, "store"), oldest first: tests read it (a paused
+        # worker sends none); bounded, since a worker lives for the whole run
+        self.sent: list[str] = []
         # the client-pause gate (set per op by the workload client, like clock_ms): awaited before every request
         # this client sends, so a paused worker stops at its next request, inside an op too (between the grant
         # and the lock transaction, between the ownership read and the store write), as a SIGSTOPped process
@@ -268,7 +270,7 @@ class EtcdLockSystem:
         probe = _SendProbe()
         req = self.http.build_request("POST", path, content=json.dumps(body).encode(),
                                       headers={"content-type": "application/json"}, extensions={"trace": probe})
-        self.sent.append(path)
+        self._record(path)
         try:
             if deadline_s is None:
                 r = await self.http.send(req)
@@ -289,6 +291,11 @@ class EtcdLockSystem:
         except ValueError:
             raise _Broken("unparseable_response", f"{path}: HTTP {r.status_code}: {r.text[:200]!r}") from None
         return _Reply(r.status_code, data)
+
+    def _record(self, what: str) -> None:
+        self.sent.append(what)
+        if len(self.sent) > 256:
+            del self.sent[:128]
 
     async def _gate(self) -> None:
         """Wait at the client-pause gate, if any (accounting the time paused)."""
@@ -436,7 +443,7 @@ class EtcdLockSystem:
             if deadline_s is not None:
                 deadline_s = max(0.001, deadline_s - self._elapsed(t0, paused0))
         await self._gate()  # a pause here is Kleppmann's: after the check, before the write
-        self.sent.append("store")
+        self._record("store")
         return await ValkeyLockSystem.commit(self, lease, doc, body, identity=identity, request_id=request_id,
                                              deadline_s=deadline_s)
 
