@@ -68,6 +68,13 @@ def test_cluster_is_three_lab_owned_members(cluster):
     argv = " ".join(members["etcd-1"].argv)
     for n in ("etcd-1", "etcd-2", "etcd-3"):
         assert f"{n}=http://{topo[f'peers_{n}']['listen']}" in argv
+    pids = [p.pid for p in members.values()]
+    cluster.down()  # every member stopped by pid; its scratch data (64 MB WAL files) dropped, its log kept
+    for p, pid in zip(members.values(), pids):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        assert p.log_path.exists() and not p.data_dir.exists()
+    assert (cluster.dir / "store").is_dir()  # the store's documents are kept
 
 
 def test_lock_recipe_tokens_expiry_and_commits(cluster):

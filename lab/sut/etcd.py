@@ -151,8 +151,9 @@ def etcd_processes(test: Any):
 
     return SystemProcesses(
         system="etcd",
+        # keep_data=False: each member preallocates 64 MB WAL files; a run keeps the logs, not the cluster's data
         processes=tuple(ProcessSpec(n, argv=argv(n), ports=("client", "peer"), health=_answers,
-                                    fake_clock=False, clock_note=CLOCK_NOTE) for n in names),
+                                    fake_clock=False, clock_note=CLOCK_NOTE, keep_data=False) for n in names),
         links=tuple(LinkSpec(CLIENTS, n, "client") for n in names) + tuple(LinkSpec("peers", n, "peer")
                                                                            for n in names),
         client_url=lambda address: f"http://{address}",

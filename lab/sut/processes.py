@@ -70,6 +70,7 @@ class ProcessSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     fake_clock: bool = True  # does libfaketime move its wall clock?
     clock_note: str = ""  # why not, when fake_clock is False (shown when a clock nemesis is refused)
+    keep_data: bool = True  # False: its data directory is removed once the run's stack is down (logs stay)
 
     @property
     def member(self) -> bool:
@@ -521,9 +522,21 @@ class SutStack(StackFiles):
         if errors:
             raise StackError("; ".join(errors))
         self.processes = []
+        self._drop_scratch_data()
         if self.state_file.exists():
             self.state_file.unlink()
         return stopped
+
+    def _drop_scratch_data(self) -> None:
+        """Remove the data directories the system marks as scratch (`keep_data=False`: e.g. etcd's 64 MB
+        preallocated WAL files per member), once every process is stopped; the logs and the history stay."""
+        import shutil
+
+        if self.placement is None:
+            return
+        for spec in self.decl.processes:
+            if not spec.keep_data:
+                shutil.rmtree(self.placement.root / spec.name, ignore_errors=True)
 
 
 def stack_for(test: Any, root: Path) -> SutStack | None:
