@@ -245,6 +245,23 @@ def _one_run(test: Test, store_dir: str) -> dict[str, Any]:
     return _verdict(results, test.run_dir, time.monotonic() - started)
 
 
+def _child_run(source: str, where: tuple[str, str, int], store_dir: str) -> dict[str, Any]:
+    """One run in a child process; its verdict (the child's last line of output, JSON)."""
+    import subprocess
+
+    fault, kind, seed = where
+    argv = [sys.executable, "-m", "nemesis.exposure", "--spec", source, "--store-dir", store_dir,
+            "--one", fault, kind, str(seed)]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"valid": "error", "failed": {}, "error": f"exit {proc.returncode}: {tail}"[:300], "run_dir": None,
+                "seconds": None}
+
+
 def run_faults(spec: FaultsSpec, store_dir: Path, *, only: tuple[str, ...] = (), jobs: int = 1,
                progress: Callable[[str], None] = print) -> list[RowResult]:
     """Run every row (or those named in `only`) on every seed; plain runs are shared between equal configurations.
@@ -275,15 +292,15 @@ def run_faults(spec: FaultsSpec, store_dir: Path, *, only: tuple[str, ...] = (),
         verdicts[name] = verdict
         progress(f"{name}: valid={verdict['valid']} {' '.join(verdict['failed'])} ({verdict['seconds']} s)")
 
-    if jobs <= 1:
+    if jobs <= 1 or not Path(spec.source).is_file():
         for name, test in tests.items():
             record(name, _one_run(test, str(store_dir)))
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+    else:  # each run in a child `python -m nemesis.exposure --one ...` (its stack dies with it), `jobs` at a time
+        from concurrent.futures import ThreadPoolExecutor
 
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {name: pool.submit(_one_run, test, str(store_dir)) for name, test in tests.items()}
+        where = {name: key for key, name in planned.items()}
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            futures = {name: pool.submit(_child_run, spec.source, where[name], str(store_dir)) for name in tests}
             for name, fut in futures.items():
                 record(name, fut.result())
     for res in out:
@@ -319,7 +336,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--store-dir", default="store")
     ap.add_argument("--only", nargs="*", default=[])
     ap.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process")
+    ap.add_argument("--one", nargs=3, metavar=("FAULT", "KIND", "SEED"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.one:  # one run of a row, for a parent running several at once: the verdict as the last line
+        spec = load_spec(args.spec)
+        fault, kind, seed = args.one
+        (row,) = [r for r in spec.rows if r.fault == fault]
+        print(json.dumps(_one_run(row.test(spec, kind, int(seed)), args.store_dir), default=str))
+        return 0
     try:
         spec = load_spec(args.spec)
         started = time.monotonic()
