@@ -292,3 +292,87 @@ def test_valkey_persistence_is_the_nemeses_unless_the_test_says(tmp_path):
     assert persistence({"valkey_persistence": "none"}, "always") == "none"  # a Valkey that forgets on a kill
     with pytest.raises(SutError, match="valkey_persistence"):
         persistence({"valkey_persistence": "sometimes"}, "none")
+
+
+def test_each_nemesis_takes_effect_on_the_lab_owned_valkey(tmp_path):
+    """On the stack the lab runs for `valkey-lock` (its Valkey, the store, a proxy per client link): kill: the pid
+    is gone and comes back, the held lock survives (appendfsync always); pause: SIGSTOPped, a request sent to it
+    times out as `info`; partition: requests through the cut links time out, and answer again after the heal."""
+    import os
+
+    from lab.stack.local import StackOptions
+    from lab.sut.processes import SutStack
+    from lab.sut.valkey_lock import valkey_processes
+    from lab.testmap import Test
+    from nemesis import network, process
+    from nemesis.core import invocation
+    from nemesis.topology import Topology
+    from nemesis.toxiproxy import ToxiproxyClient
+    from tests.conftest import until
+
+    stack = SutStack(valkey_processes(Test(workload="fenced-append", extra={"sut": "valkey-lock-fenced"})),
+                     root=tmp_path / "stack", die_with_parent=True)
+    stack.up(StackOptions(store=True, toxiproxy=True, persistence="always"))
+    valkey = stack.process("valkey")
+    assert valkey.persistence == "always"
+
+    def via(group: int) -> FencedValkeyLockSystem:
+        node = f"redis://{stack.info['topology'][f'c{group}_valkey']['listen']}/0"
+        return FencedValkeyLockSystem(node, stack.store_url_for(node), service_instance_id=f"w{group}", timeout_s=1.0)
+
+    async def answers(c) -> bool:
+        return (await c.inspect(ident("n"), deadline_s=1.0)).code in ("lease_inspected", "lease_not_found")
+
+    async def scenario():
+        c1, c2 = via(1), via(2)
+        try:
+            held = await c1.acquire(ident("n"), ttl_ms=60_000)
+            assert held.ok
+            targets = process.stack_targets(stack)
+            assert {"valkey", "store"} <= set(targets)
+            kill = process.kill(targets, rng=1)
+            await kill.setup(None)
+            old = valkey.pid
+            done = await kill.invoke(None, invocation("start-kill", {"targets": ["valkey"]}))
+            assert done["value"]["killed"]["valkey"]["pid"] == old and not valkey.alive()
+            with pytest.raises(ProcessLookupError):
+                os.kill(old, 0)
+            assert not await answers(c1)
+            done = await kill.invoke(None, invocation("stop-kill"))
+            assert done["value"]["restarted"]["valkey"]["ready"] and valkey.alive() and valkey.pid != old
+            await until(lambda: answers(c1), timeout=30, what="the restarted Valkey to serve")
+            after = await c2.inspect(ident("n"), deadline_s=1.0)
+            assert after.ok and after.lease.lease_id == held.lease.lease_id  # the lock survived the kill
+
+            pause = process.pause(targets, rng=1)
+            await pause.invoke(None, invocation("start-pause", {"targets": ["valkey"]}))
+            assert process.is_stopped(valkey)
+            maybe = await c1.release(held.lease, deadline_s=0.5)
+            assert maybe.outcome == "info" and maybe.code == "timeout"  # sent: it may yet run
+            await pause.invoke(None, invocation("stop-pause"))
+            await until(lambda: answers(c2), timeout=30, what="the resumed Valkey to serve")
+
+            topo = Topology.from_description(ToxiproxyClient(stack.info["toxiproxy"]), stack.info["topology"])
+            part = network.partition(topo, rng=1)
+            await part.setup(None)
+            done = await part.invoke(None, invocation("start-partition", {"grudge": "isolate-valkey"}))
+            links = set(done["value"]["links"])
+            assert links and links <= {"c1_valkey", "c2_valkey"}
+            cut_side, other = (c1, c2) if "c1_valkey" in links else (c2, c1)
+            cut = await cut_side.acquire(ident("m"), ttl_ms=2000, deadline_s=0.5)
+            assert cut.outcome in ("fail", "info") and cut.code in ("deadline_exceeded", "timeout",
+                                                                     "connection_lost"), cut
+            if len(links) == 1:
+                assert await answers(other)  # the other client group's link still serves
+            await part.invoke(None, invocation("stop-partition"))
+            await until(lambda: answers(cut_side), timeout=30, what="the healed link to serve")
+            await part.teardown(None)
+            await topo.client.aclose()
+        finally:
+            await c1.aclose()
+            await c2.aclose()
+
+    try:
+        run(scenario())
+    finally:
+        stack.down()
