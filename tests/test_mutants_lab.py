@@ -62,10 +62,7 @@ def test_the_shipped_spec_plants_every_mutant_under_the_general_workloads_at_the
     assert nemeses == {"counter-from-snapshot": ("valkey-restore",)}  # the one bug that needs a fault
     fast = load_spec(SPEC, fast=True)
     assert fast.fast and {e.mutant for e in fast.entries} == {e.mutant for e in full.entries} - {"local-clock"}
-    # under --fast a general workload each, but counter-from-snapshot: its scenario (the unmodified server is not
-    # yet valid under valkey-restore at the workloads' defaults, docs/mutants.md)
-    assert all(e.runs == 1 and e.kind == ("scenario" if e.mutant == "counter-from-snapshot" else "general")
-               for e in fast.entries)
+    assert all(e.runs == 1 and e.kind == "general" for e in fast.entries)
     assert len(fast.entries) == len({e.mutant for e in fast.entries})  # one general workload each under --fast
     only = load_spec(SPEC, only=("volatile-counter",))
     assert [e.exposed_by() for e in only.entries] == [f"{w} workload (defaults)" for w in
@@ -304,8 +301,7 @@ def test_the_fast_subset_catches_every_mutant_and_the_unmodified_server_passes(t
     summary = json.loads((tmp_path / "store" / "mutants" / "summary-fast.json").read_text())
     assert [r["mutant"] for r in summary["rows"]] == [e.mutant for e in fast.entries]
     for row in summary["rows"]:
-        if row["mutant"] != "counter-from-snapshot":  # (its scenario row: see the shipped-spec test)
-            assert row["kind"] == "general" and not row["scenario"], row  # a general workload at its defaults
+        assert row["kind"] == "general" and not row["scenario"], row  # a general workload at its defaults
         assert row["caught_runs"] == row["planted"] == 1 and row["caught_by"] and row["unmodified"] is True, row
         planted = Path(row["planted_runs"][0]["run_dir"])
         test_json = json.loads((planted / "test.json").read_text())
