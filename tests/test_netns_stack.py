@@ -106,7 +106,7 @@ def test_netns_stack_needs_root_in_one_line(monkeypatch):
 
 def test_registry_asks_for_namespaces_and_refuses_toxiproxy_faults_beside_them():
     if is_root:
-        assert registry.stack_options("netns,kill") == {"netns": True, "persistence": "always"}
+        assert registry.stack_options("netns,kill") == {"netns": True, "persistence": "always", "recovery_store": True}
         StackOptions(**registry.stack_options("netns,kill,pause,clock")).validate()
     with pytest.raises(ValueError) as e:
         registry.validate_names("netns,latency,slicer")
