@@ -656,6 +656,7 @@ CHECKERS: dict[str, Callable[..., Checker]] = {
     "linearizable": _linearizable,
     "fencing": _lazy("checkers.fencing", "FencingChecker"),
     "stale-commit": _lazy("checkers.stale_commit", "StaleCommitChecker"),
+    "stale-write": _lazy("checkers.stale_write", "StaleWriteChecker"),  # token-free (docs/third-party.md)
     "mutual-exclusion": _lazy("checkers.mutex", "MutualExclusionChecker"),
     "idempotency": _lazy("checkers.idempotency", "IdempotencyChecker"),
     "lease-state": _lazy("checkers.lease_state", "LeaseStateChecker"),

@@ -225,8 +225,8 @@ def test_analysis_shares_the_pairing_within_a_block():
 
 
 def test_registry_names_and_errors():
-    assert set(CHECKERS) == {"linearizable", "fencing", "stale-commit", "mutual-exclusion", "idempotency",
-                             "lease-state", "deadlines", "availability"}
+    assert set(CHECKERS) == {"linearizable", "fencing", "stale-commit", "stale-write", "mutual-exclusion",
+                             "idempotency", "lease-state", "deadlines", "availability"}
     for name in DOMAIN_CHECKERS:
         assert isinstance(get_checker(name), Checker)
     with pytest.raises(ValueError, match="unknown checker 'nope'; known checkers: linearizable, fencing"):

@@ -15,7 +15,7 @@ from test_checker_core import BASE, LeaseHistory, run
 CHECKERS_DIR = Path(__file__).resolve().parents[1] / "checkers"
 MODULES = {"fencing": "fencing", "mutual-exclusion": "mutex", "lease-state": "lease_state",
            "stale-commit": "stale_commit", "idempotency": "idempotency", "deadlines": "deadlines",
-           "availability": "deadlines"}
+           "availability": "deadlines", "stale-write": "stale_write"}
 REQ = {"request_id": "a", "ttl_ms": 1000}
 
 
@@ -143,6 +143,14 @@ def duplicate_entry(h):
     h.read(9, [[0, 1, 1], [0, 1, 1]])
 
 
+def stale_write(h):
+    h.acquire(0, "L1", 1, at=0)
+    h.acquire(1, "L2", 2, at=10)
+    h.commit(1, "L2", 2, [1, 2, 1], rev=1, validated=11)
+    h.commit(0, "L1", 1, [0, 1, 1], rev=2, validated=12)  # the earlier holder's write lands after the successor's
+    h.read(9, [[1, 2, 1], [0, 1, 1]])
+
+
 def failed_commit_visible(h):
     h.acquire(0, "L1", 1, at=0)
     h.commit(0, "L1", 1, [0, 1, 1], type="fail", error="stale_token")
@@ -216,6 +224,7 @@ CATALOG = {  # (checker, kind) -> (violating history builder, checker options)
     ("stale-commit", "lost-commit"): (lost_commit, {}),
     ("stale-commit", "duplicate-entry"): (duplicate_entry, {}),
     ("stale-commit", "failed-commit-visible"): (failed_commit_visible, {}),
+    ("stale-write", "stale-write"): (stale_write, {}),
     ("idempotency", "replay-different-result"): (replay_different_result, {}),
     ("idempotency", "changed-body-accepted"): (changed_body_accepted, {}),
     ("idempotency", "replay-not-idempotent"): (replay_not_idempotent, {}),
