@@ -270,13 +270,17 @@ def test_up_runs_compose_and_describes_the_stack(tmp_path, engine, store_http):
     assert stack.store_url(with_credentials=True).startswith(f"http://{admin['user']}:{admin['password']}@127.0.0.1:")
 
 
-def test_compose_v1_gets_no_wait_flag_and_no_store_means_no_store_service(tmp_path, engine):
-    stack, runner, _ = make_stack(tmp_path, engine, compose_cmd=["/usr/bin/docker-compose"])
+def test_compose_v1_gets_no_wait_flag_and_the_store_runs_even_for_a_workload_without_documents(
+        tmp_path, engine, store_http):
+    """Every lease server's --store-url is in the compose file: the recovery rule keeps its epoch in the store,
+    so the store runs even when the workload writes no documents (a server without it fails closed)."""
+    stack, runner, _ = make_stack(tmp_path, engine, store_http, compose_cmd=["/usr/bin/docker-compose"])
     status = stack.up(StackOptions(servers=1, client_groups=1, store=False))
     argv = runner.calls[0][0]
     assert argv[0] == "/usr/bin/docker-compose" and "--wait" not in argv
-    assert argv[-3:] == ["valkey", "toxiproxy", "lease-1"]
-    assert status["store"] is None and sorted(status["topology"]) == ["c1_lease-1", "lease-1_valkey"]
+    assert argv[-4:] == ["valkey", "store", "toxiproxy", "lease-1"]
+    assert status["store"] is not None
+    assert sorted(status["topology"]) == ["c1_lease-1", "lease-1_store", "lease-1_valkey"]
 
 
 def test_missing_engine_is_one_line_before_anything_starts(tmp_path, monkeypatch):
