@@ -112,7 +112,11 @@ def test_campaign_resumes_after_sigkill_without_redoing_finished_runs(tmp_path):
     mtime = (finished / "results.json").stat().st_mtime_ns
 
     res = CliRunner(env={"CI": "true"}).invoke(main, ["campaign", str(spec), "--store-dir", str(store)])
-    assert res.exit_code == 0, res.output
+    # the killed run is judged on what it recorded: valid, or unknown when a checker had nothing to judge yet in
+    # its first seconds (no retry for idempotency, say), never invalid; the exit code follows (0 or 3)
+    killed_verdict = json.loads((killed_dir / "results.json").read_text())["valid"]
+    assert killed_verdict in (True, "unknown"), killed_verdict
+    assert res.exit_code == (0 if killed_verdict is True else 3), res.output
     assert f"resume: {second}: done (interrupted mid-run" in res.output
     state = json.loads(state_path.read_text())
     assert [e["status"] for e in state["runs"]] == ["done", "done"]
@@ -120,6 +124,6 @@ def test_campaign_resumes_after_sigkill_without_redoing_finished_runs(tmp_path):
     assert (finished / "results.json").stat().st_mtime_ns == mtime
     assert store / state["runs"][1]["run_dir"] == killed_dir, "the killed run was judged, not re-run"
     results = json.loads((killed_dir / "results.json").read_text())
-    assert results["valid"] is True and results["ops"] == state["runs"][1]["ops"] > 10
+    assert results["ops"] == state["runs"][1]["ops"] > 10
     assert [p for p in (store / "killed" / second).iterdir() if not p.is_symlink()] == [killed_dir], "no new run"
-    assert "campaign killed: 2/2 done: 2 valid" in res.output
+    assert "campaign killed: 2/2 done: " + ("2 valid" if killed_verdict is True else "1 valid") in res.output
