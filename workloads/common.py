@@ -115,8 +115,8 @@ def sent(request_id: str, lease: Any = None) -> dict[str, Any]:
 # Stalls are generator sleeps drawn from the seeded rng (the client never sleeps).
 
 TAKEOVER_STALL = (1.15, 1.6)  # x TTL: past expiry, long enough for a successor to acquire and act
-SOLO_STALL = (0.8, 1.6)       # x TTL: on a key nobody else uses; most renews land after expiry, some before
-BURST_EVERY_S = 2.5           # seconds of sessions between two bursts
+SOLO_STALL = (1.05, 1.5)      # x TTL: on a key nobody else uses: the renews after it land after the expiry
+BURST_EVERY_S = 1.0           # seconds of sessions between two bursts
 
 
 def pick_kind(test: Any, ctx: Any) -> str:

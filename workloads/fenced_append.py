@@ -18,9 +18,9 @@ three kinds, run by lanes of threads as in the lease workload
   stale holder's commits arrive on both sides of its successor's: the
   boundary must refuse the fresh ones and never let a lost one land over a
   successor's write;
-- solo: the same on a key of its own, with a stall of 0.8-1.6 x the TTL.
+- solo: the same on a key of its own, with a stall of 1.05-1.5 x the TTL.
 
-Every 2.5 s the burst lane's threads acquire one fresh key in the same
+Every second the burst lane's threads acquire one fresh key in the same
 instant (a burst), commit and release. A final phase reads every `--keys`
 document back. The stale-commit checker then proves that no accepted commit
 carries a lower token than one accepted before it, none was validated after

@@ -7,9 +7,9 @@ the same request_id and a changed body (must be `idempotency_conflict`,
 mutating nothing); a renew and a release, each retried with the same
 request_id (the retry returns the original result). Stalled sessions poll
 the takeover key (`k0`) until held, and solo sessions take a fresh key; both
-renew (and retry), stall past (stalled: 1.15-1.6 x the TTL) or around (solo:
-0.8-1.6 x) the lease's expiry, then renew and release with retries, a
-successor already holding the takeover key. Every 2.5 s the burst lane's
+renew (and retry), stall past the lease's expiry (stalled: 1.15-1.6 x the
+TTL; solo: 1.05-1.5 x), then renew and release with retries, a successor
+already holding the takeover key. Every second the burst lane's
 threads acquire one fresh key in the same instant, each retrying its acquire
 and release. Lanes as in the lease workload (`workloads.common.exercise`).
 The idempotency checker judges the groups of ops by request_id; fencing,
@@ -95,7 +95,7 @@ def burst(test, ctx, key: str) -> list[dict[str, Any]]:
 
 
 def workload(test):
-    """Retry sessions (plain, stalled, solo) on `test.keys` keys, with a burst every 2.5 s."""
+    """Retry sessions (plain, stalled, solo) on `test.keys` keys, with a burst every second."""
     from checkers.core import compose, get_checker
     from workloads.base import Workload
     from workloads.common import exercise, key_names

@@ -7,7 +7,7 @@ run by lanes of threads (the default 5 threads: 2 + 2 + 1, see
 - plain (burst lane): acquire a random key of `--keys`, renew twice, release,
   sometimes inspect; an acquire or a renew is sometimes retried with the same
   request_id (it must return the original result). Conflicts are the point:
-  one winner per key at a time. Every 2.5 s the lane's threads all acquire
+  one winner per key at a time. Every second the lane's threads all acquire
   one fresh key in the same instant (a burst), then renew and release it;
 - stalled (takeover lane): poll the takeover key (`k0`) until held, renew,
   stall 1.15-1.6 x the TTL, then carry on with the lease it still believes it
@@ -15,7 +15,7 @@ run by lanes of threads (the default 5 threads: 2 + 2 + 1, see
   which was polling, already holds the key: the server must refuse every
   stale op, and end or delete nothing of the successor's;
 - solo (solo lane): the same on a fresh key nobody else uses, with a stall of
-  0.8-1.6 x the TTL: renews after the expiry, with no successor in the way.
+  1.05-1.5 x the TTL: renews after the expiry, with no successor in the way.
 
 Every completion keeps what the client sent (`value.sent`: request id, lease
 id, token) and what came back (lease id, fencing token, backend times), so
@@ -203,7 +203,7 @@ def lease_checker(test):
 
 
 def workload(test):
-    """Sessions (plain, stalled, solo) on `test.keys` keys at `test.rate` ops/s in total, with a burst every 2.5 s."""
+    """Sessions (plain, stalled, solo) on `test.keys` keys at `test.rate` ops/s in total, a burst every second."""
     from workloads.base import Workload
     from workloads.common import exercise, key_names
 
