@@ -184,12 +184,11 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
         fault="kill",
     ),
     Mutant(
-        "idle-lease-reaper",
-        "a background task deletes the record of a lease whose holder has not called the server for a second "
-        "(\"reclaiming abandoned leases\"), before its expiry: a holder that was only paused comes back to a "
-        "lease a successor already holds",
-        ("C9", "C10"),
-        variants=("IdleLeaseReaperService",),
+        "idle-holder-refenced",
+        "a holder that renews or releases after a second of silence is taken for a reconnecting client and its "
+        "lease gets a fresh fencing token (the counter incremented, the record rewritten): one lease, two tokens",
+        ("C7", "C12", "C13"),
+        variants=("IdleHolderRefencedService",),
         fault="client-pause",
     ),
     Mutant(

@@ -20,8 +20,8 @@ settings-only mutants); a few replace more:
   leases it granted while Valkey is failing or slow.
 - `RestartDropsLeasesBackend` (restart-drops-leases): at start-up, deletes
   every unexpired lease record.
-- `IdleLeaseReaperService` (idle-lease-reaper): a background task that deletes
-  the record of a lease whose holder has not called this server for a second.
+- `IdleHolderRefencedService` (idle-holder-refenced): a renew or release from a
+  holder silent for a second gets the lease a fresh fencing token.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import re
 import time
 from typing import Any, Awaitable, Callable, Sequence
 
+from lab.server import backend as keys
 from lab.server.backend import ACTIVE_INDEX, Backend, BackendError, NotStarted
 from lab.server.identity import KEY_PREFIX
 from lab.server.commit import CommitService
@@ -182,15 +183,15 @@ class RenewWithoutBackendService(LeaseService):
     """renew-without-backend: while Valkey is down or slow, renewals are answered from the server's memory.
 
     MUTANT(renew-without-backend). A "circuit breaker" meant to ride out backend trouble: the server
-    remembers every lease it granted or renewed. A renew that Valkey refuses outright (connection
-    refused: Valkey is down) is answered `lease_renewed` from memory, the expiry moved by the server's
-    clock. The breaker probes Valkey (PING every `PROBE_S`) and watches acquires and renews: every
-    `SLOW_S` that one of them waits for Valkey is a strike (a call hanging for 0.5 s strikes four
-    times); once `STRIKES` strikes span at least `SUSTAINED_S` within a second
-    (sustained trouble, not one slow reply or one stall of this process), the breaker opens for `OPEN_S`
-    and renewals are answered from memory without waiting for Valkey. Valkey never extends those leases: their holders believe them valid after
-    Valkey let them expire, and after a successor took the identity (C12, C20; races table: backend
-    unavailable, "no assumed success").
+    remembers every lease it granted or renewed. A renew that Valkey refuses outright (connection refused:
+    Valkey is down) is answered `lease_renewed` from memory, the expiry moved by the server's clock. The
+    breaker probes Valkey (PING every `PROBE_S`) and watches acquires and renews: every `SLOW_S` that one of
+    them waits for Valkey is a strike (a call hanging for 0.5 s strikes four times); once `STRIKES` strikes
+    span at least `SUSTAINED_S` within a second (sustained trouble, not one slow reply or one stall of this
+    process), the breaker opens for `OPEN_S` and renewals are answered from memory without waiting for
+    Valkey. Valkey never extends those leases: their holders believe them valid after Valkey let them
+    expire, and after a successor took the identity (C12, C20; races table: backend unavailable, "no assumed
+    success").
     """
 
     PROBE_S = 0.1
@@ -302,72 +303,63 @@ class RenewWithoutBackendService(LeaseService):
         return await super().release(principal, req)
 
 
-class IdleLeaseReaperService(LeaseService):
-    """idle-lease-reaper: a lease whose holder has been silent for a second is deleted ("abandoned").
+class IdleHolderRefencedService(LeaseService):
+    """idle-holder-refenced: a holder that calls after a second of silence gets its lease "re-fenced".
 
-    MUTANT(idle-lease-reaper). The server remembers when each holder of a lease it granted last called
-    it, and a background task deletes the record (DEL lock key, out of the active index) of a lease
-    whose holder has been silent for `IDLE_S`, although the lease has not expired: "reclaiming
-    abandoned leases" early. A holder that was merely paused (a GC pause longer than a second) comes
-    back believing it holds a lease that a successor already acquired (C9, C10: a lease ends by expiry,
-    release or an audited admin action, never because its holder went quiet).
+    MUTANT(idle-holder-refenced). The server remembers when the holder of each lease it granted last
+    called it. A renew or release from a holder that has been silent for `IDLE_S` is taken for a client
+    that reconnected after a pause and, "to be safe", the lease gets a fresh fencing token: the identity's
+    counter is incremented, the record rewritten, and the answer carries the new token. The lease id stays,
+    so the holder keeps acting on one lease whose token changed under it (C7: a lease's token never
+    changes; C12, C13). A holder that never comes back, or calls without a pause, never sees it.
     """
 
     IDLE_S = 1.0
-    SWEEP_S = 0.1
 
     def __init__(self, *args: Any, **kw: Any):
         super().__init__(*args, **kw)
-        self.seen: dict[str, list] = {}  # lease_id -> [lock_key, last call (loop time), expires_at_ms]
-        self._task: asyncio.Task | None = None
+        self.last_call: dict[str, float] = {}  # lease_id -> when its holder last called (loop time)
 
-    def _touch(self, out: Outcome, lock_key: str) -> Outcome:
+    def _idle(self, lease_id: str) -> bool:
+        now = asyncio.get_running_loop().time()
+        last = self.last_call.get(lease_id)
+        self.last_call[lease_id] = now
+        return last is not None and now - last >= self.IDLE_S
+
+    async def _refence(self, out: Outcome, lock_key: str, rewrite: bool) -> Outcome:
+        """MUTANT(idle-holder-refenced): a new token for the lease, in Valkey (when still held) and in the answer."""
         lease = out.lease
-        if isinstance(lease, dict) and lease.get("lease_id") and lease.get("state", "active") == "active":
-            self.seen[lease["lease_id"]] = [lock_key, asyncio.get_running_loop().time(), lease["expires_at_ms"]]
-        if self._task is None:
-            self._task = asyncio.create_task(self._reap(), name="idle-lease-reaper")
-        return out
+        if not isinstance(lease, dict):
+            return out
+        deadline = asyncio.get_running_loop().time() + 1.0
+        token = int(await self.backend.command(deadline, "INCR", keys.fence_key(lock_key)))
+        if rewrite:
+            await self.backend.command(deadline, "HSET", lock_key, "fencing_token", token)
+        log.warning("idle-holder-refenced: lease %s token %s -> %s", lease.get("lease_id"), lease.get("fencing_token"),
+                    token)
+        return Outcome(out.code, dict(lease, fencing_token=token), out.extra, dict(out.audit, fencing_token=token))
 
     async def acquire(self, principal: Any, req: Any) -> Outcome:
-        return self._touch(await super().acquire(principal, req), req.identity.lock_key())
+        out = await super().acquire(principal, req)
+        if isinstance(out.lease, dict) and out.lease.get("lease_id"):
+            self.last_call[out.lease["lease_id"]] = asyncio.get_running_loop().time()
+        return out
 
     async def renew(self, principal: Any, req: Any) -> Outcome:
-        if req.lease_id in self.seen:  # the holder called: silent since the start of this call at most
-            self.seen[req.lease_id][1] = asyncio.get_running_loop().time()
-        try:
-            return self._touch(await super().renew(principal, req), req.identity.lock_key())
-        except LeaseError:
-            self.seen.pop(req.lease_id, None)
-            raise
+        idle = self._idle(req.lease_id)
+        out = await super().renew(principal, req)
+        return await self._refence(out, req.identity.lock_key(), True) if idle else out
 
     async def release(self, principal: Any, req: Any) -> Outcome:
-        self.seen.pop(req.lease_id, None)
-        return await super().release(principal, req)
-
-    async def _reap(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.SWEEP_S)
-            now = loop.time()
-            for lease_id, (lock_key, last, expires_ms) in list(self.seen.items()):
-                if expires_ms <= now_ms():
-                    self.seen.pop(lease_id, None)
-                elif now - last >= self.IDLE_S:  # MUTANT(idle-lease-reaper): silent holder, lease deleted
-                    self.seen.pop(lease_id, None)
-                    try:
-                        deadline = loop.time() + 1.0
-                        if await self.backend.command(deadline, "HGET", lock_key, "lease_id") == lease_id:
-                            await self.backend.command(deadline, "DEL", lock_key)
-                            await self.backend.command(deadline, "ZREM", ACTIVE_INDEX, lock_key)
-                            log.warning("idle-lease-reaper: deleted lease %s (holder silent)", lease_id)
-                    except Exception as e:  # noqa: BLE001 - a planted bug's background task must not die
-                        log.warning("idle-lease-reaper: %s", type(e).__name__)
+        idle = self._idle(req.lease_id)
+        self.last_call.pop(req.lease_id, None)
+        out = await super().release(principal, req)
+        return await self._refence(out, req.identity.lock_key(), False) if idle else out
 
 
-_VARIANTS: dict[str, type] = {c.__name__: c for c in (LocalClockBackend, RestartDropsLeasesBackend, NonatomicAcquireService,
-                                                       NoIdempotencyCommits, RenewWithoutBackendService,
-                                                       IdleLeaseReaperService)}
+_VARIANTS: dict[str, type] = {c.__name__: c for c in (
+    LocalClockBackend, RestartDropsLeasesBackend, NonatomicAcquireService, NoIdempotencyCommits,
+    RenewWithoutBackendService, IdleHolderRefencedService)}
 
 
 def server_parts(settings: Settings) -> tuple[Settings, type[Backend], type[LeaseService], type[CommitService]]:
