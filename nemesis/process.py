@@ -40,7 +40,7 @@ import httpx
 import psutil
 
 from lab.stack.leaseserver import LeaseServerProcess
-from lab.stack.process import ManagedProcess, ProcessError
+from lab.stack.process import Process, ProcessError
 from nemesis.core import NemesisUnavailable, Rounds, as_rng, completion
 
 __all__ = [
@@ -102,7 +102,7 @@ def heal_order(names: Iterable[str]) -> list[str]:
     return sorted(names, key=lambda n: (rank.get(n, 2), len(n), n))
 
 
-def stack_targets(stack: Any, targets: Sequence[str] | None = None) -> dict[str, ManagedProcess]:
+def stack_targets(stack: Any, targets: Sequence[str] | None = None) -> dict[str, Process]:
     """The stack's target processes (lease servers, Valkey, the store), or the named subset of them."""
     procs = {p.name: p for p in getattr(stack, "processes", []) if _role(p.name)}
     if not procs:
@@ -115,13 +115,13 @@ def stack_targets(stack: Any, targets: Sequence[str] | None = None) -> dict[str,
     return {n: procs[n] for n in heal_order(dict.fromkeys(targets))}
 
 
-def _check_processes(processes: Any) -> dict[str, ManagedProcess]:
-    """A non-empty name -> ManagedProcess mapping, or ValueError."""
+def _check_processes(processes: Any) -> dict[str, Process]:
+    """A non-empty name -> Process mapping (lab.stack.process.Process: a host pid, a remote one, a container)."""
     if not isinstance(processes, Mapping) or not processes:
-        raise ValueError(f"processes must be a non-empty mapping of name -> ManagedProcess, got {processes!r}")
-    bad = [n for n, p in processes.items() if not isinstance(p, ManagedProcess)]
+        raise ValueError(f"processes must be a non-empty mapping of name -> Process, got {processes!r}")
+    bad = [n for n, p in processes.items() if not isinstance(p, Process)]
     if bad:
-        raise ValueError(f"processes {bad} are not lab.stack ManagedProcess handles")
+        raise ValueError(f"processes {bad} are not lab.stack.process.Process handles")
     return {n: processes[n] for n in heal_order(processes)}
 
 
@@ -136,7 +136,7 @@ def _check_targets(param: str, targets: Any, known: Sequence[str]) -> list[str]:
 
 
 # -- process primitives -------------------------------------------------------
-def is_stopped(proc: ManagedProcess) -> bool:
+def is_stopped(proc: Process) -> bool:
     """Is the process alive but stopped (SIGSTOP; for a container, paused)?"""
     paused = getattr(proc, "paused", None)
     if callable(paused):  # a compose ContainerProcess knows it through the Docker API
@@ -152,7 +152,7 @@ def is_stopped(proc: ManagedProcess) -> bool:
         return False
 
 
-def _answers(proc: ManagedProcess) -> bool:
+def _answers(proc: Process) -> bool:
     """Is the process serving? Its health probe; for a lease server any /healthz answer
     (it says 503 while its Valkey is down, and that is the backend's fault, not the server's)."""
     if isinstance(proc, LeaseServerProcess):
@@ -163,7 +163,7 @@ def _answers(proc: ManagedProcess) -> bool:
     return proc.healthy()
 
 
-async def wait_ready(proc: ManagedProcess, timeout_s: float = RESTART_TIMEOUT_S) -> bool:
+async def wait_ready(proc: Process, timeout_s: float = RESTART_TIMEOUT_S) -> bool:
     """Poll (off the event loop) until `proc` answers; False if it dies or `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -175,7 +175,7 @@ async def wait_ready(proc: ManagedProcess, timeout_s: float = RESTART_TIMEOUT_S)
     return False
 
 
-def _spawn(proc: ManagedProcess) -> None:
+def _spawn(proc: Process) -> None:
     """Start `proc` without ManagedProcess.start's blocking health wait (`wait_ready` polls it instead).
 
     The spawn must run on the event loop's own (long-lived) thread: a run's
@@ -186,7 +186,7 @@ def _spawn(proc: ManagedProcess) -> None:
     proc.start(wait=False)
 
 
-async def kill_process(proc: ManagedProcess) -> int | None:
+async def kill_process(proc: Process) -> int | None:
     """SIGKILL `proc` (stopped or not) and reap it; its old pid, or None if it was not running."""
     if not proc.alive():
         return None
@@ -196,7 +196,7 @@ async def kill_process(proc: ManagedProcess) -> int | None:
     return pid
 
 
-async def restart_process(proc: ManagedProcess, timeout_s: float = RESTART_TIMEOUT_S) -> dict[str, Any]:
+async def restart_process(proc: Process, timeout_s: float = RESTART_TIMEOUT_S) -> dict[str, Any]:
     """Start a dead `proc` again and wait until it answers: `{"pid", "ready"}` (an alive one is left alone)."""
     if proc.alive():
         return {"pid": proc.pid, "ready": await wait_ready(proc, timeout_s), "already_running": True}
@@ -207,7 +207,7 @@ async def restart_process(proc: ManagedProcess, timeout_s: float = RESTART_TIMEO
     return {"pid": proc.pid, "ready": await wait_ready(proc, timeout_s)}
 
 
-async def _stop_signal(proc: ManagedProcess) -> bool:
+async def _stop_signal(proc: Process) -> bool:
     """SIGSTOP `proc` and wait (briefly) until the kernel reports it stopped."""
     proc.pause()
     for _ in range(100):
@@ -217,7 +217,7 @@ async def _stop_signal(proc: ManagedProcess) -> bool:
     return is_stopped(proc)
 
 
-async def heal_processes(processes: Mapping[str, ManagedProcess], *,
+async def heal_processes(processes: Mapping[str, Process], *,
                          timeout_s: float = RESTART_TIMEOUT_S) -> dict[str, str]:
     """Resume every stopped and restart every dead process (backends first); raise unless all answer.
 
@@ -249,7 +249,7 @@ async def heal_processes(processes: Mapping[str, ManagedProcess], *,
     return actions
 
 
-def _persistence(proc: ManagedProcess) -> dict[str, Any]:
+def _persistence(proc: Process) -> dict[str, Any]:
     """Valkey's persistence mode, for the record (what a crash can lose)."""
     mode = getattr(proc, "persistence", None)
     return {"persistence": mode} if mode is not None else {}
@@ -262,7 +262,7 @@ class _ProcessFault:
     fault = "process"
     value_keys = frozenset({"targets"})
 
-    def __init__(self, processes: Mapping[str, ManagedProcess], *, rng: Any, targets: Sequence[str] | None = None,
+    def __init__(self, processes: Mapping[str, Process], *, rng: Any, targets: Sequence[str] | None = None,
                  restart_timeout_s: float = RESTART_TIMEOUT_S):
         self.processes = _check_processes(processes)
         self.name = self.fault
@@ -333,7 +333,7 @@ class KillNemesis(_ProcessFault):
     fault = "kill"
     value_keys = frozenset({"targets", "restart_after_s"})
 
-    def __init__(self, processes: Mapping[str, ManagedProcess], *, rng: Any, targets: Sequence[str] | None = None,
+    def __init__(self, processes: Mapping[str, Process], *, rng: Any, targets: Sequence[str] | None = None,
                  restart_after_s: float | None = None, restart_timeout_s: float = RESTART_TIMEOUT_S):
         super().__init__(processes, rng=rng, targets=targets, restart_timeout_s=restart_timeout_s)
         self.restart_after_s = _seconds("restart_after_s", restart_after_s, allow_none=True)
@@ -623,14 +623,14 @@ class ClientPauseNemesis:
 
 
 # -- constructors -------------------------------------------------------------------
-def kill(processes: Mapping[str, ManagedProcess], *, rng: Any, targets: Sequence[str] | None = None,
+def kill(processes: Mapping[str, Process], *, rng: Any, targets: Sequence[str] | None = None,
          restart_after_s: float | None = None, restart_timeout_s: float = RESTART_TIMEOUT_S) -> KillNemesis:
     """SIGKILL + restart: `start-kill` / `stop-kill` on lease servers, Valkey, the store."""
     return KillNemesis(processes, rng=rng, targets=targets, restart_after_s=restart_after_s,
                        restart_timeout_s=restart_timeout_s)
 
 
-def pause(processes: Mapping[str, ManagedProcess], *, rng: Any, targets: Sequence[str] | None = None,
+def pause(processes: Mapping[str, Process], *, rng: Any, targets: Sequence[str] | None = None,
           restart_timeout_s: float = RESTART_TIMEOUT_S) -> PauseNemesis:
     """SIGSTOP / SIGCONT: `start-pause` / `stop-pause` on lease servers, Valkey, the store."""
     return PauseNemesis(processes, rng=rng, targets=targets, restart_timeout_s=restart_timeout_s)

@@ -31,7 +31,7 @@ from lab.stack.compose import (COMPOSE_FILE, ComposeStack, ContainerProcess, com
                                 stack_backend)
 from lab.stack.images import ImageSet
 from lab.stack.local import StackError, StackOptions
-from lab.stack.process import ManagedProcess, ProcessError, free_port
+from lab.stack.process import ManagedProcess, Process, ProcessError, free_port
 
 PORTS = {"valkey": "6379/tcp", "store": "5984/tcp", "toxiproxy": "8474/tcp"}
 CLIENT_LINK_PORTS = [26000 + 10 * g + s for g in (1, 2, 3) for s in (1, 2, 3)]
@@ -499,7 +499,8 @@ def test_process_nemesis_primitives_drive_containers(running):
     stack, client = running
     targets = stack_targets(stack)
     assert list(targets) == ["valkey", "store", "lease-1", "lease-2"]  # toxiproxy is never a target
-    assert all(isinstance(p, ManagedProcess) for p in targets.values())
+    # each is a Process (the nemeses' protocol), and none is a host-pid ManagedProcess
+    assert all(isinstance(p, Process) and not isinstance(p, ManagedProcess) for p in targets.values())
     proc = targets["lease-2"]
     c = sdk(client, proc)
 
@@ -644,7 +645,7 @@ def probe_target(engine, service: str, container_port: str, host_port: int) -> C
     """A ContainerProcess whose (fake) container publishes `container_port` on `host_port`."""
     cid = engine.create("probe", service)
     engine.containers[cid]["ports"] = {container_port: [{"HostIp": "127.0.0.1", "HostPort": str(host_port)}]}
-    return ContainerProcess(name=service, argv=[], log_path=Path("unused.log"), service=service,
+    return ContainerProcess(name=service, log_path=Path("unused.log"), service=service,
                             container_id=cid, container_port=container_port, client=engine.client())
 
 

@@ -9,7 +9,7 @@ each service's container by its Compose labels and waits until it answers.
 `down()` (from any later command) runs `docker compose down -v` on the same
 project, so it removes exactly the containers, networks and volumes `up` made.
 
-Each service is a `ContainerProcess`: a `ManagedProcess` whose kill / pause /
+Each service is a `ContainerProcess` (a `lab.stack.process.Process`, not a ManagedProcess) whose kill / pause /
 resume / start / stop go through the Docker SDK (`docker.from_env()`,
 `containers.get`, `kill(signal=...)`, `pause()`, `unpause()`, `start()`,
 `stop(timeout=...)`, `restart(timeout=...)`, `reload()` + `status`,
@@ -252,13 +252,17 @@ def stack_backend(name: str = "default", home: Path | None = None, root: Path | 
 
 # -- one container ------------------------------------------------------------------------
 @dataclass
-class ContainerProcess(ManagedProcess):
-    """A Compose service's container with ManagedProcess's surface, driven through the Docker SDK.
+class ContainerProcess:
+    """A Compose service's container, a `lab.stack.process.Process` driven through the Docker SDK.
 
-    Nothing here touches a host pid: `pid` only records the container's main
-    process (`State.Pid`) for the op log.
+    Not a ManagedProcess subclass: every part of it (start, stop, kill, pause, health, logs, state) goes through
+    Docker, none through a host pid. `pid` only records the container's main process (`State.Pid`) for the op log.
     """
 
+    name: str
+    log_path: Path
+    host: str = "127.0.0.1"  # where its published ports answer
+    pid: int | None = None
     service: str = ""
     container_id: str = ""
     container_port: str = ""
@@ -464,7 +468,7 @@ class ContainerProcess(ManagedProcess):
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "ContainerProcess":
         """A handle on a container recorded by an earlier command (bind a client before use)."""
-        return cls(name=d["name"], argv=[], log_path=Path(d["log"]), service=d.get("service", d["name"]),
+        return cls(name=d["name"], log_path=Path(d["log"]), service=d.get("service", d["name"]),
                    container_id=d["container_id"], container_port=d.get("container_port", ""),
                    persistence=d.get("persistence"), data_dir=d.get("data_dir", ""))
 
@@ -710,7 +714,7 @@ class ComposeStack(StackFiles):
         port = SERVICE_PORTS.get(service, LEASE_PORT)
         valkey = service == "valkey"
         persistence = self.info.get("options", {}).get("persistence", "none") if valkey else None
-        return ContainerProcess(name=service, argv=[], log_path=self.dir / "logs" / f"{service}.log",
+        return ContainerProcess(name=service, log_path=self.dir / "logs" / f"{service}.log",
                                 service=service, container_id=found[0].id, container_port=port,
                                 client=self.docker(), probe=self.probe, persistence=persistence,
                                 data_dir=VALKEY_DATA_DIR if valkey else "")

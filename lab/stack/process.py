@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import psutil
 
@@ -46,6 +46,34 @@ def _die_with_parent() -> None:
     import ctypes
 
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+
+
+@runtime_checkable
+class Process(Protocol):
+    """What the lab and its nemeses use of a process it owns, wherever it runs: a pid on this host
+    (`ManagedProcess` and its subclasses, `RemoteProcess` over SSH) or a container (`ContainerProcess`)."""
+
+    name: str
+    pid: int | None
+    log_path: Any
+
+    def alive(self) -> bool: ...
+
+    def healthy(self) -> bool: ...
+
+    def start(self, timeout: float = 30.0, wait: bool = True) -> Any: ...
+
+    def stop(self, timeout: float = 10.0) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def log_tail(self, lines: int = 20) -> str: ...
 
 
 @dataclass
