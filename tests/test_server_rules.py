@@ -104,8 +104,8 @@ async def test_c5_counter_survives_release_expiry_and_revoke(srv, vk):
     assert vk.pttl(keys.fence_key(k)) == -1  # never a TTL
 
 
-async def test_c5_counter_near_its_limit_refuses_and_never_wraps(srv, vk):
-    limit = 2**53 - 1
+async def _limit_refuses(srv, vk, limit: int, words: str) -> None:
+    """The counter one below `limit`: one acquisition gets `limit`, the next is refused; nothing wraps."""
     k = lock_key()
     vk.set(keys.fence_key(k), str(limit - 1))
     lease = await acquired(srv)
@@ -113,9 +113,20 @@ async def test_c5_counter_near_its_limit_refuses_and_never_wraps(srv, vk):
     assert (await srv.release(lease)).status_code == 200
     r = await srv.acquire()
     assert r.status_code == 503 and r.json()["code"] == "lease_backend_unavailable"
-    assert r.json()["retryable"] is False and "limit" in r.json()["msg"]
+    assert r.json()["retryable"] is False and words in r.json()["msg"]
     assert vk.get(keys.fence_key(k)) == str(limit)
     assert vk.exists(k) == 0
+
+
+async def test_c5_counter_near_its_limit_refuses_and_never_wraps(valkey, vk, run_dir):
+    """The server's numeric limit (`fence_max`; at most 2^53 - 1, JSON-safe), below the recovery epoch's end."""
+    async with in_process_server(run_dir, valkey.url, min_ttl_ms=50, fence_max=2**20) as srv:
+        await _limit_refuses(srv, vk, 2**20, "limit")
+
+
+async def test_c5_counter_at_the_end_of_its_recovery_epoch_refuses_and_never_wraps(srv, vk):
+    """The recovery rule's epoch e issues tokens up to (e + 1) * 2^32 - 1 (docs/server.md); past it: refused."""
+    await _limit_refuses(srv, vk, 2**32 - 1, "recovery epoch")
 
 
 async def test_c5_corrupt_counter_fails_closed(srv, vk):
