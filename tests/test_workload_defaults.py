@@ -168,7 +168,10 @@ def test_live_lease_defaults_collide_take_over_and_stay_valid(tmp_path):
     for inv, comp in ps:
         if inv["f"] == "acquire" and str(inv["key"]).startswith("burst-"):
             bursts[inv["key"]].append(comp["type"])
-    assert bursts and all(v.count("ok") == 1 and len(v) >= 2 for v in bursts.values()), bursts
+    # (a burst the time limit cut may have fewer acquires; an `info` one may have no winner the history can see)
+    full = [v for v in bursts.values() if len(v) >= 2]
+    assert len(full) >= 3 and all(v.count("ok") <= 1 for v in full), bursts
+    assert sum(v.count("ok") == 1 for v in full) >= 3, bursts
     stale = stale_ops(ps)
     assert {inv["f"] for inv, _ in stale} >= {"renew", "release"}, stale
     assert all(comp["type"] == "fail" and comp["error"] == "lease_lost" for _, comp in stale)
