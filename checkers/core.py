@@ -52,6 +52,7 @@ __all__ = [
     "nemesis_phase",
     "backend_clock_moves",
     "clock_strobe_windows",
+    "valkey_losses",
     "backend_rules_note",
     "clock_segments",
     "segment_of",
@@ -386,6 +387,27 @@ def clock_segments(history: list[dict]) -> list[int]:
         if "clock" in str(op.get("f")) or (isinstance(v, dict) and v.get("fault") == "clock"):
             bounds.append(op.get("time", 0))
     return sorted(bounds)
+
+
+def valkey_losses(history: list[dict]) -> list[tuple[int, int]]:
+    """(began, completed) times of the nemesis ops after which Valkey may have lost or rolled back state: a crash,
+    a kill of Valkey, a restore from an older snapshot (the contract's backup / restore row)."""
+    out, invoked = [], {}
+    for op in history:
+        if op.get("process") != "nemesis" or op.get("type") != "info" or not isinstance(op.get("time"), int):
+            continue
+        v = op.get("value")
+        if not isinstance(v, dict) or "phase" not in v:  # the invocation (its completion carries the phase)
+            invoked[op.get("f")] = op["time"]
+            continue
+        fault, phase = v.get("fault"), v.get("phase")
+        killed = fault == "valkey-crash" and phase == "start"
+        killed = killed or (fault == "kill" and phase == "start" and "valkey" in (v.get("targets") or ()))
+        restored = fault == "valkey-restore" and phase == "end" and v.get("restored") is True
+        began = invoked.pop(op.get("f"), op["time"])
+        if killed or restored:
+            out.append((began, op["time"]))
+    return out
 
 
 def clock_strobe_windows(history: list[dict]) -> list[tuple[int, int]]:

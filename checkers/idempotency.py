@@ -32,11 +32,13 @@ answered `idempotency_conflict`. With no such request_id the verdict is
 
 from __future__ import annotations
 
+import bisect
+
 import json
 from collections import defaultdict
 from typing import Callable, Mapping
 
-from checkers.core import Pair, Violations, analyzed, error_code, pair_ops, sent
+from checkers.core import Pair, Violations, analyzed, error_code, pair_ops, sent, valkey_losses
 
 __all__ = ["IdempotencyChecker"]
 
@@ -79,12 +81,14 @@ class IdempotencyChecker:
             return records[0]
 
         retried = judged = 0
+        losses = sorted(done for _, done in valkey_losses(history))
+        excused: list[int] = []
         for gkey, ops in groups.items():
             if any(p.type == "fail" for p in ops):
                 ops = [p for p in ops if not _nothing_sent(p, records_sent)]
             if len(ops) > 1:
                 retried += 1
-                judged += _check_group(gkey, ops, v)
+                judged += _check_group(gkey, ops, v, losses, excused)
             elif ops and ops[0].type == "fail" and error_code(ops[0].comp) == CONFLICT:
                 judged += 1
                 _false_conflict(gkey, ops[0], v)
@@ -94,7 +98,12 @@ class IdempotencyChecker:
         elif not judged:
             unjudged = ("no request_id was retried after an answer: the rules need a retry (same request_id, same "
                         "or changed body) of a request that was answered, or an idempotency_conflict")
-        return v.result(request_ids=len(groups), retried=retried, judged=judged, unjudged=unjudged)
+        extra = {"retries_across_valkey_loss": len(excused),
+                 "valkey_loss_rule": "a retry invoked after Valkey lost or rolled back its state (a crash, a kill, a "
+                                     "restore from an older snapshot) since the original was answered is not held to "
+                                     "that answer: the record may be gone with the state (contract section 8, "
+                                     "backup / restore: a higher epoch, the restored leases invalid)"} if losses else {}
+        return v.result(request_ids=len(groups), retried=retried, judged=judged, unjudged=unjudged, **extra)
 
 
 def _nothing_sent(p: Pair, records_sent: Callable[[], bool]) -> bool:
@@ -135,20 +144,39 @@ def _false_conflict(gkey: tuple, p: Pair, v: Violations) -> None:
           f"with this request_id carried another body", key=key, request_id=rid)
 
 
-def _check_group(gkey: tuple, ops: list[Pair], v: Violations) -> bool:
-    """All rules for the ops sharing one idempotency key (in invocation order); whether any rule had a subject."""
+def _across_loss(a: Pair, b: Pair, losses: list[int]) -> bool:
+    """Did Valkey lose or roll back its state after `a` was answered and before `b` was invoked?"""
+    i = bisect.bisect_right(losses, a.t1 if a.t1 is not None else a.t0)
+    return i < len(losses) and losses[i] <= b.t0
+
+
+def _check_group(gkey: tuple, ops: list[Pair], v: Violations, losses: list[int] | None = None,
+                 excused: list[int] | None = None) -> bool:
+    """All rules for the ops sharing one idempotency key (in invocation order); whether any rule had a subject.
+
+    A pair (answer, later op) with a Valkey loss between them (`losses`: completion times) is not judged; its
+    count goes into `excused`."""
+    losses = losses or []
+    excused = excused if excused is not None else []
+
+    def lost_between(a: Pair, b: Pair) -> bool:
+        if losses and _across_loss(a, b, losses):
+            excused.append(b.i0)
+            return True
+        return False
+
     f, key, rid = gkey
     bodies = [_body(p) for p in ops]
     oks = [(p, b) for p, b in zip(ops, bodies) if p.type == "ok"]
     judged = len(oks) > 1
     for (a, ba), (b, bb) in zip(oks, oks[1:]):
-        if ba != bb:
+        if ba != bb and not lost_between(a, b):
             v.add("changed-body-accepted", [a.i0, a.i1, b.i0, b.i1], f"{f} {rid!r} on key {key!r}: "
                   f"two different bodies were both accepted", key=key, request_id=rid)
     first_ok: dict[str, Pair] = {}
     for p, b in oks:
         orig = first_ok.setdefault(b, p)
-        if orig is not p and _outcome(orig) != _outcome(p):
+        if orig is not p and _outcome(orig) != _outcome(p) and not lost_between(orig, p):
             v.add("replay-different-result", [orig.i1, p.i0, p.i1], f"{f} {rid!r} on key {key!r}: replay returned "
                   f"{_outcome(p)}, the original returned {_outcome(orig)}", key=key, request_id=rid,
                   original=list(_outcome(orig)), replay=list(_outcome(p)))
@@ -165,7 +193,7 @@ def _check_group(gkey: tuple, ops: list[Pair], v: Violations) -> bool:
         if code in NOT_RESULTS:
             continue
         before = next((o for o, _ in oks if o.t1 < p.t0), None)
-        if before is None:
+        if before is None or lost_between(before, p):
             continue
         judged = True
         if _body(before) == b:

@@ -43,7 +43,8 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, Violations, analyzed, error_code, lease_index, op_lease_id, pair_ops
-from checkers.core import backend_clock_moves, backend_rules_note, clock_segments, clock_strobe_windows, segment_of
+from checkers.core import (backend_clock_moves, backend_rules_note, clock_segments, clock_strobe_windows,
+                           segment_of, valkey_losses)
 
 __all__ = ["MutualExclusionChecker"]
 
@@ -138,7 +139,8 @@ class _RollbackExcuse:
       older snapshot: `valkey-restore` end) completed after L's acquire was invoked, and M's acquire completed
       after E began (the nemesis op's invocation: M may have run on the restarted Valkey);
     - M's token is greater than L's (the higher epoch);
-    - no renew, release or commit of L invoked after E succeeded (L really was invalid after E).
+    - no renew, release or commit of L invoked after E succeeded (L really was invalid after E); a replayed
+      commit (the original result of one validated before, `replayed: true`) is no such success.
 
     A system that kept L valid across E (a later success of L) and granted M over it is still convicted, and
     a token issued twice is the fencing checker's. Nothing else is excused.
@@ -147,11 +149,13 @@ class _RollbackExcuse:
     SUCCESS_FS = frozenset(("renew", "release", "commit"))
 
     def __init__(self, history: list[dict], pairs: list[Pair]):
-        self.losses = sorted(_valkey_losses(history))  # (began, completed), by completion below
+        self.losses = sorted(valkey_losses(history))  # (began, completed), by completion below
         self.losses.sort(key=lambda e: e[1])
         self.last_success: dict[Any, int] = {}
         for p in pairs if self.losses else ():
-            if p.type == "ok" and p.f in self.SUCCESS_FS:
+            # a replayed commit is the original result of one validated earlier: no sign the lease lived on
+            replayed = isinstance(p.result, dict) and p.result.get("replayed") is True
+            if p.type == "ok" and p.f in self.SUCCESS_FS and not replayed:
                 lid = op_lease_id(p)
                 if lid is not None:
                     self.last_success[lid] = max(self.last_success.get(lid, p.t0), p.t0)
@@ -177,26 +181,6 @@ class _RollbackExcuse:
                                     "successfully after it may be invalid (contract section 8, backup / restore: "
                                     "a higher epoch and all restored leases invalid); its overlaps with leases "
                                     "of higher tokens acquired after the loss are not violations"}
-
-
-def _valkey_losses(history: list[dict]) -> list[tuple[int, int]]:
-    """(began, completed) times of the nemesis ops after which Valkey may have lost or rolled back state."""
-    out, invoked = [], {}
-    for op in history:
-        if op.get("process") != "nemesis" or op.get("type") != "info" or not isinstance(op.get("time"), int):
-            continue
-        v = op.get("value")
-        if not isinstance(v, dict) or "phase" not in v:  # the invocation (its completion carries the phase)
-            invoked[op.get("f")] = op["time"]
-            continue
-        fault, phase = v.get("fault"), v.get("phase")
-        killed = fault == "valkey-crash" and phase == "start"
-        killed = killed or (fault == "kill" and phase == "start" and "valkey" in (v.get("targets") or ()))
-        restored = fault == "valkey-restore" and phase == "end" and v.get("restored") is True
-        began = invoked.pop(op.get("f"), op["time"])
-        if killed or restored:
-            out.append((began, op["time"]))
-    return out
 
 
 def _check_backend_overlaps(key: Any, leases: list[Lease], v: Violations, excused=None) -> int:

@@ -290,7 +290,12 @@ def _store_dir_of(test: Test) -> Path | None:
     """The store a run landed in: run_dir is STORE/<name>/<timestamp> (a name may have several parts)."""
     if not test.run_dir:
         return None
-    return Path(test.run_dir).parents[len(str(test.name).split("/"))]
+    depth, run_dir = len(str(test.name).split("/")), Path(test.run_dir)
+    parents = run_dir.resolve().parents
+    # a run directory moved out of its store (copied elsewhere, renamed) has no store to name
+    if depth >= len(parents) or run_dir.resolve().parts[-1 - depth:-1] != tuple(str(test.name).split("/")):
+        return None
+    return parents[depth]
 
 
 def write_test_json(test: Test) -> None:
