@@ -192,7 +192,8 @@ def test_live_fenced_append_defaults_commit_on_both_sides_of_a_takeover(tmp_path
     lost = [(inv, comp) for inv, comp in ps if inv["f"] == "commit" and "deadline_ms" in inv["value"]]
     assert lost  # commits whose answer was meant to be lost, retried after the stall
     reads = {comp["value"]["doc"]: comp["value"] for inv, comp in ps if inv["f"] == "read" and comp["type"] == "ok"}
-    assert set(reads) == {"doc-k0", "doc-k1", "doc-k2"}
+    committed = {comp["value"]["doc"] for inv, comp in ps if inv["f"] == "commit" and comp["type"] == "ok"}
+    assert {"doc-k0", "doc-k1", "doc-k2"} <= set(reads) and committed <= set(reads)  # burst and solo docs too
     for v in reads.values():  # the store kept the fence: tokens along each document never go down
         tokens = [e[1] for e in v["entries"]]
         assert tokens == sorted(tokens), v
