@@ -21,6 +21,9 @@ from lab.runner import RunError, run_test, validate
 from lab.stack.dockerd import engine_answers, start_engine
 from lab.testmap import Test
 
+# the first compose run on a fresh machine builds every image from local parts (about 3.5 minutes here)
+pytestmark = pytest.mark.timeout(900)
+
 NEEDS = {"root": os.geteuid() == 0, "dockerd": bool(shutil.which("dockerd")),
          "docker-compose": bool(shutil.which("docker-compose") or shutil.which("docker")),
          "mmdebstrap": bool(shutil.which("mmdebstrap"))}
