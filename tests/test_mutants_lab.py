@@ -49,9 +49,6 @@ def test_the_shipped_spec_plants_every_mutant_under_the_general_workloads_at_the
     general = {"lease", "fenced-append", "idempotency"}
     for m in dict.fromkeys(e.mutant for e in full.entries):
         rows = [e for e in full.entries if e.mutant == m]
-        if m == "local-clock":  # the fault table's (campaigns/faults.toml); here a tuned run
-            assert [e.kind for e in rows] == ["tuned"]
-            continue
         assert {e.workload for e in rows if e.kind == "general"} == general, m
         for e in rows:
             if e.kind == "general":  # at its defaults: only the nemesis may be configured
@@ -59,9 +56,10 @@ def test_the_shipped_spec_plants_every_mutant_under_the_general_workloads_at_the
                 t = build_test(full, e, 0, True)
                 assert (t.time_limit, t.rate, t.keys, t.ttl_ms, t.concurrency) == (10.0, 50.0, 3, 2000, 5)
     nemeses = {e.mutant: e.nemesis for e in full.entries if e.kind == "general" and e.nemesis}
-    assert nemeses == {"counter-from-snapshot": ("valkey-restore",)}  # the one bug that needs a fault
+    # the bugs that need a fault: a Valkey restore, the lease servers' clocks moved (Valkey's never does)
+    assert nemeses == {"counter-from-snapshot": ("valkey-restore",), "local-clock": ("server-clock",)}
     fast = load_spec(SPEC, fast=True)
-    assert fast.fast and {e.mutant for e in fast.entries} == {e.mutant for e in full.entries} - {"local-clock"}
+    assert fast.fast and {e.mutant for e in fast.entries} == {e.mutant for e in full.entries}
     assert all(e.runs == 1 and e.kind == "general" for e in fast.entries)
     assert len(fast.entries) == len({e.mutant for e in fast.entries})  # one general workload each under --fast
     only = load_spec(SPEC, only=("volatile-counter",))
@@ -82,9 +80,9 @@ def test_a_run_is_the_rows_test_with_the_mutant_planted_and_unmodified_runs_are_
     lease_rows = [e for e in spec.entries if e.kind == "general" and e.workload == "lease" and not e.nemesis]
     assert len({config_key(build_test(spec, e, 0, False)) for e in lease_rows}) == 1
     assert len({build_test(spec, e, 0, False).name for e in lease_rows}) == 1
-    local = next(e for e in spec.entries if e.mutant == "local-clock")
-    t = build_test(spec, local, 0, True)
-    assert t.nemesis == ["slicer"] and t.ttl_ms == 300 and t.workload == "lease"
+    local = [build_test(spec, e, 0, True) for e in spec.entries if e.mutant == "local-clock"]
+    assert {t.workload for t in local} == {"lease", "fenced-append", "idempotency"}
+    assert all(t.nemesis == ["server-clock"] and t.nemesis_interval == 1.0 and t.ttl_ms == 2000 for t in local)
 
 
 def test_entry_options_beat_the_scenarios_and_the_scenarios_beat_defaults():
@@ -150,8 +148,10 @@ def test_a_run_the_runner_refuses_fails_the_spec_before_anything_runs():
         validate_spec(spec)
     with pytest.raises(MutantsError, match="--only nope: not a mutant"):
         load_spec(SPEC, only=("nope",))
+    skipping = dict(spec_data(**{"local-clock": {"workload": "lease", "nemesis": "server-clock"}}),
+                    fast={"runs": 1, "skip": ["local-clock"]})
     with pytest.raises(MutantsError, match="--only local-clock: --fast skips it"):
-        load_spec(SPEC, fast=True, only=("local-clock",))
+        parse_spec(skipping, "s.toml", fast=True, only=("local-clock",))
 
 
 def test_the_runner_refuses_an_unknown_mutant_and_a_mutant_of_an_external_system():
