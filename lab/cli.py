@@ -9,17 +9,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import sys
 import textwrap
-import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import click
 
-from lab.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, verdict_exit
+from lab.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, sigterm_interrupts, verdict_exit
 
 from lab.paths import MissingTool
 from lab.stack.local import LocalStack, StackError, StackOptions
@@ -414,23 +411,6 @@ def interrupted(run_dir: Path | None) -> None:
     else:
         click.echo("fencelab: interrupted before the run started", err=True)
     sys.exit(EXIT_INTERRUPTED)
-
-
-@contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt (like Ctrl-C), so the run stops its stack and keeps its partial history."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _test_extra(servers: int, sut: str, urls: tuple[str, ...], api_key_file: Path | None) -> dict:

@@ -15,15 +15,13 @@ whenever `CI=true`).
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from lab.campaign.spec import CampaignError, PlannedRun, Spec, validate_plan
+from lab.exitcodes import sigterm_interrupts
 from lab.campaign.state import (STATE_FILE, CampaignLock, campaign_dir, counts, find_run_dir, iso_now, load_state,
                                 merge_plan, new_state, record_results, save_state, settle, stamp_now)
 
@@ -124,23 +122,6 @@ def describe(entry: dict[str, Any]) -> str:
             f"{entry['elapsed_s'] or 0:.1f}s {entry['run_dir']}")
 
 
-@contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt (like Ctrl-C), so the running test stops its stack and the state is saved."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _one_line(e: BaseException) -> str:
     return " ".join(f"{type(e).__name__}: {e}".split())[:500]
 
@@ -224,7 +205,7 @@ def run_campaign(spec: Spec, store_dir: Path | str = "store", *, resume: bool = 
     cdir = campaign_dir(store_dir, spec.name)
     cdir.mkdir(parents=True, exist_ok=True)
     path = cdir / STATE_FILE
-    with CampaignLock(cdir), _sigterm_interrupts():
+    with CampaignLock(cdir), sigterm_interrupts():
         state = _prepare_state(spec, plan, store_dir, path, resume, echo)
         save_state(path, state)
         data = PageData(store_dir, cdir)
