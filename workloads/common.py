@@ -183,6 +183,22 @@ def session_key(test: Any, ctx: Any, kind: str, keys: list[str]) -> str:
     return solo_key(test, ctx) if kind == "solo" else ctx.rng.choice(keys)
 
 
+def session_start(test: Any, ctx: Any, keys: list[str], kind: str | None = None, end_ns: int | None = None):
+    """How every session begins: (its key, its kind, its stall span, `v(**kw)` making an op value with a fresh
+    request id and the session's id). A stalled or solo session with no time left to act after its stall is a
+    plain one."""
+    sid = session_id(test, ctx)
+
+    def v(**kw: Any) -> dict[str, Any]:
+        return {"request_id": request_id(test, ctx), "session": sid, **kw}
+
+    kind = kind or pick_kind(test, ctx)
+    span = TAKEOVER_STALL if kind == "stalled" else SOLO_STALL
+    if kind != "plain" and not time_for(test, ctx, span, end_ns):
+        kind = "plain"
+    return session_key(test, ctx, kind, keys), kind, span, v
+
+
 def solo_key(test: Any, ctx: Any) -> str:
     """A fresh key nobody else acquires (a stalled holder there is taken over only by expiry)."""
     return f"solo-{salted(test, f'{ctx.rng.getrandbits(32):08x}')}"  # salted: free in every run

@@ -38,8 +38,8 @@ import math
 from typing import Any
 
 from lab.client import new_request_id
-from workloads.common import (SOLO_STALL, TAKEOVER_STALL, acquire_until_held, completion, identity_for,
-                              pick_kind, request_id, sent, session_id, session_key, stall, time_for)
+from workloads.common import (acquire_until_held, completion, identity_for, request_id, sent, session_id,
+                              session_start, stall)
 from workloads.lease import LeaseWorkloadClient
 
 DOC = __doc__
@@ -145,16 +145,7 @@ def session(keys: list[str], commits: int = 3):
     """One session as a function generator: a plain, stalled or solo holder (see the module docstring)."""
 
     def make(test, ctx, kind: str | None = None, end_ns: int | None = None):
-        sid = session_id(test, ctx)
-
-        def v(**kw: Any) -> dict[str, Any]:
-            return {"request_id": request_id(test, ctx), "session": sid, **kw}
-
-        kind = kind or pick_kind(test, ctx)
-        span = TAKEOVER_STALL if kind == "stalled" else SOLO_STALL
-        if kind != "plain" and not time_for(test, ctx, span, end_ns):
-            kind = "plain"  # no time left to act after a stall
-        k = session_key(test, ctx, kind, keys)
+        k, kind, span, v = session_start(test, ctx, keys, kind, end_ns)
         if kind == "plain":
             ops = [_op("acquire", k, v(ttl_ms=test.ttl_ms))]
             for i in range(commits):
