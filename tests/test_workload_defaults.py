@@ -169,9 +169,10 @@ def test_live_lease_defaults_collide_take_over_and_stay_valid(tmp_path):
         if inv["f"] == "acquire" and str(inv["key"]).startswith("burst-"):
             bursts[inv["key"]].append(comp["type"])
     # (a burst the time limit cut may have fewer acquires; an `info` one may have no winner the history can see)
+    # (on a loaded machine the second thread of a burst may come after the winner released: two oks, one after the
+    # other, which mutual-exclusion has judged above; a collision is a burst with one winner and one refusal)
     full = [v for v in bursts.values() if len(v) >= 2]
-    assert len(full) >= 3 and all(v.count("ok") <= 1 for v in full), bursts
-    assert sum(v.count("ok") == 1 for v in full) >= 3, bursts
+    assert len(full) >= 3 and sum(v.count("ok") == 1 for v in full) >= 3, bursts
     stale = stale_ops(ps)
     assert {inv["f"] for inv, _ in stale} >= {"renew", "release"}, stale
     assert all(comp["type"] == "fail" and comp["error"] == "lease_lost" for _, comp in stale)
