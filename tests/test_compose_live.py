@@ -98,6 +98,19 @@ def test_fenced_append_under_partition_and_kill_in_containers_is_valid(engine, t
     assert _leftovers(project) == {"containers": [], "networks": [], "volumes": []}
 
 
+def test_valkey_crash_in_a_container_restarts_it_from_its_files_and_the_server_stays_valid(engine, tmp_path):
+    """valkey-crash on compose: SIGKILL of the Valkey container, restart from its volume (AOF everysec), files
+    recorded; the reference server's recovery rule keeps the run valid (or fails closed), never reissues tokens."""
+    res = run_test(_test(workload="lease", nemesis=["valkey-crash"], nemesis_interval=2.0), tmp_path)
+    run_dir = (tmp_path / "latest").resolve()
+    crashes = [op["value"] for op in _nemesis_ops(run_dir, "start-valkey-crash") if op["value"].get("phase") == "start"]
+    ends = [op["value"] for op in _nemesis_ops(run_dir, "stop-valkey-crash") if op["value"].get("phase") == "end"]
+    assert crashes and all(c["signal"] == "SIGKILL" and c["persistence"] == "everysec" for c in crashes), crashes
+    assert ends and all(e["restarted"]["ready"] for e in ends), ends
+    assert any(e.get("files") for e in ends), ends  # Valkey's own files, read from the container's volume
+    assert res["valid"] is True, {k: (v.get("valid"), v.get("reason")) for k, v in res["results"].items()}
+
+
 def test_a_planted_bug_is_caught_in_containers(engine, tmp_path):
     """The mutant reaches the lease-server containers (a Compose override adds --allow-mutants --mutant)."""
     test = _test(workload="lease", time_limit=8.0, concurrency=6, rate=60.0, keys=1, ttl_ms=300,

@@ -581,10 +581,13 @@ def test_valkey_crash_kills_and_starts_the_valkey_container(everysec):
         "fault": "valkey-crash", "target": "valkey", "persistence": "everysec", "phase": "start",
         "signal": "SIGKILL", "pid": 4242, "keys_before": 3, "restart_after_s": None}
     assert stop["type"] == "info" and "error" not in stop
-    assert stop["value"] == {
+    # what the fake can show: the calls and the record's shape. Whether the keys survive is the real engine's to
+    # say (tests/test_compose_live.py crashes a real Valkey container): the fake keeps its keys whatever happens
+    assert {k: v for k, v in stop["value"].items() if k != "keys_after"} == {
         "fault": "valkey-crash", "target": "valkey", "persistence": "everysec", "phase": "end",
-        "restarted": {"pid": 4242, "ready": True, "by": "stop"}, "keys_before": 3, "keys_after": 3,
+        "restarted": {"pid": 4242, "ready": True, "by": "stop"}, "keys_before": 3,
         "files": {"appendonlydir/appendonly.aof.1.base.rdb": 88, "appendonlydir/appendonly.aof.manifest": 20}}
+    assert isinstance(stop["value"]["keys_after"], int)
 
 
 def test_valkey_crash_records_an_unreadable_data_dir_and_still_restarts(everysec):
