@@ -243,8 +243,11 @@ def test_nemesis_windows_are_shaded_in_every_plot(lease_run, tmp_path):
 
     assert [w["fault"] for w in data["windows"]] == ["partition", "clock"]
     part, clock = data["windows"]
-    assert part["start_s"] == pytest.approx(end // 5 / 1e9) and part["end_s"] == pytest.approx(end // 5 * 2 / 1e9)
-    assert clock["start_s"] == pytest.approx(end // 2 / 1e9) and clock["end_s"] == pytest.approx(end // 10 * 7 / 1e9)
+    us = {"abs": 1e-6}  # plots.json keeps window edges to the microsecond
+    assert part["start_s"] == pytest.approx(end // 5 / 1e9, **us)
+    assert part["end_s"] == pytest.approx(end // 5 * 2 / 1e9, **us)
+    assert clock["start_s"] == pytest.approx(end // 2 / 1e9, **us)
+    assert clock["end_s"] == pytest.approx(end // 10 * 7 / 1e9, **us)
     assert not part["open"] and not clock["open"]
     figures = {f["file"]: f for f in data["figures"]}
     assert set(figures) == set(PLOTS)
