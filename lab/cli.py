@@ -530,10 +530,12 @@ def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool) -> No
 @click.option("--api-key-file", type=click.Path(path_type=Path), default=None,
               help="File with the API key for the external service (else $FENCELAB_API_KEY).")
 @click.option("--sut", default="reference", show_default=True, help="The external system's client (lab.sut).")
-@click.option("--backend", type=click.Choice(["local", "compose"]), default="local", show_default=True,
-              help="Where the lab's own stack is placed for each run (docs/compose.md).")
+@click.option("--backend", type=click.Choice(["local", "compose", "ssh"]), default="local", show_default=True,
+              help="Where the lab's own stack is placed for each run (docs/compose.md, docs/ssh-backend.md).")
+@click.option("--hosts", "hosts_file", type=click.Path(path_type=Path), default=None,
+              help="With --backend ssh: the hosts file (docs/ssh-backend.md).")
 def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, urls: tuple[str, ...],
-                 api_key_file: Path | None, sut: str, backend: str = "local") -> None:
+                 api_key_file: Path | None, sut: str, backend: str = "local", hosts_file: Path | None = None) -> None:
     """Run every contract row's scenarios and write evidence.json and evidence.html.
 
     Exit code (docs/cli.md#exit-codes): 0 every row passes (or is not applicable), 1 a row fails, 2 bad options,
@@ -562,7 +564,10 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
                            f"at x{d['time_scale']} time, {len(d['fault_runs'])} fault runs, ~{d['estimated_s']} s)")
         if backend != "local" and (urls or sut != "reference"):
             fail(f"--backend {backend} places the lab's own stack; an external service places itself: drop --backend")
-        target = Target(tuple(urls), str(api_key_file) if api_key_file else None, sut, backend)
+        if (backend == "ssh") != (hosts_file is not None):
+            fail("--backend ssh and --hosts FILE go together (docs/ssh-backend.md)")
+        target = Target(tuple(urls), str(api_key_file) if api_key_file else None, sut, backend,
+                        str(Path(hosts_file).resolve()) if hosts_file else None)
         with sigterm_interrupts():
             evidence = run_evidence(spec, store_dir, depth=chosen.name, target=target, echo=click.echo)
     except EvidenceError as e:
@@ -592,7 +597,8 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
 @click.option("--only", multiple=True, help="Run only this mutant (repeatable).")
 @click.option("--markdown", is_flag=True, help="Also print the table as Markdown (for docs/mutants.md).")
 @click.option("--backend", type=click.Choice(["local", "compose"]), default="local", show_default=True,
-              help="Where each run's stack is placed (docs/compose.md); nemeses a backend cannot take are refused.")
+              help="Where each run's stack is placed (docs/compose.md); nemeses a backend cannot take are refused. "
+                   "(Not ssh: planted bugs reach the lab's local and compose servers only.)")
 def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, ...], markdown: bool,
                 backend: str = "local") -> None:
     """Plant each bug of the reference server, run the general workloads at their defaults (and the scenario

@@ -125,6 +125,8 @@ def _validate_backend(test: Test) -> None:
     if test.backend == "ssh":
         if not test.extra.get("hosts_file"):
             raise RunError("--backend ssh needs --hosts FILE: the nodes to run on (docs/ssh-backend.md)")
+        if test.extra.get("mutant"):
+            raise RunError("--mutant with --backend ssh: planted bugs reach the lab's local and compose servers only")
         load_hosts(test.extra["hosts_file"])
         for name in test.nemesis:
             if name not in SSH_NEMESES:

@@ -48,3 +48,31 @@ def test_implementations_with_a_backend_place_the_same_cells_on_both():
 def test_a_bad_backend_is_one_line_naming_the_key(impls, words):
     with pytest.raises(CampaignError, match=words):
         parse_spec(_spec(impls), "b.toml")
+
+
+def test_an_ssh_implementation_names_its_hosts_file(tmp_path):
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text('nodes = ["10.200.0.1", "10.200.0.2"]\n')
+    spec = parse_spec(_spec(f'implementations = [{{ name = "nodes", sut = "reference", backend = "ssh", '
+                            f'hosts = "{hosts}" }}]'), "b.toml")
+    tests = [r.to_test() for r in expand(spec)]
+    assert {t.backend for t in tests} == {"ssh"} and {t.extra["hosts_file"] for t in tests} == {str(hosts)}
+    with pytest.raises(CampaignError, match="go together"):
+        parse_spec(_spec('implementations = [{ name = "x", sut = "reference", backend = "ssh" }]'), "b.toml")
+    with pytest.raises(CampaignError, match="go together"):
+        parse_spec(_spec(f'implementations = [{{ name = "x", sut = "reference", hosts = "{hosts}" }}]'), "b.toml")
+
+
+def test_evidence_takes_ssh_only_with_a_hosts_file_and_no_mutant_goes_to_ssh_nodes(tmp_path):
+    from click.testing import CliRunner
+
+    from lab.cli import main
+    from lab.runner import RunError, validate
+    from lab.testmap import Test
+
+    res = CliRunner().invoke(main, ["evidence", "--backend", "ssh"])
+    assert res.exit_code == 2 and "--backend ssh and --hosts FILE go together" in res.output, res.output
+    hosts = tmp_path / "hosts.toml"
+    hosts.write_text('nodes = ["10.200.0.1"]\n')
+    with pytest.raises(RunError, match="planted bugs reach the lab's local and compose servers only"):
+        validate(Test(backend="ssh", extra={"hosts_file": str(hosts), "mutant": "nonatomic-acquire"}))

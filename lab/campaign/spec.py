@@ -38,8 +38,8 @@ EXCLUDE_KEYS = ("workload", "nemesis", "scenario", "implementation", "why")
 # the axes own these Test fields: setting them in [defaults] or a scenario is a mistake the error explains
 AXIS_FIELDS = {"workload": "workloads", "nemesis": "nemeses", "seed": "seeds", "name": "name"}
 REFERENCE = "reference"
-IMPL_KEYS = ("name", "sut", "url", "api_key_file", "commit_mode", "backend")
-BACKENDS = ("local", "compose")  # where the reference stack is placed (lab.runner.BACKENDS)
+IMPL_KEYS = ("name", "sut", "url", "api_key_file", "commit_mode", "backend", "hosts")
+BACKENDS = ("local", "compose", "ssh")  # where the reference stack is placed (lab.runner.BACKENDS)
 
 
 class CampaignError(ValueError):
@@ -66,7 +66,8 @@ OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "ttl_ms": (_is_int, "an integer lease TTL in ms"),
     "nemesis_interval": (_is_number, "a number of seconds between faults"),
     "servers": (_is_int, "an integer number of reference lease servers (1-16)"),
-    "backend": (lambda v: v in BACKENDS, "local or compose (where the reference stack is placed)"),
+    "backend": (lambda v: v in BACKENDS[:2], "local or compose (where the reference stack is placed; ssh: an "
+                                              "implementation with backend = \"ssh\" and hosts)"),
     "extra": (lambda v: isinstance(v, Mapping), "a table of extra test options (e.g. deadline_s = 1.0)"),
 }
 
@@ -131,12 +132,13 @@ class Implementation:
     url: str | None = None  # -> test.extra["urls"] (the runner's external servers)
     api_key_file: str | None = None  # -> test.extra["api_key_file"]
     commit_mode: str | None = None  # -> test.extra["commit_mode"] (fenced / unfenced: docs/third-party.md)
-    backend: str | None = None  # -> Test.backend: local processes or Docker Compose (docs/compose.md)
+    backend: str | None = None  # -> Test.backend: local processes, Docker Compose (docs/compose.md) or SSH nodes
+    hosts: str | None = None  # -> test.extra["hosts_file"]: the SSH nodes of backend "ssh" (docs/ssh-backend.md)
 
     def extra(self) -> dict[str, Any]:
         """What this implementation puts in `test.extra` (nothing for the reference servers)."""
         if self.sut == REFERENCE and self.url is None:
-            return {}
+            return {"hosts_file": self.hosts} if self.hosts else {}
         out = {"sut": self.sut if self.sut != REFERENCE else None, "urls": [self.url] if self.url else None,
                "api_key_file": self.api_key_file, "commit_mode": self.commit_mode}
         return {k: v for k, v in out.items() if v is not None}
@@ -333,7 +335,12 @@ def _implementation(where: str, name: Any, table: Mapping[str, Any]) -> Implemen
     if backend not in (None, "local") and (sut != REFERENCE or url is not None):
         raise CampaignError(f"{where}: backend {backend!r} places the lab's reference stack; another system or a "
                             "url places itself: drop backend")
-    return Implementation(name, sut, url, key_file, mode, backend)
+    hosts = table.get("hosts")
+    if (backend == "ssh") != (hosts is not None):
+        raise CampaignError(f"{where}: backend \"ssh\" and hosts (a hosts file: docs/ssh-backend.md) go together")
+    if hosts is not None and not isinstance(hosts, str):
+        raise CampaignError(f"{where}: hosts must be the path of a hosts file (a string), not {hosts!r}")
+    return Implementation(name, sut, url, key_file, mode, backend, hosts)
 
 
 def _implementations(where: str, value: Any) -> list[Implementation]:

@@ -86,7 +86,8 @@ class Target:
     urls: tuple[str, ...] = ()
     api_key_file: str | None = None
     sut: str = "reference"
-    backend: str = "local"  # where the lab's own stack is placed per run: local processes or Docker Compose
+    backend: str = "local"  # where the lab's own stack is placed per run: local processes, Docker Compose, SSH nodes
+    hosts_file: str | None = None  # backend "ssh": the nodes (docs/ssh-backend.md)
 
     @property
     def external(self) -> bool:
@@ -102,6 +103,8 @@ class Target:
             out["urls"] = list(self.urls)
         if self.api_key_file:
             out["api_key_file"] = self.api_key_file
+        if self.hosts_file:
+            out["hosts_file"] = self.hosts_file
         return out
 
     def describe(self) -> dict[str, Any]:
