@@ -26,6 +26,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, Violations, analyzed, first_invocations, lease_index, pair_ops, request_key
+from checkers.stale_commit import _hashable, _rev_number  # one reading of entries and CouchDB revisions
 
 __all__ = ["StaleWriteChecker"]
 
@@ -134,22 +135,3 @@ def _final_reads(pairs: list[Pair]) -> list[Pair]:
             if k not in last or p.t1 >= last[k].t1:
                 last[k] = p
     return list(last.values())
-
-
-def _hashable(x: Any) -> Any:
-    """Lists as tuples (entries are `[process, token, n]`)."""
-    if isinstance(x, list | tuple):
-        return tuple(_hashable(e) for e in x)
-    if isinstance(x, dict):
-        return tuple(sorted((k, _hashable(e)) for k, e in x.items()))
-    return x
-
-
-def _rev_number(rev: Any) -> int | None:
-    """A revision as an int: ints as they are, CouchDB's "N-hash" as N, else None."""
-    if isinstance(rev, int) and not isinstance(rev, bool):
-        return rev
-    if isinstance(rev, str):
-        head = rev.split("-", 1)[0]
-        return int(head) if head.isdigit() else None
-    return None

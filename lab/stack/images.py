@@ -20,7 +20,6 @@ second build a no-op), and says which set it used and how long each build took.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -59,10 +58,6 @@ class ImageSet:
     compose_files: list[Path]                    # the main file, plus the local override for "local"
     seconds: dict[str, float] = field(default_factory=dict)  # per image built (or imported) this time
     reason: str = ""
-
-    def describe(self) -> str:
-        built = ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()) or "all cached"
-        return f"{self.kind} images ({self.reason}; {built})"
 
 
 Runner = Callable[..., subprocess.CompletedProcess]
@@ -218,8 +213,3 @@ def ensure_images(log: Path, *, prefer: str = "auto", run: Runner = subprocess.r
         why = "local images asked for"
     seconds = build_local(log, run)
     return ImageSet("local", [main, LOCAL_OVERRIDE], seconds=seconds, reason=why)
-
-
-def images_env() -> dict[str, str]:
-    """Environment for a `docker` subprocess (the user's DOCKER_HOST etc. pass through)."""
-    return dict(os.environ)
