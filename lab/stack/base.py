@@ -76,6 +76,11 @@ class StackFiles:
     def credentials_file(self) -> Path:
         return self.dir / "credentials.json"
 
+    def process_rows(self) -> list[dict[str, Any]]:
+        """Each host process as `status()` lists it: name, pid, alive, ports, log."""
+        return [{"name": p.name, "pid": p.pid, "alive": p.alive(), "ports": p.ports, "log": str(p.log_path)}
+                for p in self.processes]
+
     def save_state(self) -> None:
         """Record what runs (info and every started process) so a later `down` can find it."""
         data = dict(self.info, processes=[p.state() for p in self.processes if p.pid is not None])

@@ -311,8 +311,7 @@ class LocalStack(StackFiles):
 
     def status(self) -> dict[str, Any]:
         """What `fencelab status --json` prints."""
-        procs = [{"name": p.name, "pid": p.pid, "alive": p.alive(), "ports": p.ports, "log": str(p.log_path)}
-                 for p in self.processes]
+        procs = self.process_rows()
         return {
             "name": self.name,
             "backend": "local",

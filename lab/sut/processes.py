@@ -482,8 +482,7 @@ class SutStack(StackFiles):
     # -- what the runner and the nemeses read -------------------------------
     def status(self) -> dict[str, Any]:
         """The runner's view (the same keys as LocalStack.status)."""
-        procs = [{"name": p.name, "pid": p.pid, "alive": p.alive(), "ports": p.ports, "log": str(p.log_path)}
-                 for p in self.processes]
+        procs = self.process_rows()
         return {
             "name": self.name,
             "system": self.decl.system,
