@@ -9,8 +9,9 @@ run by lanes of threads (the default 5 threads: 2 + 2 + 1, see
   request_id (it must return the original result). Conflicts are the point:
   one winner per key at a time. Every second the lane's threads all acquire
   one fresh key in the same instant (a burst), then renew and release it;
-- stalled (takeover lane): poll the takeover key (`k0`) until held, renew,
-  stall 1.15-1.6 x the TTL, then carry on with the lease it still believes it
+- stalled (takeover lane): poll the takeover key (`k0`) until held, renew
+  (and retry that renew: same request_id and body, so every run with a holder
+  has a retry after an answer), stall 1.15-1.6 x the TTL, then carry on with the lease it still believes it
   holds (renew and release, in either order) while the other takeover thread,
   which was polling, already holds the key: the server must refuse every
   stale op, and end or delete nothing of the successor's;
@@ -164,8 +165,11 @@ def session(keys: list[str], renews: int = 2):
                 ops.append(_op("inspect", k, None))
             return ops
         # a holder that stalls: it polls for the key until it holds it, then works, stalls, and carries on
-        ops = [acquire_until_held(k, lambda test, ctx: v(ttl_ms=test.ttl_ms)), _op("renew", k, v()),
-               stall(span, end_ns)]
+        ren = v()
+        # its first renew is always retried (same request_id and body): every run that has a holder has a
+        # retry after an answer for the idempotency rules, not only the plain sessions that happen to draw one
+        ops = [acquire_until_held(k, lambda test, ctx: v(ttl_ms=test.ttl_ms)), _op("renew", k, ren),
+               _op("renew", k, ren), stall(span, end_ns)]
         after = [_op("renew", k, v()), _op("release", k, v())]
         if kind == "stalled" and ctx.rng.random() < 0.5:
             after.reverse()  # the stale holder's release first: it must not end (or delete) its successor's lease
