@@ -19,6 +19,15 @@ probe of its verification matrix (section 12), made runnable:
   was not actually hit (e.g. no response was lost), never `true` for a race
   that did not happen.
 
+**Tags** are declared: `Scenario.tags` lists the tag names (constants) its
+script and checker use; a concrete tag is a declared name, or a declared name
+plus `-<round>` (one segment, no hyphen: `burst-3`, `orig-p`, `read-k0`). A
+scenario whose script emits, or whose checker looks up, an undeclared tag
+fails when it is built (`TagError` at import of the registry): the script is
+dry-run and the script, final and check functions are read for literal tags.
+At run time `Tagged` refuses undeclared tags too, so a typo'd lookup can never
+return None and let a check pass without testing anything.
+
 `scenario_workload(test)` turns a Test naming a scenario
 (`test.extra["scenario"]`) into a `ScenarioWorkload`, which the runner uses
 like any workload plus `build_nemesis(test) -> (nemesis, script)`.
@@ -26,11 +35,16 @@ like any workload plus `build_nemesis(test) -> (nemesis, script)`.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import itertools
+import re
 import secrets
+import textwrap
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import lab.generator as gen
@@ -44,6 +58,114 @@ TEST_OPTIONS = ("time_limit", "concurrency", "rate", "keys", "ttl_ms", "nemesis_
 
 class ScenarioError(ValueError):
     """A scenario cannot run as asked (unknown name, not applicable here, bad options); one line."""
+
+
+class TagError(ScenarioError):
+    """A scenario's script or checker uses a tag its `tags` do not declare (a typo would test nothing)."""
+
+
+_ROUND = re.compile(r"[A-Za-z0-9_.]+")  # the `-<round>` part of a concrete tag: one segment, no hyphen
+
+
+def tag_declared(tag: str, declared: frozenset[str]) -> bool:
+    """Is `tag` a declared name, or a declared name plus `-<round>`?"""
+    if tag in declared:
+        return True
+    head, sep, tail = tag.rpartition("-")
+    return bool(sep) and head in declared and _ROUND.fullmatch(tail) is not None
+
+
+def prefix_declared(prefix: str, declared: frozenset[str]) -> bool:
+    """Can a tag starting with `prefix` be declared (a declared name starts with it, or it is name-<round...>)?"""
+    for name in declared:
+        if name.startswith(prefix):
+            return True
+        if prefix.startswith(name + "-") and "-" not in prefix[len(name) + 1:]:
+            return True
+    return False
+
+
+class Tags:
+    """The tags of one scenario, refusing undeclared ones (what `Script` and `Tagged` check through)."""
+
+    def __init__(self, scenario: str, names: Any):
+        self.scenario = scenario
+        self.names = frozenset(names)
+
+    def check(self, tag: str) -> str:
+        """`tag` if declared, else TagError naming it and the declared ones."""
+        if not tag_declared(str(tag), self.names):
+            raise TagError(f"scenario {self.scenario}: tag {tag!r} is not declared (declared: "
+                           f"{', '.join(sorted(self.names))}; a concrete tag is <name> or <name>-<round>)")
+        return tag
+
+    def check_prefix(self, prefix: str) -> str:
+        """`prefix` if some declared tag can start with it, else TagError."""
+        if not prefix_declared(str(prefix), self.names):
+            raise TagError(f"scenario {self.scenario}: no declared tag starts with {prefix!r} (declared: "
+                           f"{', '.join(sorted(self.names))})")
+        return prefix
+
+
+_LOOKUPS = {"one": 0, "all": 0, "starting": 0}  # Tagged methods: position of the tag argument
+_EMITS = {"op": 2, "again": 1}  # Script methods: position of the tag argument
+
+
+def _literal_tags(fn: Callable[..., Any]) -> list[tuple[str, str, bool]]:
+    """(method, literal tag or literal prefix of an f-string, is_prefix) for every tag written in `fn`'s source.
+
+    A function whose source cannot be read (built at run time) gives nothing: the dry run and `Tagged` still check.
+    """
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return []
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        method = node.func.attr
+        pos = _LOOKUPS.get(method, _EMITS.get(method))
+        if pos is None:
+            continue
+        arg = next((k.value for k in node.keywords if k.arg == "tag"), None)
+        if arg is None and len(node.args) > pos:
+            arg = node.args[pos]
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            found.append((method, arg.value, method == "starting"))
+        elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+            found.append((method, str(arg.values[0].value), True))
+    return found
+
+
+def _check_tags(sc: "Scenario") -> None:
+    """Fail (TagError) when the scenario's script, final phase or checker uses an undeclared tag."""
+    if not sc.tags:
+        raise TagError(f"scenario {sc.name}: declares no tags (Scenario.tags: the tag names its script and checker use)")
+    for name in sc.tags:
+        if not name or not isinstance(name, str) or name != name.strip():
+            raise TagError(f"scenario {sc.name}: bad tag name {name!r}")
+    tags = Tags(sc.name, sc.tags)
+    for fn in (sc.script, sc.check, sc.final):
+        if fn is None:
+            continue
+        for method, text, is_prefix in _literal_tags(fn):
+            if is_prefix:
+                tags.check_prefix(text)
+            else:
+                tags.check(text)
+    # dry run: every tag the script and final phase emit, with and without the lab's stack
+    for local in (True, False):
+        test = SimpleNamespace(extra={"key_nonce": "dry", "identity": {"namespace": "fencelab", "workflow": "dry"},
+                                      "servers": max(2, sc.min_servers)},
+                               ttl_ms=int(sc.options.get("ttl_ms", 2000)),
+                               time_limit=float(sc.options.get("time_limit", 3.0)),
+                               concurrency=max(int(sc.options.get("concurrency", 2)), sc.min_concurrency),
+                               nemesis=list(sc.nemeses), workload=sc.workload)
+        script = Script(test, local, tags)
+        sc.script(script)
+        if sc.final is not None:
+            sc.final(script)
 
 
 @dataclass(frozen=True)
@@ -68,6 +190,10 @@ class Scenario:
     min_concurrency: int = 1
     min_servers: int = 1
     final: Callable[["Script"], Any] | None = None  # the final phase (e.g. read every document back)
+    tags: tuple[str, ...] = ()  # the tag names its script and checker use (see the module doc); checked when built
+
+    def __post_init__(self) -> None:
+        _check_tags(self)
 
     @property
     def needs_store(self) -> bool:
@@ -89,9 +215,10 @@ class ScenarioWorkload(Workload):
 class Script:
     """What a scenario's script is written with: unique request ids, tagged ops, steps, bursts and faults."""
 
-    def __init__(self, test: Any, local: bool):
+    def __init__(self, test: Any, local: bool, tags: Tags):
         self.test = test
         self.local = local  # the lab runs the system (its stack): stack faults and direct backend reads allowed
+        self.tags = tags  # the scenario's declared tags: an op with any other tag is refused (TagError)
         self.nonce = test.extra["key_nonce"]
         self._ids = itertools.count(1)
 
@@ -114,14 +241,14 @@ class Script:
             value.setdefault("request_id", self.rid())
             value.setdefault("deadline_ms", 2000)
             value["body"] = {k: v for k, v in value.items() if k not in NOT_IN_BODY}
-        return {"f": f, "key": key, "value": value, "tag": tag}
+        return {"f": f, "key": key, "value": value, "tag": self.tags.check(tag)}
 
     def again(self, original: dict[str, Any], tag: str, **changes: Any) -> dict[str, Any]:
         """The same request again (same request id), with some fields changed (a changed body, a longer deadline)."""
         value = {k: v for k, v in original["value"].items() if k != "body"}
         value.update(changes)
         value["body"] = {k: v for k, v in value.items() if k not in NOT_IN_BODY}
-        return {"f": original["f"], "key": original["key"], "value": value, "tag": tag}
+        return {"f": original["f"], "key": original["key"], "value": value, "tag": self.tags.check(tag)}
 
     @staticmethod
     def on(thread: int, *items: Any) -> Any:
@@ -167,10 +294,14 @@ class Script:
 
 
 class Tagged:
-    """A history's client ops by the `tag` the script gave them, and its fault windows."""
+    """A history's client ops by the `tag` the script gave them, and its fault windows.
 
-    def __init__(self, history: list[dict]):
+    Looking up a tag the scenario does not declare raises TagError (a typo must not read as "never ran").
+    """
+
+    def __init__(self, history: list[dict], tags: Tags):
         self.history = history
+        self.declared = tags
         self.pairs = pair_ops(history)
         self.tags: dict[str, list[Pair]] = defaultdict(list)
         for p in self.pairs:
@@ -181,15 +312,16 @@ class Tagged:
 
     def one(self, tag: str) -> Pair | None:
         """The (first) op tagged `tag`, or None when the script never got there."""
-        found = self.tags.get(tag)
+        found = self.tags.get(self.declared.check(tag))
         return found[0] if found else None
 
     def all(self, tag: str) -> list[Pair]:
         """Every op tagged `tag`, in history order."""
-        return list(self.tags.get(tag, ()))
+        return list(self.tags.get(self.declared.check(tag), ()))
 
     def starting(self, prefix: str) -> list[tuple[str, Pair]]:
         """(tag, op) for every op whose tag starts with `prefix`, in history order."""
+        self.declared.check_prefix(prefix)
         return sorted(((t, p) for t, ps in self.tags.items() if t.startswith(prefix) for p in ps),
                       key=lambda tp: tp[1].i0)
 
@@ -244,7 +376,7 @@ class ScenarioChecker:
     @analyzed
     def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
         """Judge the scenario's history against what its row requires."""
-        tagged = Tagged(history)
+        tagged = Tagged(history, Tags(self.scenario.name, self.scenario.tags))
         v = Violations()
         details = dict(self.scenario.check(tagged, v, test if isinstance(test, Mapping) else {}) or {})
         exercised = details.pop("exercised", True)
@@ -363,7 +495,7 @@ def scenario_workload(test: Any, registry: Mapping[str, Scenario]) -> ScenarioWo
     if local:
         test.nemesis = list(sc.nemeses)
     shared = Shared(test.extra["identity"])
-    script = Script(test, local)
+    script = Script(test, local, Tags(sc.name, sc.tags))
     body = sc.script(script)
     final = sc.final(script) if sc.final is not None else None
     checkers = {f"scenario:{sc.name}": ScenarioChecker(sc), **{n: get_checker(n) for n in sc.domain}}

@@ -49,7 +49,14 @@ A `lab.scenarios.Scenario` holds:
 - **a checker** (`scenario:<name>` in results.json) that states what the row
   requires over the history, next to the domain checkers of `checkers/` that
   apply. Every scripted op carries a `tag` (kept in history.jsonl), which the
-  checker reads. It answers `valid: "unknown"` with `not_exercised` when the
+  checker reads. Tags are declared: `Scenario.tags` lists the tag names
+  (constants) the scenario uses, and a concrete tag is a declared name or
+  `<name>-<round>` (one segment: `burst-3`, `orig-p`). A script that emits, or
+  a checker that looks up, an undeclared tag fails when the scenario is built
+  (`TagError`, naming the tag and the declared ones): the script is dry-run
+  and the functions' literal tags are read; at run time an undeclared lookup
+  is an error (the verdict is `unknown`), never "the op never ran". The
+  checker answers `valid: "unknown"` with `not_exercised` when the
   race was not hit (no response was lost, the renew never reached the TTL
   boundary, ...): a race that did not happen is not evidence.
 

@@ -226,6 +226,7 @@ def json_key(d: Any) -> str | None:
 
 IDENTITY = Scenario(
     name="identity-probe", race="matrix rows 1-2: canonical inputs give one key; identities never collide",
+    tags=("canon-acquire", "canon-inspect", "distinct", *(f"bad-{n}" for n in NON_CANONICAL)),
     requires="canonical inputs give one key; non-canonical ones are rejected; identities that differ in any "
              "component never collide", rules=("C1", "C2", "C3", "C4"),
     setup="Acquires an identity with a non-ASCII target, then inspects and acquires it through other spellings "
@@ -290,6 +291,7 @@ def lifetime_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 
 LIFETIME = Scenario(
     name="lifetime-probe", race="matrix row 5: TTL, maximum lifetime, backend time and finite deadlines",
+    tags=("deadline-missing", "deadline-past", "life-acquire", "life-renew", "ttl-high", "ttl-low"),
     requires="TTL, maximum lifetime, backend time and finite deadlines hold", rules=("C6", "C20", "C21", "C22", "C23"),
     setup="Acquires with ttl_ms 1 and 10^9; acquires with a 300 ms TTL and a 700 ms maximum lifetime and renews "
           "every 150 ms until past the lifetime; sends a raw acquire whose deadline_at has passed and one without "
@@ -343,6 +345,8 @@ def owner_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 
 OWNER = Scenario(
     name="owner-match-probe", race="matrix row 6: renew and release need every matching field",
+    tags=("acq", "after", "genuine", *(f"{op}-{n}" for op in ("renew", "release")
+                                            for n in (*MISMATCHES, "other-identity", "other-principal"))),
     requires="renew and release need every matching field", rules=("C12", "C13"),
     setup="Acquires a lease, then renews and releases it with exactly one thing wrong at a time: the fencing "
           "token, the lease id, the service instance (another worker), the identity, and on the lab's stack "
@@ -354,6 +358,8 @@ OWNER = Scenario(
 
 
 # -- row 8: idempotent retries of every mutation ----------------------------------------------------
+
+RETRIED = ("acquire", "renew", "release", "force-release", "revoke")  # each op's tag; its retry's is <op>-retry
 
 
 def retries_script(s: Script) -> Any:
@@ -380,7 +386,7 @@ def retries_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
     """Every retry returns the original result; one token per identity."""
     fields = ("lease_id", "fencing_token", "acquired_at_ms", "renewed_at_ms", "expires_at_ms")
     replayed = 0
-    for name in ("acquire", "renew", "release", "force-release", "revoke"):
+    for name in RETRIED:
         orig, retry = t.one(name), t.one(f"{name}-retry")
         if not ok(orig) or retry is None:
             continue
@@ -400,6 +406,7 @@ def retries_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 RETRIES = Scenario(
     name="idempotent-retries", race="matrix row 8: acquire, renew, release, force-release, revoke retries are "
                                      "idempotent",
+    tags=("counter", *RETRIED, *(f"{n}-retry" for n in RETRIED)),
     requires="a retry with the same request_id and body returns the original result and mutates nothing",
     rules=("C16", "C17", "C18"),
     setup="Acquire, renew and release (and on the lab's stack force-release and revoke, as the operator "
@@ -459,6 +466,7 @@ def scope_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 
 SCOPE = Scenario(
     name="scope-probe", race="matrix row 9: inspect and list never cross scope or expose key patterns",
+    tags=("acq", "own-list", "pattern", "x-inspect-id", "x-inspect-identity", "x-list-actor", "x-list-tenant"),
     requires="inspect and list never cross scope or expose key patterns", rules=("C14",),
     setup="A tenant-a principal acquires a lease; a tenant-b principal inspects it by id and by identity and "
           "lists, an actor-2 principal lists, the owner lists (the positive control); lists with raw key-pattern "
@@ -519,6 +527,7 @@ def admin_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 
 ADMIN = Scenario(
     name="admin-probe",
+    tags=("acq", "after-force", "after-revoke", "audit-force", "audit-revoke", "denied-lease", "denied-nocap", "force-ok", "no-reason-force", "no-reason-revoke", "revoke-ok"),
     race="matrix row 13: force-release / revoke need elevated authority, a reason and durable audit",
     requires="force-release / revoke need elevated authority, a reason and durable audit", rules=("C15",),
     setup="Two leases are held; a force-release is tried by the owner's targets:lease principal and by a "

@@ -98,6 +98,7 @@ def concurrent_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 
 CONCURRENT = Scenario(
     name="concurrent-acquires", race="concurrent acquires", requires="exactly one active lease, one token allocated",
+    tags=("after", "before", "burst", "inspect"),
     rules=("C11", "C5"),
     setup="Rounds on fresh identities: every client thread (8) sends an acquire of the same identity in the same "
           "event-loop turn (a synchronized burst across both lease servers); the fencing counter is read straight "
@@ -162,6 +163,7 @@ def response_lost_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, An
 
 RESPONSE_LOST = Scenario(
     name="acquire-response-lost", race="acquire response lost",
+    tags=("counter", "orig", "retry", "retry2"),
     requires="retry by request_id returns the same lease and token", rules=("C17", "C19"),
     setup="Rounds: an acquire with a tiny deadline (1-13 ms: the reply is usually lost, the request often "
           "executed), then the same request (same request_id and body) retried through the other server and "
@@ -230,6 +232,7 @@ def renew_expiry_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any
 
 RENEW_EXPIRY = Scenario(
     name="renew-vs-expiry", race="renew vs expiry", requires="backend decides; an expired lease is never revived",
+    tags=("acq", "edge", "final", "inspect", "late"),
     rules=("C10", "C12", "C20"),
     setup="Rounds: acquire with a 300 ms TTL, then a renew held back until the lease's expires_at plus an offset "
           "swept over -30..+15 ms (the client sleeps until then: the renew lands on the TTL boundary), an "
@@ -297,6 +300,7 @@ def renew_release_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, An
 
 RENEW_RELEASE = Scenario(
     name="renew-vs-release", race="renew vs release/revoke", requires="one wins atomically, the other gets lease_lost",
+    tags=("acq", "after", "end", "inspect", "renew"),
     rules=("C9", "C12", "C13", "C15"),
     setup="Rounds: the holder acquires, then its renew (thread 0, lease-1) and its release (thread 1, lease-2; on "
           "the lab's stack every other round an admin revoke instead) are sent in one burst; an inspect and one "
@@ -372,6 +376,7 @@ def stale_release_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, An
 
 STALE_RELEASE = Scenario(
     name="stale-release-after-reacquire", race="stale release after reacquire", requires="successor stays active",
+    tags=("acq-a", "acq-a2", "acq-a3", "acq-b", "backend", "inspect", "inspect2", "rel-a2", "rel-b", "stale-release", "stale-release2", "stale-renew", "succ-renew", "succ-renew2"),
     rules=("C9", "C13", "C12"),
     setup="Rounds: A acquires (300 ms TTL) and expires, B acquires, then A's release and renew arrive; later the "
           "same worker A releases, reacquires, and a duplicate of its old release (a new request id) arrives "
@@ -425,6 +430,7 @@ def delayed_cleanup_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, 
 
 DELAYED_CLEANUP = Scenario(
     name="delayed-cleanup-vs-successor", race="delayed expiry cleanup vs successor", requires="successor stays active",
+    tags=("acq-a", "acq-b", "backend", "cleanup-force", "cleanup-revoke", "delayed-release", "inspect", "stale-renew", "succ-renew"),
     rules=("C9", "C10", "C13", "C15"),
     setup="Rounds: A acquires (300 ms TTL); a client-pause holds A's thread while its release is pending; B "
           "acquires once A expired; the pause ends and A's release goes out late. On the lab's stack an "
@@ -497,6 +503,7 @@ def commit_expiry_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, An
 
 COMMIT_EXPIRY = Scenario(
     name="commit-after-expiry", race="commit after expiry", requires="rejected, lease_lost", rules=("C25", "C29"),
+    tags=("acq", "commit-ok", "inspect", "late-commit", "read"),
     setup="Rounds: the holder acquires (300 ms TTL) and commits once; a client-pause holds its thread longer than "
           "the TTL while its next commit is pending (the GC-paused holder); the commit goes out after expiry. The "
           "final phase reads every document back from the store.",
@@ -594,6 +601,7 @@ def older_holder_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any
 
 OLDER_HOLDER = Scenario(
     name="older-holder-commit", race="commit by older holder after new acquisition", requires="rejected, lower token",
+    tags=("acq-a", "acq-b", "commit-a", "commit-b", "read", "read-kg", "stale-commit"),
     rules=("C25", "C26", "C27", "C29"),
     setup="Rounds: A acquires (300 ms TTL) and commits; a client-pause holds A while its next commit is pending; B "
           "acquires after A's expiry and commits; A's commit goes out. On the lab's stack one more round reaches "
@@ -664,6 +672,7 @@ def changed_body_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any
 
 CHANGED_BODY = Scenario(
     name="changed-body-same-request-id", race="same request_id, changed body",
+    tags=("acq", "changed-acquire", "changed-release", "changed-renew", "counter", "inspect-acquire", "inspect-renew", "release", "renew"),
     requires="idempotency_conflict, nothing mutated", rules=("C16", "C17"),
     setup="Rounds: acquire, renew and release each succeed, and each request_id is then sent again through the "
           "other server with a changed body (another ttl_ms; for the release another worker); inspects after the "
@@ -732,7 +741,7 @@ def _crash_check(after: bool):
     return check
 
 
-_CRASH_COMMON = dict(nemeses=("partition", "kill"), min_concurrency=2, min_servers=2,
+_CRASH_COMMON = dict(tags=("counter", "inspect", "orig", "retry"), nemeses=("partition", "kill"), min_concurrency=2, min_servers=2,
                      stack_only="it kills a lease server of the lab's stack and partitions its link to Valkey",
                      options={"concurrency": 2, "time_limit": 3.0, "ttl_ms": 2000})
 
@@ -763,13 +772,16 @@ CRASH_BEFORE = Scenario(
 
 # -- 12. backend unavailable ----------------------------------------------------------------------
 
+WINDOWS = (1, 2)  # 1: Valkey killed, 2: both servers partitioned from it
+DOWN_OPS = ("acquire-new", "renew", "inspect", "release", "acquire-held")  # tried while the backend is away
+
 
 def backend_down_script(s: Script) -> Any:
     """A held lease; Valkey killed, then (later) both servers partitioned from it; every operation tried meanwhile."""
     parts = []
-    for w, (start, stop) in enumerate(((("start-kill", {"targets": ["valkey"]}), ("stop-kill", None)),
-                                       (("start-partition", {"links": ["lease-1_valkey", "lease-2_valkey"]}),
-                                        ("stop-partition", None))), 1):
+    for w, (start, stop) in zip(WINDOWS, ((("start-kill", {"targets": ["valkey"]}), ("stop-kill", None)),
+                                         (("start-partition", {"links": ["lease-1_valkey", "lease-2_valkey"]}),
+                                          ("stop-partition", None)))):
         new, held, a = f"k{w}", f"h{w}", f"A{w}"  # each window its own held lease (the last may have been revoked)
         parts += [s.on(0, s.op("acquire", held, f"held{w}", slot=a, ttl_ms=10000)),
                   s.fault(s.nem(*start)),
@@ -794,7 +806,7 @@ def backend_down_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any
         elif p.comp is not None and code(p) not in UNAVAILABLE:
             v.add("untyped-failure", idx(p), f"{tag}: {p.f} answered {code(p)} while the backend was unavailable "
                   "(expected lease_backend_unavailable or lease_outcome_unknown)")
-    for w in ("1", "2"):
+    for w in WINDOWS:
         acquire = t.one(f"down{w}-acquire-new")
         new, counter = t.one(f"after{w}-new"), t.one(f"after{w}-counter")
         if acquire is not None and acquire.type == "fail" and ok(new) and new.result is not None:
@@ -816,6 +828,8 @@ def backend_down_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any
 
 BACKEND_DOWN = Scenario(
     name="backend-unavailable", race="backend unavailable", requires="backend_unavailable, no assumed success",
+    tags=(*(f"held{w}" for w in WINDOWS), *(f"down{w}-{x}" for w in WINDOWS for x in DOWN_OPS),
+          *(f"after{w}-{x}" for w in WINDOWS for x in ("new", "counter", "held", "renew"))),
     rules=("C19", "C22", "C23"),
     setup="A lease is held; Valkey is SIGKILLed and, while it is down, an acquire of a new identity, the holder's "
           "renew, an inspect, the holder's release and a competing acquire are sent through both servers; Valkey "
@@ -889,6 +903,7 @@ def timeout_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 
 TIMEOUT = Scenario(
     name="timeout-after-submission", race="timeout after submission",
+    tags=("counter", "orig-acquire", "orig-renew", "retry-acquire", "retry-renew", "retry2-acquire", "retry2-renew"),
     requires="outcome_unknown, resolved by request_id",
     rules=("C19", "C23", "C17"),
     setup="Rounds: Toxiproxy delays Valkey's replies to lease-1 by 1.5 s (downstream latency) while an acquire with "
@@ -950,6 +965,7 @@ def corrupt_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 
 CORRUPT = Scenario(
     name="malformed-record", race="malformed / corrupt record", requires="fail closed, no acquisition over ambiguity",
+    tags=("acq", "after", "after-counter", "c-acquire", "c-acquire-counter", "c-inspect", "c-release", "c-renew"),
     rules=("C4", "C5", "C8"),
     setup="For each kind of damage (a non-integer token, another identity's tuple, an unknown record_version, a "
           "missing owner field, a record of garbage) a held lease's record is rewritten directly in Valkey; "
@@ -1016,6 +1032,7 @@ def isolate_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 
 ISOLATE = Scenario(
     name="partition-isolates-worker", race="partition isolates a worker",
+    tags=("acq", "commit", "inspect", "part-commit", "part-renew", "part-renew2", "read", "succ-renew", "told-commit", "told-renew"),
     requires="its renew and commit fail closed; it is told it lost the lease", rules=("C12", "C25", "C23"),
     setup="Worker A (thread 0, client group c1) acquires (600 ms TTL) and commits; Toxiproxy cuts every link of "
           "c1; A's renews and commit (400 ms deadlines) go nowhere while worker B (thread 2, group c2) acquires "
@@ -1086,6 +1103,7 @@ def limit_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 
 LIMIT_SCENARIO = Scenario(
     name="counter-near-limit", race="counter near its numeric limit", requires="acquisition refused, never wraps",
+    tags=("counter", "inspect", "limit", "near", "other", "rel"),
     rules=("C5",),
     setup=f"The identity's fencing counter is set to {LIMIT - 2} (2^32-3) directly in Valkey; two acquisitions "
           "(each released) take it to the limit 2^32-1 (the end of the reference server's first recovery epoch); "
@@ -1150,6 +1168,7 @@ def restore_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 
 RESTORE = Scenario(
     name="backup-restore", race="backup / restore, failover",
+    tags=("acq", "commit", "lost-renew", "read", "rel", "restored-commit", "restored-renew"),
     requires="the counter never goes below any token accepted downstream; otherwise a higher epoch and all "
              "restored leases invalid", rules=("C5", "C26"),
     setup="A acquires and commits; Valkey is snapshotted (valkey-restore start); A releases, B acquires (a higher "
