@@ -158,8 +158,7 @@ class RawScripts:
         self.acquire_sha, self.release_sha = scripts["acquire"].sha, scripts["release"].sha
         self.principal, self.credential = spec["principal_id"], spec["credential_id"]
         self.instance, self.ttl_ms = spec["instance"], spec["ttl_ms"]
-        # like a server with the recovery rule on, every script checks Valkey's run_id ('' would skip the check)
-        self.run_id = spec.get("run_id", "")
+        # (the recovery rule's run_id check is the server's, once per connection: no argument of the scripts)
 
     def prepare(self, identity: dict) -> tuple:
         """Per-identity constants: canonical JSON, lock key and the keys that do not change per call."""
@@ -178,7 +177,7 @@ class RawScripts:
         args = (canonical, request_id, lease_id, self.principal, "", self.credential, self.instance, self.ttl_ms,
                 s.max_lifetime_ms, "", "", "", request_id, "{}", s.idempotency_ttl_ms, s.fence_max,
                 s.active_lease_quota, s.history_max_entries, s.history_retention_ms, s.expired_record_retention_ms,
-                self.run_id, 0)  # the recovery gate: the expected Valkey run_id (checked in-script) and the floor
+                0)  # the fencing floor of the recovery epoch (epoch 0)
         return (len(key_list), *key_list, *args)
 
     def release_call(self, prepared: tuple, request_id: str, lease_id: str, token: int) -> tuple:
@@ -188,7 +187,7 @@ class RawScripts:
         key_list = (lock_key, k.idempotency_key("release", lock_key, self.principal, request_id),
                     k.lease_index_key(lease_id), k.history_key(lock_key), k.ACTIVE_INDEX, k.quota_key(self.principal))
         args = (canonical, request_id, lease_id, self.principal, self.instance, token, s.idempotency_ttl_ms,
-                s.history_max_entries, s.history_retention_ms, self.run_id)
+                s.history_max_entries, s.history_retention_ms)
         return (len(key_list), *key_list, *args)
 
 

@@ -160,8 +160,8 @@ class CommitService:
         key_list = [lock_key, keys.hwm_key(lock_key),
                     keys.idempotency_key("commit", lock_key, principal.principal_id, req.request_id)]
         args = [req.identity.canonical_json(), req.digest, req.lease_id, principal.principal_id,
-                req.service_instance_id, req.fields["fencing_token"], self.settings.idempotency_ttl_ms, expected]
-        res = await self.service.run("commit", key_list, args, deadline, mutation=True)
+                req.service_instance_id, req.fields["fencing_token"], self.settings.idempotency_ttl_ms]
+        res = await self.service.run("commit", key_list, args, deadline, mutation=True, incarnation=expected)
         status = res[0]
         if status == "validated":
             return req.fields["fencing_token"], int(res[1]), None

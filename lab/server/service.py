@@ -146,10 +146,15 @@ class LeaseService:
             raise LeaseError("lease_rate_limited", "too many acquire/renew requests; slow down",
                              retry_after_ms=max(1, int(wait * 1000 + 0.999)), backend_health="not_contacted")
 
-    async def run(self, name: str, key_list: list[str], args: list[Any], deadline: float, *, mutation: bool) -> list:
-        """One script call, backend failures mapped to the contract's codes (C19, C23)."""
+    async def run(self, name: str, key_list: list[str], args: list[Any], deadline: float, *, mutation: bool,
+                  incarnation: str = "") -> list:
+        """One script call, backend failures mapped to the contract's codes (C19, C23).
+
+        A mutation passes `incarnation` (the gate's expected run_id, '' without the recovery rule): the
+        call is written only on a connection to that Valkey incarnation, else answered `recovering`.
+        """
         try:
-            return await self.backend.run(name, key_list, args, deadline)
+            return await self.backend.run(name, key_list, args, deadline, incarnation=incarnation)
         except NotStarted:
             raise LeaseError("deadline_exceeded", "the deadline passed before the request reached the lease store",
                              backend_health="not_contacted") from None
@@ -205,10 +210,11 @@ class LeaseService:
                 principal.credential_id, req.service_instance_id, f["ttl_ms"], f["maximum_lifetime_ms"],
                 f["execution_id"], f["job_id"], f["trace_id"], req.request_id, req.metadata_json,
                 s.idempotency_ttl_ms, self.gate.ceiling(s.fence_max), s.active_lease_quota, s.history_max_entries,
-                s.history_retention_ms, s.expired_record_retention_ms, expected, self.gate.floor]
-        res = await self.run("acquire", key_list, args, self.call_deadline(req.deadline_ms), mutation=True)
+                s.history_retention_ms, s.expired_record_retention_ms, self.gate.floor]
+        res = await self.run("acquire", key_list, args, self.call_deadline(req.deadline_ms), mutation=True,
+                             incarnation=expected)
         if res[0] == "lease_conflict" and f["wait_ms"]:
-            res = await self._wait_and_retry(res, key_list, args, req, principal)
+            res = await self._wait_and_retry(res, key_list, args, req, principal, expected)
         status = res[0]
         audit = {"requested_ttl_ms": f["ttl_ms"]}
         if status == "lease_acquired":
@@ -257,7 +263,7 @@ class LeaseService:
                 del self.waiters_by[key]
 
     async def _wait_and_retry(self, res: list, key_list: list[str], args: list[Any], req: MutationRequest,
-                              principal: Principal) -> list:
+                              principal: Principal, expected: str) -> list:
         """Retry a conflicting acquire with jittered backoff within wait_ms and the deadline (C22).
 
         Waiting slots are shared out: one tenant or one principal cannot hold
@@ -279,7 +285,8 @@ class LeaseService:
                 if left <= delay:
                     return res
                 await asyncio.sleep(delay)
-                res = await self.run("acquire", key_list, args, self.call_deadline(req.deadline_ms), mutation=True)
+                res = await self.run("acquire", key_list, args, self.call_deadline(req.deadline_ms), mutation=True,
+                                     incarnation=expected)
             return res
         finally:
             self._give_waiter(slot)
@@ -294,9 +301,9 @@ class LeaseService:
                     keys.lease_index_key(req.lease_id), keys.quota_key(principal.principal_id)]
         args = [req.identity.canonical_json(), req.digest, req.lease_id, principal.principal_id,
                 req.service_instance_id, req.fields["fencing_token"], "" if ttl is None else ttl,
-                s.idempotency_ttl_ms, s.expired_record_retention_ms, s.active_lease_quota,
-                expected]
-        res = await self.run("renew", key_list, args, self.call_deadline(req.deadline_ms), mutation=True)
+                s.idempotency_ttl_ms, s.expired_record_retention_ms, s.active_lease_quota]
+        res = await self.run("renew", key_list, args, self.call_deadline(req.deadline_ms), mutation=True,
+                             incarnation=expected)
         return self._owner_result(res, req, "lease_renewed", "active", {"requested_ttl_ms": ttl}, expected)
 
     async def release(self, principal: Principal, req: MutationRequest) -> Outcome:
@@ -309,8 +316,9 @@ class LeaseService:
                     keys.quota_key(principal.principal_id)]
         args = [req.identity.canonical_json(), req.digest, req.lease_id, principal.principal_id,
                 req.service_instance_id, req.fields["fencing_token"], s.idempotency_ttl_ms, s.history_max_entries,
-                s.history_retention_ms, expected]
-        res = await self.run("release", key_list, args, self.call_deadline(req.deadline_ms), mutation=True)
+                s.history_retention_ms]
+        res = await self.run("release", key_list, args, self.call_deadline(req.deadline_ms), mutation=True,
+                             incarnation=expected)
         return self._owner_result(res, req, "lease_released", "released", {}, expected)
 
     async def end_by_admin(self, principal: Principal, req: MutationRequest, event_type: str,
@@ -325,8 +333,9 @@ class LeaseService:
         args = [req.identity.canonical_json(), req.digest, req.lease_id, principal.principal_id,
                 req.fields["fencing_token"], req.fields["reason"], req.fields.get("incident_id", ""),
                 s.idempotency_ttl_ms, s.history_max_entries, s.history_retention_ms, s.audit_stream_maxlen,
-                event_type, event_json, expected]
-        res = await self.run(req.op, key_list, args, self.call_deadline(req.deadline_ms), mutation=True)
+                event_type, event_json]
+        res = await self.run(req.op, key_list, args, self.call_deadline(req.deadline_ms), mutation=True,
+                             incarnation=expected)
         code = "lease_revoked" if req.op == "revoke" else "lease_released"
         return self._owner_result(res, req, code, "revoked" if req.op == "revoke" else "released", {}, expected)
 

@@ -6,10 +6,9 @@
 -- ARGV: 1 identity 2 digest 3 lease_id 4 principal 5 client_id 6 credential_id 7 service_instance
 --       8 ttl_ms 9 maximum_lifetime_ms 10 execution_id 11 job_id 12 trace_id 13 request_id 14 metadata
 --       15 idempotency ttl 16 fence max 17 quota (0 = off) 18 history max 19 history retention
---       20 expired-record retention 21 expected run_id ('' = no recovery gate)
---       22 the fencing floor (recovery epoch): the next token is above it even if the counter is not
+--       20 expired-record retention
+--       21 the fencing floor (recovery epoch): the next token is above it even if the counter is not
 local now = now_ms()
-if wrong_incarnation(ARGV[21]) then return {'recovering', int(now)} end
 local idem, bad = read_idempotency(KEYS[4])
 if bad then return {'corrupt', int(now), 'idempotency record'} end
 if idem then
@@ -24,7 +23,7 @@ if r and tonumber(r.expires_at) > now then
 end
 local counter = read_counter(KEYS[2])
 if counter == false then return {'corrupt', int(now), 'fencing counter'} end
-local floor = tonumber(ARGV[22])
+local floor = tonumber(ARGV[21])
 if counter < floor then counter = floor end
 if counter + 1 > tonumber(ARGV[16]) then return {'fence_exhausted', int(now)} end
 local quota = tonumber(ARGV[17])

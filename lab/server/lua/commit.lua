@@ -8,11 +8,10 @@
 -- pending record by the final result.
 -- KEYS: 1 record 2 commit high-water mark 3 idempotency
 -- ARGV: 1 identity 2 digest 3 lease_id 4 principal 5 service_instance 6 fencing_token
---       7 idempotency ttl 8 expected run_id ('' = no recovery gate)
+--       7 idempotency ttl
 -- Returns {'validated', now} | {'pending', now, code, {token, validated_at}} |
 --         {'replayed', now, code, result} | {'lease_lost', now, problem} | {'idempotency_conflict', now} | ...
 local now = now_ms()
-if wrong_incarnation(ARGV[8]) then return {'recovering', int(now)} end
 local idem, bad = read_idempotency(KEYS[3])
 if bad then return {'corrupt', int(now), 'idempotency record'} end
 if idem then

@@ -15,15 +15,10 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The recovery gate (C5, section 8's restore row). `expected` is '' when the server runs
--- no recovery rule; otherwise the run_id of the Valkey incarnation the server has recovered
--- the fencing floor for. A restarted or restored Valkey has a new run_id, so a script that
--- reaches it before the server noticed refuses instead of issuing a token from a rolled-back
--- counter (or renewing a restored lease).
-local function wrong_incarnation(expected)
-  if expected == nil or expected == '' then return false end
-  return string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') ~= expected
-end
+-- The recovery gate (C5, section 8's restore row) is not in the scripts: the server writes a
+-- mutation only on a connection stamped with the run_id of the Valkey incarnation it has
+-- recovered the fencing floor for (lab/server/backend.py), the same check `INFO server` made
+-- here in every call, once per connection.
 
 -- An integer as exact decimal text.
 local function int(n)
@@ -97,21 +92,29 @@ local function read_idempotency(key)
   return d
 end
 
-local function store_idempotency(key, digest, code, flat, ttl_ms)
-  redis.call('SET', key, cjson.encode({d = digest, c = code, r = flat}), 'PX', ttl_ms)
+-- `encoded` (optional) is cjson.encode(flat) when the caller has it already: the record is
+-- the same JSON either way ({"d":...,"c":...,"r":[...]}), encoded once per call.
+local function store_idempotency(key, digest, code, flat, ttl_ms, encoded)
+  encoded = encoded or cjson.encode(flat)
+  redis.call('SET', key, '{"d":' .. cjson.encode(digest) .. ',"c":' .. cjson.encode(code) .. ',"r":' .. encoded .. '}',
+    'PX', ttl_ms)
 end
 
 -- Terminal evidence (C8/C9): newest first, capped, expiring when the identity goes quiet.
+-- Returns the entry (the JSON of `flat`), for the idempotency record of the same step.
 local function push_history(key, flat, max_entries, retention_ms)
-  redis.call('LPUSH', key, cjson.encode(flat))
-  redis.call('LTRIM', key, 0, max_entries - 1)
+  local encoded = cjson.encode(flat)
+  if redis.call('LPUSH', key, encoded) > max_entries then redis.call('LTRIM', key, 0, max_entries - 1) end
   redis.call('PEXPIRE', key, retention_ms)
+  return encoded
 end
 
--- Extend a key's TTL to at least `ms` (never shorten it).
+-- Extend a key's TTL to at least `ms` (never shorten it): one call when it extends (GT), the
+-- usual case; PTTL only when it did not (no TTL yet, or a longer one).
 local function keep_for(key, ms)
-  local pttl = redis.call('PTTL', key)
-  if pttl < ms then redis.call('PEXPIRE', key, int(ms)) end
+  if redis.call('PEXPIRE', key, int(ms), 'GT') == 0 and redis.call('PTTL', key) == -1 then
+    redis.call('PEXPIRE', key, int(ms))
+  end
 end
 
 -- The current state of lease `lease_id` of the identity whose record is `record_key`.
@@ -139,10 +142,9 @@ local function ownership_problem(r, lease_id, principal, instance, token, now)
 end
 
 -- The prologue renew, release and the admin endings share (their KEYS 1 record, 2 idempotency,
--- 3 lease index; ARGV 1 identity, 2 digest, 3 lease_id): the recovery gate, an idempotent replay,
--- and the stored record. Returns (early reply, nil) or (nil, record).
-local function lease_prologue(expected_run_id, now)
-  if wrong_incarnation(expected_run_id) then return {'recovering', int(now)} end
+-- 3 lease index; ARGV 1 identity, 2 digest, 3 lease_id): an idempotent replay, and the stored
+-- record. Returns (early reply, nil) or (nil, record).
+local function lease_prologue(now)
   local idem, bad = read_idempotency(KEYS[2])
   if bad then return {'corrupt', int(now), 'idempotency record'} end
   if idem then
@@ -160,10 +162,10 @@ end
 -- KEYS: 1 record 2 idempotency 3 lease index 4 history 5 active index 6 audit stream
 -- ARGV: 1 identity 2 digest 3 lease_id 4 admin principal 5 fencing_token 6 reason 7 incident_id
 --       8 idempotency ttl 9 history max 10 history retention 11 audit maxlen 12 event_type
---       13 the audit event as a JSON object without the fields added here 14 expected run_id ('' = none)
+--       13 the audit event as a JSON object without the fields added here
 local function end_by_admin(new_state, code, end_reason)
   local now = now_ms()
-  local early, r = lease_prologue(ARGV[14], now)
+  local early, r = lease_prologue(now)
   if early then return early end
   local problem = nil
   if not r then problem = 'not_found'
@@ -178,7 +180,7 @@ local function end_by_admin(new_state, code, end_reason)
   r.admin_reason = ARGV[6]
   if ARGV[7] ~= '' then r.incident_id = ARGV[7] end
   local flat = flatten(r)
-  push_history(KEYS[4], flat, tonumber(ARGV[9]), ARGV[10])
+  local encoded = push_history(KEYS[4], flat, tonumber(ARGV[9]), ARGV[10])
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[3], 's', new_state)
   keep_for(KEYS[3], tonumber(ARGV[8]))
@@ -190,6 +192,6 @@ local function end_by_admin(new_state, code, end_reason)
     '"result_code":"%s","retryable":false,"backend_health":"ok"}',
     int(now), cjson.encode(r.lease_id), r.fencing_token, new_state, code)
   redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[11], '*', 'event_type', ARGV[12], 'event', event)
-  store_idempotency(KEYS[2], ARGV[2], code, flat, ARGV[8])
+  store_idempotency(KEYS[2], ARGV[2], code, flat, ARGV[8], encoded)
   return {code, int(now), flat}
 end

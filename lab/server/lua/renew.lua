@@ -4,9 +4,8 @@
 -- KEYS: 1 record 2 idempotency 3 lease index 4 principal quota
 -- ARGV: 1 identity 2 digest 3 lease_id 4 principal 5 service_instance 6 fencing_token
 --       7 ttl_ms ('' keeps the lease's ttl) 8 idempotency ttl 9 expired-record retention 10 quota (0 = off)
---       11 expected run_id ('' = no recovery gate)
 local now = now_ms()
-local early, r = lease_prologue(ARGV[11], now)
+local early, r = lease_prologue(now)
 if early then return early end
 local problem = ownership_problem(r, ARGV[3], ARGV[4], ARGV[5], ARGV[6], now)
 if problem then return {'lease_lost', int(now), problem} end

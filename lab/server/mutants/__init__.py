@@ -130,8 +130,8 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
             LuaPatch("common", "local function read_idempotency(key)\n",
                      "local function read_idempotency(key)\n"
                      "  do return nil end  -- MUTANT(no-idempotency): request_id ignored: no record is read\n"),
-            LuaPatch("common", "local function store_idempotency(key, digest, code, flat, ttl_ms)\n",
-                     "local function store_idempotency(key, digest, code, flat, ttl_ms)\n"
+            LuaPatch("common", "local function store_idempotency(key, digest, code, flat, ttl_ms, encoded)\n",
+                     "local function store_idempotency(key, digest, code, flat, ttl_ms, encoded)\n"
                      "  do return end  -- MUTANT(no-idempotency): ... and none is written\n"),
         ),
         variants=("NoIdempotencyCommits",),

@@ -136,8 +136,9 @@ class RestartDropsLeasesBackend(MutantBackend):
 class LocalClockBackend(MutantBackend):
     """local-clock: the server's wall clock rides along as every script's last argument."""
 
-    async def run(self, name: str, keys: Sequence[str], args: Sequence[Any], deadline: float) -> list:
-        return await super().run(name, keys, [*args, int(time.time() * 1000)], deadline)
+    async def run(self, name: str, keys: Sequence[str], args: Sequence[Any], deadline: float,
+                  incarnation: str = "") -> list:
+        return await super().run(name, keys, [*args, int(time.time() * 1000)], deadline, incarnation)
 
 
 class NonatomicAcquireService(LeaseService):
@@ -147,9 +148,10 @@ class NonatomicAcquireService(LeaseService):
         super().__init__(*args, **kw)
         self.hooks: dict[str, Hook] = {}  # "between": awaited after the read, before the write
 
-    async def run(self, name: str, key_list: list[str], args: list[Any], deadline: float, *, mutation: bool) -> list:
+    async def run(self, name: str, key_list: list[str], args: list[Any], deadline: float, *, mutation: bool,
+                  incarnation: str = "") -> list:
         if name != "acquire":
-            return await super().run(name, key_list, args, deadline, mutation=mutation)
+            return await super().run(name, key_list, args, deadline, mutation=mutation, incarnation=incarnation)
         lock_key, idempotency_key = key_list[0], key_list[3]
         try:
             (now_s, us), (expires,), replay = await self.backend.pipeline(
@@ -166,7 +168,7 @@ class NonatomicAcquireService(LeaseService):
         hook = self.hooks.get("between")
         if hook is not None:
             await hook()
-        return await super().run(name, key_list, args, deadline, mutation=mutation)
+        return await super().run(name, key_list, args, deadline, mutation=mutation, incarnation=incarnation)
 
 
 class NoIdempotencyCommits(CommitService):
