@@ -4,13 +4,14 @@
 - `read_history` / `read_history_report` / `iter_jsonl` read JSONL or Jepsen EDN,
   skipping and reporting a torn last line.
 - `read_edn` / `write_edn` import and export Jepsen's `history.edn`.
-- `pair_ops` and `to_frame` join invocations with their completions.
+- `pair` (the one pairing: strict or lenient, the caller's choice), `pair_ops` and
+  `to_frame` join invocations with their completions; `HistoryError`,
+  `HistoryWarning` and `NEMESIS` come from `lab.history.ops`.
 Ops are plain dicts; `validate_op` checks one and names where it came from.
 """
 
 from lab.history.edn import read_edn, read_edn_report, write_edn
 from lab.history.files import (
-    HistoryWarning,
     detect_format,
     iter_jsonl,
     read_history,
@@ -23,7 +24,10 @@ from lab.history.ops import (
     NEMESIS,
     OP_TYPES,
     HistoryError,
+    HistoryWarning,
+    Pairing,
     is_client_process,
+    pair,
     pair_ops,
     validate_op,
 )
@@ -34,12 +38,14 @@ __all__ = [
     "FRAME_COLUMNS",
     "NEMESIS",
     "OP_TYPES",
+    "Pairing",
     "HistoryError",
     "HistoryWarning",
     "HistoryWriter",
     "detect_format",
     "is_client_process",
     "iter_jsonl",
+    "pair",
     "pair_ops",
     "read_edn",
     "read_edn_report",

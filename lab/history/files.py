@@ -14,15 +14,11 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from lab.history.ops import HistoryError, validate_op
+from lab.history.ops import HistoryError, HistoryWarning, validate_op
 
 __all__ = ["iter_jsonl", "read_history", "read_history_report", "detect_format", "write_jsonl", "HistoryWarning"]
 
 FORMATS = ("jsonl", "edn")
-
-
-class HistoryWarning(UserWarning):
-    """A history was read with a recoverable problem (e.g. a torn last line was skipped)."""
 
 
 def detect_format(path: str | os.PathLike) -> str:

@@ -1,25 +1,36 @@
 """The op record of docs/history-format.md: validation and invocation/completion pairing.
 
 Ops are plain dicts on the hot path (the writer builds them, readers return them);
-`validate_op` checks one eagerly and names the file, line and problem, and
-`pair_ops` walks a history once, matching each invocation with its completion by
-process (client processes strictly alternate invoke/complete; the nemesis, as in
-Jepsen, writes an `info` to start an operation and another `info` to end it).
+`validate_op` checks one eagerly and names the file, line and problem. `pair` is
+the one pairing of the code base (every checker, the linearizability engine, the
+frame and the reports read histories through it): it walks a history once,
+matching each invocation with its completion by process (client processes
+strictly alternate invoke/complete, a process retired by an `info` never invokes
+again; the nemesis, as in Jepsen, writes an `info` to start an operation and
+another `info` to end it), strictly (a broken rule is a `HistoryError`) or
+leniently (each broken rule listed, the pairing continuing by fixed rules), as
+its caller chooses. `HistoryError`, `HistoryWarning` and `NEMESIS` (the nemesis's
+process name) live here too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Any
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 __all__ = [
     "HistoryError",
+    "HistoryWarning",
     "OP_TYPES",
     "COMPLETION_TYPES",
     "NEMESIS",
     "validate_op",
     "is_client_process",
+    "pair",
     "pair_ops",
+    "Pairing",
+    "where",
 ]
 
 OP_TYPES = frozenset({"invoke", "ok", "fail", "info"})
@@ -29,7 +40,12 @@ REQUIRED = ("index", "time", "type", "process", "f", "value")
 
 
 class HistoryError(ValueError):
-    """A history file or op does not follow docs/history-format.md."""
+    """A history file or op does not follow docs/history-format.md (the one such error: readers, writers,
+    the pairing, the checkers and the linearizability engine all raise this)."""
+
+
+class HistoryWarning(UserWarning):
+    """A history was read with a recoverable problem (a torn last line skipped, a lenient pairing's problem)."""
 
 
 def _is_int(x: Any) -> bool:
@@ -77,61 +93,134 @@ def validate_op(d: Any, where: str = "op") -> dict:
     return d
 
 
-def _where(op: dict) -> str:
-    """A short locator for error messages: the op's index."""
-    return f"op index {op.get('index')}"
+def where(pos: int, op: Any) -> str:
+    """How to name an op in a message: its line (1-based position in the history) and its index."""
+    if isinstance(op, dict) and "index" in op:
+        return f"op at line {pos + 1} (index {op['index']!r})"
+    return f"op at line {pos + 1}"
 
 
-def pair_ops(ops: Iterable[dict]) -> Iterator[tuple[dict, dict | None]]:
-    """Yield (invocation, completion) pairs in completion order, then (invocation, None) for
-    operations never completed (in invocation order). One pass, O(n).
+class Pairing(NamedTuple):
+    """What `pair` found: the operations, and the ways the history broke the pairing rules (lenient only)."""
 
-    Raises HistoryError when a process invokes while it has an operation open, when
-    a completion has no open invocation, or when a retired process (one that got
-    an `info`) invokes again.
+    pairs: list[tuple[dict, dict | None, int, int | None]]  # (invocation, completion, its line, its line)
+    problems: list[str]
+
+
+def pair(ops: Iterable[dict], *, strict: bool, nemesis: bool = False) -> Pairing:
+    """THE pairing of docs/history-format.md: each invocation with the next completion of its process.
+
+    Returns `Pairing(pairs, problems)`: `pairs` in invocation order, each `(invocation, completion, inv_pos,
+    comp_pos)` with positions in `ops` (completion and comp_pos None for an operation never completed).
+    Client processes alternate invoke / completion; a process that got an `info` is retired and must not
+    invoke again. With `nemesis=True` the nemesis's operations are paired too (Jepsen's convention: an
+    `info` or `invoke` starts one, the next `info` ends it); else nemesis ops are skipped.
+
+    `strict` is the caller's explicit choice of what a broken history means:
+    - strict=True: the first problem raises `HistoryError` naming the op and the rule (checkers: a verdict
+      about a malformed history would be a verdict about something else);
+    - strict=False: every problem is listed in `problems` and the pairing goes on by fixed rules (readers
+      that show a history: reports, plots). A second invoke while one is open leaves the first never
+      completed; an invoke after an `info` is paired as usual; a completion with no open invocation is
+      dropped; a completion whose `f` differs from its invocation's still completes it; an op that is not
+      an op record (not an object, no type / process / f, a bad type or process) is dropped.
+    One pass, O(n); the hot path of every checker.
     """
-    open_: dict[Any, dict] = {}
-    retired: dict[Any, int] = {}
-    for op in ops:
-        process, type_ = op["process"], op["type"]
-        if process == NEMESIS:
-            # Jepsen's convention: the nemesis writes info (or invoke) to start, info to end.
-            started = open_.pop(process, None)
-            if started is None:
-                if type_ not in ("invoke", "info"):
-                    raise HistoryError(f"{_where(op)}: nemesis {type_} with no nemesis operation open")
-                open_[process] = op
-            else:
-                if type_ == "invoke":
-                    raise HistoryError(
-                        f"{_where(op)}: nemesis invoke while its operation at index {started.get('index')} "
-                        "is still open"
-                    )
-                yield started, op
+    problems: list[str] = []
+
+    def bad(msg: str) -> None:
+        if strict:
+            raise HistoryError(msg)
+        problems.append(msg)
+
+    slots: list[Any] = []  # in invocation order: the pair, or [invocation, inv_pos] while open
+    open_: dict[Any, int] = {}  # process -> its open slot
+    retired: dict[Any, tuple] = {}  # process -> (index, position) of the info that retired it
+    for pos, op in enumerate(ops):
+        try:
+            typ = op["type"]
+            proc = op["process"]
+        except KeyError as e:
+            bad(f"{where(pos, op)} has no {e.args[0]!r} field")
             continue
-        if type_ == "invoke":
-            if process in open_:
-                raise HistoryError(
-                    f"{_where(op)}: process {process} invoked while its operation at index "
-                    f"{open_[process].get('index')} is still open"
-                )
-            if process in retired:
-                raise HistoryError(
-                    f"{_where(op)}: process {process} invoked again after its info completion at index "
-                    f"{retired[process]} (a crashed process is retired; its worker continues under a new process id)"
-                )
-            open_[process] = op
-        else:
-            started = open_.pop(process, None)
-            if started is None:
-                raise HistoryError(f"{_where(op)}: {type_} completion for process {process} with no open invocation")
-            if started["f"] != op["f"]:
-                raise HistoryError(
-                    f"{_where(op)}: completion f={op['f']!r} does not match its invocation f={started['f']!r} "
-                    f"at index {started.get('index')}"
-                )
-            if type_ == "info":
-                retired[process] = op.get("index")
-            yield started, op
-    for started in sorted(open_.values(), key=lambda o: o.get("index", 0)):
-        yield started, None
+        except TypeError:
+            bad(f"{where(pos, op)} is a {type(op).__name__}, not an object")
+            continue
+        if proc.__class__ is not int:
+            if proc == NEMESIS:
+                if nemesis:
+                    _pair_nemesis(pos, op, typ, slots, open_, bad)
+                continue
+            if not isinstance(proc, int) or isinstance(proc, bool):
+                bad(f"{where(pos, op)} has process {proc!r}; expected an integer or \"nemesis\"")
+                continue
+        if typ == "invoke":
+            if "f" not in op:
+                bad(f"{where(pos, op)} has no 'f' field")
+                continue
+            i = open_.get(proc)
+            if i is not None:
+                inv, ipos = slots[i]
+                bad(f"{where(pos, op)}: process {proc} invoked while its operation at index {inv.get('index')!r} "
+                    f"is still open (line {ipos + 1})")
+                slots[i] = (inv, None, ipos, None)
+            if proc in retired:
+                bad(f"{where(pos, op)}: process {proc} invoked again after its info completion at index "
+                    f"{retired[proc][0]!r} (line {retired[proc][1] + 1}; a crashed process is retired, its worker "
+                    "continues under a new process id)")
+            open_[proc] = len(slots)
+            slots.append([op, pos])
+            continue
+        if typ not in COMPLETION_TYPES:
+            bad(f"{where(pos, op)} has type {typ!r}; expected invoke, ok, fail or info")
+            continue
+        i = open_.pop(proc, None)
+        if i is None:
+            bad(f"{where(pos, op)}: {typ} completion for process {proc} with no open invocation")
+            continue
+        inv, ipos = slots[i]
+        if inv["f"] != op.get("f"):
+            bad(f"{where(pos, op)}: completion f={op.get('f')!r} does not match its invocation f={inv['f']!r} "
+                f"at line {ipos + 1}")
+        if typ == "info":
+            retired[proc] = (op.get("index"), pos)
+        slots[i] = (inv, op, ipos, pos)
+    for i in open_.values():  # never completed
+        inv, ipos = slots[i]
+        slots[i] = (inv, None, ipos, None)
+    return Pairing(slots, problems)
+
+
+def _pair_nemesis(pos: int, op: dict, typ: Any, slots: list, open_: dict, bad: Callable[[str], None]) -> None:
+    """One nemesis op of `pair` (Jepsen's convention: info or invoke starts, the next info ends)."""
+    i = open_.pop(NEMESIS, None)
+    if i is None:
+        if typ not in ("invoke", "info"):
+            bad(f"{where(pos, op)}: nemesis {typ} with no nemesis operation open")
+            return
+        open_[NEMESIS] = len(slots)
+        slots.append([op, pos])
+        return
+    inv, ipos = slots[i]
+    if typ == "invoke":
+        bad(f"{where(pos, op)}: nemesis invoke while its operation at line {ipos + 1} is still open")
+        slots[i] = (inv, None, ipos, None)
+        open_[NEMESIS] = len(slots)
+        slots.append([op, pos])
+        return
+    slots[i] = (inv, op, ipos, pos)
+
+
+def pair_ops(ops: Iterable[dict], *, strict: bool = True) -> Iterator[tuple[dict, dict | None]]:
+    """`pair` (nemesis included) as (invocation, completion) in completion order, then (invocation, None)
+    for operations never completed, in invocation order. Lenient (strict=False): each problem is a
+    HistoryWarning."""
+    pairs, problems = pair(ops, strict=strict, nemesis=True)
+    for problem in problems:
+        warnings.warn(problem, HistoryWarning, stacklevel=2)
+    done = sorted((p for p in pairs if p[3] is not None), key=lambda p: p[3])
+    for inv, comp, _, _ in done:
+        yield inv, comp
+    for inv, comp, _, _ in pairs:
+        if comp is None:
+            yield inv, None
