@@ -4,17 +4,24 @@
 server or network answer: the caller reads `outcome` (ok / fail / info, see
 `lab.client.results`). Every call has a finite deadline: its body carries
 `deadline_at` (integer Unix ms) and the whole HTTP exchange (pool wait,
-connect, send, receive) is bounded by it. Whether a request had started to
-leave when the deadline struck is learnt from httpcore's `trace` extension:
-before sending -> `fail deadline_exceeded`, after -> `info timeout`. A
-transport that emits no trace events (MockTransport, ASGITransport) is
-treated as "may have sent".
+connect, send, receive) is bounded by it.
 
-Workloads drive many concurrent workers through one client, so the hot path
-is lean: headers are encoded once, bodies are serialized with orjson (json as
-fallback), and HTTP/1.1 connections are kept alive in several small httpx
-pools used in turn (see SHARD_CONNECTIONS: one large httpcore pool costs CPU
-per request in proportion to its size).
+The HTTP transport is aiohttp (one `ClientSession` per client, HTTP/1.1
+keep-alive): measured in bench/client_path.py it costs a fraction of httpx's
+CPU per request (httpcore's pool scans every connection on each request). An
+`httpx.AsyncClient` passed as `http=` is used instead (tests answer from
+`httpx.MockTransport`, lab.server.testing from `httpx.ASGITransport`).
+
+Whether a request may have left when the exchange failed is learnt from the
+transport's trace hooks: aiohttp's connection-obtained events (fired after the
+pool wait and the connect, before a byte of the request is written) and
+httpcore's `send_request_headers.started`. No such event -> nothing was sent
+-> `fail` (`deadline_exceeded` for our deadline, `connect_error` when the
+connection could not be made); after it -> `info`. A transport that emits no
+trace events (MockTransport, ASGITransport) is treated as "may have sent".
+
+The hot path is lean: headers are encoded once, bodies are serialized with
+orjson, and aiohttp never retries a request on its own (see `_new_session`).
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ import time
 from typing import Any, Mapping
 from urllib.parse import quote
 
+import aiohttp
 import httpx
+from yarl import URL
 
 from lab.client import results as R
 from lab.client.results import Call, Identity, Lease, LeaseProtocolError, Result
@@ -41,28 +50,64 @@ API = "/api/v1/target-leases"
 COMMITS = "/api/v1/commits"
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MAX_CONNECTIONS = 512
-# httpcore's pool scans every connection (a poll() syscall per idle one) on each request start and end,
-# so one pool of hundreds of connections costs milliseconds of CPU per request; pools of this many
-# connections, used in turn, keep that scan short.
-SHARD_CONNECTIONS = 8
 KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so we never reuse a socket the server is closing
 
 
-def _sharded_pools(max_connections: int) -> list[httpx.AsyncClient]:
-    """HTTP/1.1 keep-alive pools holding `max_connections` in all, SHARD_CONNECTIONS each."""
-    if not isinstance(max_connections, int) or max_connections < 1:
-        raise ValueError(f"max_connections must be a positive integer, not {max_connections!r}")
-    shards = -(-max_connections // SHARD_CONNECTIONS)
-    base, extra = divmod(max_connections, shards)
-    ssl_context = httpx.create_ssl_context()  # one for all pools: each costs ~40 ms to build
-    pools = []
-    for i in range(shards):
-        size = base + (i < extra)
-        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size,
-                              keepalive_expiry=KEEPALIVE_EXPIRY_S)
-        # per-call deadlines bound every exchange, so the transport's own timeouts are off
-        pools.append(httpx.AsyncClient(limits=limits, timeout=None, verify=ssl_context))
-    return pools
+async def _mark_sent(session: Any, ctx: Any, params: Any) -> None:
+    """aiohttp trace hook: a connection is in hand, so the request is about to be written (may have left)."""
+    ctx.trace_request_ctx.sent = True
+
+
+_TRACE = aiohttp.TraceConfig()
+_TRACE.on_connection_create_end.append(_mark_sent)
+_TRACE.on_connection_reuseconn.append(_mark_sent)
+_TRACE.freeze()
+
+
+def _new_session(max_connections: int, proxy: str | None) -> aiohttp.ClientSession:
+    """One aiohttp session: a keep-alive pool of up to `max_connections`, no cookies, no redirects, no retries."""
+    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_EXPIRY_S)
+    session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                                    trace_configs=[_TRACE], proxy=proxy, skip_auto_headers=("User-Agent",),
+                                    timeout=aiohttp.ClientTimeout(total=None))  # our own deadline bounds each call
+    # aiohttp re-sends an idempotent-method request (GET, DELETE) once when a reused connection breaks; the lab
+    # records one request per op, and a re-send after "may have left" would hide an indefinite outcome
+    session._retry_connection = False
+    return session
+
+
+def _env_proxy(base_url: str) -> str | None:
+    """The HTTP(S)_PROXY that applies to `base_url` (NO_PROXY honoured), as httpx's trust_env did."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    u = urlsplit(base_url)
+    proxies = getproxies()
+    proxy = proxies.get(u.scheme) or proxies.get("all")
+    if not proxy or (u.hostname and proxy_bypass(u.hostname)):
+        return None
+    return proxy if "://" in proxy else "http://" + proxy
+
+
+def _undecodable(exc: BaseException) -> bool:
+    """Is a ClientPayloadError caused by a body aiohttp could not decode (its content-encoding)?"""
+    from aiohttp.http_exceptions import ContentEncodingError
+
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ContentEncodingError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+class _Reply:
+    """A complete HTTP reply, whichever transport carried it (what `_decode` reads)."""
+
+    __slots__ = ("status_code", "content", "headers")
+
+    def __init__(self, status_code: int, content: bytes, headers: Mapping[str, str]):
+        self.status_code, self.content, self.headers = status_code, content, headers
 
 
 def new_request_id() -> str:
@@ -76,7 +121,7 @@ def now_ms() -> int:
 
 
 class _SendProbe:
-    """An httpcore trace hook recording whether sending the request began."""
+    """Whether sending the request may have begun: an httpcore trace hook, and aiohttp's trace_request_ctx."""
 
     __slots__ = ("sent",)
 
@@ -107,16 +152,21 @@ class LeaseClient:
         self.timeout_s = float(timeout_s)
         self.backend_unavailable_is_definite = backend_unavailable_is_definite
         self.clock_ms = clock_ms  # public: tests and the clock nemesis move the client's wall clock
+        if not isinstance(max_connections, int) or isinstance(max_connections, bool) or max_connections < 1:
+            raise ValueError(f"max_connections must be a positive integer, not {max_connections!r}")
+        self.max_connections = max_connections
         self._owns_http = http is None
-        if http is None:
-            self._pools = _sharded_pools(max_connections)
-        else:
-            self._pools = [http]
-        self._turn = 0
-        transport = getattr(self._pools[0], "_transport", None)
-        self._transport_traces = type(transport) is httpx.AsyncHTTPTransport
-        self._headers = [(b"authorization", b"Bearer " + api_key.encode()),
-                         (b"content-type", b"application/json"), (b"accept", b"application/json")]
+        self._http = http  # an injected httpx.AsyncClient, or None: aiohttp
+        self._session: aiohttp.ClientSession | None = None  # made on first use, inside the running loop
+        self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._proxy = _env_proxy(self.base_url) if http is None else None
+        self._url_cache: dict[str, URL] = {}
+        transport = getattr(http, "_transport", None)
+        # aiohttp always traces; an injected httpx client only with its real network transport
+        self._transport_traces = http is None or type(transport) is httpx.AsyncHTTPTransport
+        # (str, str) pairs: both transports take them as they are (the key is never logged)
+        self._headers = [("authorization", "Bearer " + api_key), ("content-type", "application/json"),
+                         ("accept", "application/json")]
 
     async def __aenter__(self) -> "LeaseClient":
         return self
@@ -126,9 +176,9 @@ class LeaseClient:
 
     async def aclose(self) -> None:
         """Close the connection pool if this client created it."""
-        if self._owns_http:
-            for pool in self._pools:
-                await pool.aclose()
+        if self._owns_http and self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
 
     # -- mutations -----------------------------------------------------------
     async def acquire(self, identity: Identity, *, ttl_ms: int, request_id: str | None = None,
@@ -316,22 +366,24 @@ class LeaseClient:
             return Result("fail", R.CLIENT_DEADLINE, msg="deadline passed before the request was sent", call=call)
         probe = _SendProbe()
         content, params, headers = self._prepare(call, deadline_at_ms, remaining_ms)
-        pools = self._pools
-        if len(pools) > 1:
-            self._turn += 1
-            http = pools[self._turn % len(pools)]
-        else:
-            http = pools[0]
         try:
             async with asyncio.timeout(remaining_ms / 1000):
-                resp = await http.request(call.method, self.base_url + call.path, content=content,
-                                          params=params, headers=headers, extensions={"trace": probe})
+                if self._http is None:
+                    resp = await self._aiohttp_exchange(call, content, params, headers, probe)
+                else:
+                    resp = await self._http.request(call.method, self.base_url + call.path, content=content,
+                                                    params=params, headers=headers, extensions={"trace": probe})
         except (TimeoutError, httpx.TimeoutException) as e:
             return self._lost(call, started, probe, R.TIMEOUT, e)
-        except httpx.ConnectError as e:
+        except (httpx.ConnectError, aiohttp.ClientConnectorError) as e:
+            # the TCP (or TLS, or proxy) connection was never made: nothing of the request left
             return Result("fail", R.CONNECT_ERROR, msg=str(e) or type(e).__name__, call=call,
                           latency_ns=time.monotonic_ns() - started)
-        except httpx.TransportError as e:
+        except aiohttp.ClientPayloadError as e:
+            # a reply began to arrive: a body cut short is a lost connection, an undecodable one a bad reply
+            code = R.BAD_RESPONSE if _undecodable(e) else R.CONNECTION_LOST
+            return self._lost(call, started, probe, code, e)
+        except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
             return self._lost(call, started, probe, R.CONNECTION_LOST, e)
         except httpx.HTTPError as e:  # a reply arrived but could not be read (e.g. a bad content-encoding)
             return Result("info", R.BAD_RESPONSE, msg=str(e) or type(e).__name__, call=call,
@@ -346,6 +398,25 @@ class LeaseClient:
                 result.msg = "renewal reply arrived after the caller's deadline"
         return result
 
+    async def _aiohttp_exchange(self, call: Call, content: bytes | None, params: Mapping[str, Any] | None,
+                                headers: Any, probe: _SendProbe) -> _Reply:
+        """One request over aiohttp; the probe learns whether a connection was in hand (see the module doc)."""
+        session = self._session
+        loop = asyncio.get_running_loop()
+        if session is None or session.closed or self._session_loop is not loop:  # a session is bound to its loop
+            session = self._session = _new_session(self.max_connections, self._proxy)
+            self._session_loop = loop
+        url = self._url_cache.get(call.path)
+        if url is None:
+            url = URL(self.base_url + call.path)
+            if len(self._url_cache) < 4096:  # lease-scoped paths are many; keep the cache bounded
+                self._url_cache[call.path] = url
+        if params:
+            url = url.update_query({k: str(v) for k, v in params.items()})
+        async with session.request(call.method, url, data=content, headers=headers, allow_redirects=False,
+                                   trace_request_ctx=probe) as resp:
+            return _Reply(resp.status, await resp.read(), resp.headers)
+
     def _prepare(self, call: Call, deadline_at_ms: int, remaining_ms: int) -> tuple[Any, Any, Any]:
         """(content, params, headers) of the request on this wire: our API carries `deadline_at` in it."""
         if call.body is not None:
@@ -357,7 +428,7 @@ class LeaseClient:
         return None, params, self._headers
 
     @staticmethod
-    def _envelope(call: Call, resp: httpx.Response) -> dict[str, Any] | Result:
+    def _envelope(call: Call, resp: Any) -> dict[str, Any] | Result:
         """The reply's JSON envelope, or the `info` Result of a reply that has none."""
         try:
             envelope = _loads(resp.content)
@@ -372,14 +443,15 @@ class LeaseClient:
         """A transport failure: `fail` if provably nothing was sent, else `info`."""
         latency = time.monotonic_ns() - started
         msg = str(exc) or type(exc).__name__
-        # httpcore traces the start of sending the request headers, so with the real transport
-        # "no send_request_headers event" proves nothing left (pool wait, connect, TLS)
+        # both real transports trace the moment before the request is written (httpcore's
+        # send_request_headers.started, aiohttp's connection-obtained), so without that event nothing left
+        # (pool wait, DNS, connect, TLS)
         if isinstance(exc, httpx.PoolTimeout) or (self._transport_traces and not probe.sent):
             failed_code = R.CLIENT_DEADLINE if code == R.TIMEOUT else code
             return Result("fail", failed_code, msg=f"nothing was sent: {msg}", call=call, latency_ns=latency)
         return Result("info", code, msg=msg, call=call, latency_ns=latency)
 
-    def _decode(self, call: Call, resp: httpx.Response) -> Result:
+    def _decode(self, call: Call, resp: Any) -> Result:
         """The typed Result for a complete HTTP reply."""
         status = resp.status_code
         envelope = self._envelope(call, resp)

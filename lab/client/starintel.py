@@ -374,13 +374,13 @@ class StarIntelClient(LeaseClient):
     def _prepare(self, call: Call, deadline_at_ms: int, remaining_ms: int) -> tuple[Any, Any, Any]:
         """This dialect takes the deadline as X-Request-Timeout-Ms and the request_id also as Idempotency-Key."""
         headers = list(self._headers)
-        headers.append((b"x-request-timeout-ms", str(remaining_ms).encode()))
+        headers.append(("x-request-timeout-ms", str(remaining_ms)))
         if call.body is not None:
-            headers.append((b"idempotency-key", call.body["request_id"].encode()))
+            headers.append(("idempotency-key", call.body["request_id"]))
             return _dumps(call.body), None, headers
         return None, dict(call.params or {}), headers
 
-    def _decode(self, call: Call, resp: httpx.Response) -> Result:
+    def _decode(self, call: Call, resp: Any) -> Result:
         """The typed Result for a complete dialect reply, noting every difference from the contract."""
         status = resp.status_code
         envelope = self._envelope(call, resp)
