@@ -403,7 +403,9 @@ def valkey_losses(history: list[dict]) -> list[tuple[int, int]]:
         fault, phase = v.get("fault"), v.get("phase")
         killed = fault == "valkey-crash" and phase == "start"
         killed = killed or (fault == "kill" and phase == "start" and "valkey" in (v.get("targets") or ()))
-        restored = fault == "valkey-restore" and phase == "end" and v.get("restored") is True
+        # a restore that failed after killing Valkey is still a crash (it restarted from its own files)
+        restored = fault == "valkey-restore" and phase == "end" and (v.get("restored") is True
+                                                                       or v.get("killed_pid") is not None)
         began = invoked.pop(op.get("f"), op["time"])
         if killed or restored:
             out.append((began, op["time"]))

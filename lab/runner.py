@@ -105,8 +105,7 @@ def _validate_mutant(test: Test) -> None:
 
 # nemeses that need the local backend's host processes and files (compose: containers, no host data dir or netns)
 COMPOSE_REFUSES = {"netns": "network namespaces around host processes (the compose stack has its own networks; "
-                            "use partition)",
-                   "valkey-restore": "Valkey's data directory on the host (to restart it from an older snapshot)"}
+                            "use partition)"}
 
 
 def _validate_backend(test: Test) -> None:

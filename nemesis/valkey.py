@@ -28,8 +28,13 @@ before and after, and the files Valkey restarted from.
 `valkey-crash` takes any `ValkeyOwner`: the local stack's `ValkeyProcess` or
 the Compose stack's Valkey `ContainerProcess` (kill is `container.kill`, the
 restart `container.start`, the files are read with `container.get_archive`).
-`valkey-restore` rewrites Valkey's data directory while it is dead, so it
-needs that directory on the host: a `ValkeyProcess` only.
+`valkey-restore` rewrites Valkey's data directory while it is dead: on the
+host for a `ValkeyProcess`; in the container (`take_file`: the snapshot is
+copied to the host and removed from the volume; `put_files`: the restored
+files are written with `put_archive` into the stopped container's volume) for
+a Compose `ContainerProcess`. A volume cannot be emptied through the archive
+API, so in a container the AOF manifest names the restored base and a fresh,
+empty incr file, overwriting both (files it no longer names are never read).
 """
 
 from __future__ import annotations
@@ -95,13 +100,23 @@ def _check_valkey(valkey: Any) -> ValkeyOwner:
     return valkey
 
 
-def _check_local_valkey(valkey: Any) -> ValkeyProcess:
-    """The local stack's ValkeyProcess (its data directory on the host), or ValueError."""
-    if not isinstance(valkey, ValkeyProcess):
-        raise ValueError("valkey-restore needs Valkey's data directory on the host (the local stack's "
-                         f"lab.stack.valkey.ValkeyProcess), got {type(valkey).__name__}: the compose backend "
-                         "does not support it")
-    return valkey
+@runtime_checkable
+class ContainerFiles(Protocol):
+    """What valkey-restore needs of a Valkey whose data directory is inside a container."""
+
+    def take_file(self, path: str, dest: Path) -> int: ...
+
+    def put_files(self, directory: str, files: dict[str, bytes]) -> list[str]: ...
+
+
+def _check_restorable_valkey(valkey: Any) -> ValkeyOwner:
+    """The local stack's ValkeyProcess (its data directory on the host) or a Valkey container whose files
+    the lab can move (ContainerFiles), or ValueError."""
+    if not isinstance(valkey, ValkeyProcess) and not isinstance(valkey, ContainerFiles):
+        raise ValueError("valkey-restore needs Valkey's data directory: the local stack's "
+                         "lab.stack.valkey.ValkeyProcess or a compose Valkey container (take_file, put_files), "
+                         f"got {type(valkey).__name__}")
+    return _check_valkey(valkey)
 
 
 def _conn(valkey: ValkeyOwner) -> aioredis.Redis:
@@ -237,8 +252,8 @@ class ValkeyRestoreNemesis:
 
     fault = "valkey-restore"
 
-    def __init__(self, valkey: ValkeyProcess, snapshot_dir: Path, *, restart_timeout_s: float = RESTART_TIMEOUT_S):
-        self.valkey = _check_local_valkey(valkey)
+    def __init__(self, valkey: ValkeyOwner, snapshot_dir: Path, *, restart_timeout_s: float = RESTART_TIMEOUT_S):
+        self.valkey = _check_restorable_valkey(valkey)
         self.name = self.fault
         self.snapshot_dir = Path(snapshot_dir)
         self.restart_timeout_s = _seconds("restart_timeout_s", restart_timeout_s, maximum=600)
@@ -295,7 +310,13 @@ class ValkeyRestoreNemesis:
         self.snapshot_dir.mkdir(parents=True, exist_ok=True)
         path = self.snapshot_dir / f"snapshot-{os.getpid()}-{next(_snapshots)}.rdb"
         # moved, not copied: a dump.rdb left behind would be loaded by a later restart without AOF
-        os.replace(Path(cfg["dir"]) / cfg["dbfilename"], path)
+        if isinstance(self.valkey, ValkeyProcess):
+            os.replace(Path(cfg["dir"]) / cfg["dbfilename"], path)
+        else:
+            try:
+                await asyncio.to_thread(self.valkey.take_file, f"{cfg['dir']}/{cfg['dbfilename']}", path)
+            except ProcessError as e:
+                return completion(op, {**base, "phase": "none"}, error=f"snapshot failed: {e}")
         self._snapshot = {"path": str(path), "keys": keys, "config": cfg}
         return completion(op, {**base, "phase": "start", "snapshot": str(path), "keys": keys,
                                "bytes": path.stat().st_size})
@@ -314,16 +335,23 @@ class ValkeyRestoreNemesis:
             return completion(op, {**base, "phase": "end", "restored": False, "snapshot": snap["path"]})
         keys_before = await _keys(self.valkey)
         pid = await kill_process(self.valkey)
-        installed = self._install(snap)
+        try:
+            installed, failed = await asyncio.to_thread(self._install, snap), None
+        except (ProcessError, OSError) as e:  # Valkey restarts from its own files: the window closes unrestored
+            installed, failed = [], f"restore failed: {e}"
         restarted = await restart_process(self.valkey, self.restart_timeout_s)
-        value = {**base, "phase": "end", "restored": True, "snapshot": snap["path"], "killed_pid": pid,
+        value = {**base, "phase": "end", "restored": failed is None, "snapshot": snap["path"], "killed_pid": pid,
                  "installed": installed, "restarted": restarted, "keys_before": keys_before,
                  "keys_snapshot": snap["keys"], "keys_after": await _keys(self.valkey)}
-        return completion(op, value, error=None if restarted.get("ready") else "Valkey does not answer after restore")
+        return completion(op, value, error=failed or (None if restarted.get("ready")
+                                                      else "Valkey does not answer after restore"))
 
     def _install(self, snap: dict[str, Any]) -> list[str]:
         """Replace Valkey's files (it is dead) with the snapshot; the files written, relative to its dir."""
         cfg = snap["config"]
+        if not isinstance(self.valkey, ValkeyProcess):
+            return self.valkey.put_files(cfg["dir"], _container_restore_files(self.valkey.persistence, cfg,
+                                                                              Path(snap["path"]).read_bytes()))
         root = Path(cfg["dir"])
         if self.valkey.persistence == "none":
             shutil.copyfile(snap["path"], root / cfg["dbfilename"])
@@ -338,13 +366,25 @@ class ValkeyRestoreNemesis:
         return [f"{cfg['appenddirname']}/{base}", f"{cfg['appenddirname']}/{cfg['appendfilename']}.manifest"]
 
 
+def _container_restore_files(persistence: str, cfg: dict[str, str], rdb: bytes) -> dict[str, bytes]:
+    """The files that restart Valkey from `rdb` in a data directory that cannot be emptied first: `dump.rdb`
+    without AOF; with AOF a manifest naming the snapshot as base and a fresh empty incr file (both written
+    over whatever had those names; files the manifest does not name are never read)."""
+    if persistence == "none":
+        return {cfg["dbfilename"]: rdb}
+    d, name = cfg["appenddirname"], cfg["appendfilename"]
+    base, incr = f"{name}.1.base.rdb", f"{name}.1.incr.aof"
+    return {f"{d}/{base}": rdb, f"{d}/{incr}": b"",
+            f"{d}/{name}.manifest": f"file {base} seq 1 type b\nfile {incr} seq 1 type i\n".encode()}
+
+
 def valkey_crash(valkey: ValkeyOwner, *, restart_after_s: float | None = None,
                  restart_timeout_s: float = RESTART_TIMEOUT_S) -> ValkeyCrashNemesis:
     """SIGKILL Valkey and restart it from its own files: `start-valkey-crash` / `stop-valkey-crash`."""
     return ValkeyCrashNemesis(valkey, restart_after_s=restart_after_s, restart_timeout_s=restart_timeout_s)
 
 
-def valkey_restore(valkey: ValkeyProcess, snapshot_dir: Path, *,
+def valkey_restore(valkey: ValkeyOwner, snapshot_dir: Path, *,
                    restart_timeout_s: float = RESTART_TIMEOUT_S) -> ValkeyRestoreNemesis:
     """Snapshot, then restart Valkey from it: `start-valkey-restore` / `stop-valkey-restore`."""
     return ValkeyRestoreNemesis(valkey, snapshot_dir, restart_timeout_s=restart_timeout_s)

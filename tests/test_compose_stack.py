@@ -611,18 +611,18 @@ def test_valkey_crash_records_an_unreadable_data_dir_and_still_restarts(everysec
     c.start.assert_called_once_with()
 
 
-def test_the_registry_builds_valkey_crash_and_refuses_valkey_restore_on_compose(running):
+def test_the_registry_builds_valkey_crash_and_valkey_restore_on_compose(running):
     from nemesis.registry import build
-    from nemesis.valkey import ValkeyCrashNemesis, valkey_crash
+    from nemesis.valkey import ValkeyCrashNemesis, ValkeyRestoreNemesis, valkey_crash, valkey_restore
 
     stack, _ = running
     test = SimpleNamespace(live={"stack": stack}, concurrency=1, time_limit=5.0)
-    nemesis, _ = build(test, ["valkey-crash"], interval_s=1.0, seed=3)
-    assert "start-valkey-crash" in nemesis.fs
+    nemesis, _ = build(test, ["valkey-crash", "valkey-restore"], interval_s=1.0, seed=3)
+    assert {"start-valkey-crash", "start-valkey-restore", "stop-valkey-restore"} <= nemesis.fs
     assert isinstance(valkey_crash(stack.process("valkey")), ValkeyCrashNemesis)
-    with pytest.raises(ValueError, match=r"^valkey-restore needs Valkey's data directory on the host .*"
-                                         r"got ContainerProcess: the compose backend does not support it$"):
-        build(test, ["valkey-restore"], interval_s=1.0, seed=3)
+    assert isinstance(valkey_restore(stack.process("valkey"), stack.dir / "snaps"), ValkeyRestoreNemesis)
+    with pytest.raises(ValueError, match=r"^valkey-restore needs Valkey's data directory: .*got str$"):
+        valkey_restore("valkey", stack.dir / "snaps")
     with pytest.raises(ValueError, match=r"valkey.persistence must be one of none, everysec, always, got None "
                                          r"\(is 'lease-1' the stack's Valkey\?\)"):
         valkey_crash(stack.process("lease-1"))

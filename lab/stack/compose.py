@@ -447,6 +447,41 @@ class ContainerProcess:
             files = {m.name.split("/", 1)[1]: m.size for m in tar if m.isfile() and "/" in m.name}
         return dict(sorted(files.items()))
 
+    def take_file(self, path: str, dest: Path) -> int:
+        """Move the file `path` out of the running container to `dest` on the host (copied with
+        `get_archive`, then removed in the container with `rm`); its size in bytes."""
+        c = self.container()
+        stream, _ = self._call("get_archive", c.get_archive, path=path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = next((m for m in tar if m.isfile()), None)
+            if member is None:
+                raise ProcessError(f"{self.name}: {path} is not a file in the container")
+            data = tar.extractfile(member).read()
+        dest.write_bytes(data)
+        res = self._call("exec", c.exec_run, cmd=["rm", "-f", "--", path])
+        if res.exit_code != 0:
+            raise ProcessError(f"{self.name}: cannot remove {path} in the container: {res.output.decode(errors='replace').strip()}")
+        return len(data)
+
+    def put_files(self, directory: str, files: dict[str, bytes]) -> list[str]:
+        """Write `files` (paths relative to `directory`, in the container, running or not) with
+        `put_archive`, owned like `directory` itself (Valkey may run as a user of its own); the paths."""
+        c = self.container()
+        stream, _ = self._call("get_archive", c.get_archive, path=directory)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            top = next(iter(tar), None)
+            uid, gid = (top.uid, top.gid) if top is not None else (0, 0)
+        buf = io.BytesIO()
+        now = time.time()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for rel, data in files.items():
+                info = tarfile.TarInfo(rel)
+                info.size, info.mode, info.uid, info.gid, info.mtime = len(data), 0o644, uid, gid, now
+                tar.addfile(info, io.BytesIO(data))
+        if not self._call("put_archive", c.put_archive, path=directory, data=buf.getvalue()):
+            raise ProcessError(f"{self.name}: docker put_archive into {directory} was refused")
+        return list(files)
+
     def logs(self) -> bytes:
         """Everything the container printed (`container.logs()`)."""
         return self._call("logs", self.container().logs)
