@@ -9,6 +9,8 @@ import threading
 import pandas as pd
 import pytest
 
+from conftest import wait_until
+
 from lab.history import (
     FRAME_COLUMNS,
     HistoryError,
@@ -168,10 +170,49 @@ async def test_writer_from_asyncio_workers_and_a_nemesis_thread(tmp_path):
 
 def test_flushed_lines_are_readable_while_the_writer_is_open(tmp_path):
     path = tmp_path / "h.jsonl"
-    with HistoryWriter(path) as w:  # flush="each": every line reaches the OS at once
+    with HistoryWriter(path, flush="each") as w:  # every line reaches the OS at once
         w.invoke(0, "read", None)
         assert len(read_history(path)) == 1
         w.flush()
+    # batched (the default): flush() hands the batch to the OS at once; without it, the flush thread does
+    with HistoryWriter(tmp_path / "b.jsonl", flush_interval=3600) as w:
+        w.invoke(0, "read", None)
+        w.flush()
+        assert len(read_history(tmp_path / "b.jsonl")) == 1
+    with HistoryWriter(tmp_path / "t.jsonl", flush_interval=0.05) as w:
+        w.complete(w.invoke(0, "read", None), "ok", 1)
+        wait_until(lambda: len(read_history(tmp_path / "t.jsonl")) == 2, what="the flush thread to write the batch")
+
+
+def test_writer_dropped_without_close_still_writes_its_lines(tmp_path):
+    import gc
+
+    w = HistoryWriter(tmp_path / "h.jsonl", flush_interval=3600)
+    w.complete(w.invoke(0, "read", None), "ok", 1)
+    del w
+    gc.collect()
+    assert [o["type"] for o in read_history(tmp_path / "h.jsonl")] == ["invoke", "ok"]
+
+
+def test_writer_serializes_like_json(tmp_path):
+    """orjson on the hot path, json for what orjson refuses or would change: the file reads back the same."""
+    values = [
+        {"a": [1, 2.5, None, True, "é ✓"], "b": {"c": -0.0}},
+        {1: "int key", None: "null key"},  # json's string keys; orjson refuses non-string keys
+        2**70,  # beyond orjson's 64 bits
+        [1e16, 1.5e-7, -3],
+        None,
+    ]
+    with HistoryWriter(tmp_path / "h.jsonl") as w:
+        for v in values:
+            w.invoke(0, "write", v, key="k")
+    got = [o["value"] for o in read_history(tmp_path / "h.jsonl")]
+    assert got == [json.loads(json.dumps(v)) for v in values]
+    for bad in (float("inf"), {"x": [float("-inf")]}, (float("nan"),), "\ud800"):
+        with HistoryWriter(tmp_path / "bad.jsonl", overwrite=True) as w:
+            with pytest.raises(HistoryError, match="not JSON-serializable"):
+                w.invoke(0, "write", bad)
+            assert w.count == 0
 
 
 # -- readers ----------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ import sys, threading, time
 from lab.history import HistoryWriter
 
 path, start_ns, flush = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-w = HistoryWriter(path, start_ns=start_ns, flush=flush, flush_interval=0.1)
+# "default": what the runner uses (HistoryWriter's own flush policy and interval)
+w = HistoryWriter(path, start_ns=start_ns, **({} if flush == "default" else {"flush": flush, "flush_interval": 0.1}))
 
 def nemesis():
     while True:
@@ -57,7 +58,7 @@ while True:
 """
 
 
-@pytest.mark.parametrize("flush", ["each", "batched"])
+@pytest.mark.parametrize("flush", ["each", "batched", "default"])
 def test_sigkilled_writer_leaves_a_readable_durable_history(tmp_path, flush):
     path = tmp_path / "history.jsonl"
     start_ns = time.monotonic_ns()
