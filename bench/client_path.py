@@ -317,14 +317,68 @@ def _key_of(creds, principal: str) -> str:
     raise SystemExit(f"no credentials for {principal} in the stack's credentials file")
 
 
+def figures(quick: bool = False) -> list[Figure]:
+    """The client path's rows of `make bench`'s summary table (quick: shorter windows, fewer libraries)."""
+    seconds = 2.0 if quick else 4.0
+    libs = ("minimal", "aiohttp", "LeaseClient") if quick else LIBRARIES
+    res = measure(seconds, 50, libs)
+    return to_figures(res, seconds)
+
+
+def to_figures(res: dict, seconds: float) -> list[Figure]:
+    by = {x["lib"]: x for x in res["libraries"] if "skipped" not in x}
+    minimal = by.get("minimal", {}).get("cpu_us_per_request")
+    out = []
+    lease = by.get("LeaseClient")
+    if lease:
+        out.append(Figure("client", "LeaseClient CPU per request", round(lease["cpu_us_per_request"], 1), "us",
+                          f"<= {CLIENT_CPU_TARGET_US:.0f} us", lease["cpu_us_per_request"] <= CLIENT_CPU_TARGET_US,
+                          f"50 workers, acquire+release, client process CPU only; minimal client "
+                          f"{minimal:.0f} us in the same run" if minimal else "50 workers, acquire+release"))
+    if minimal:
+        libs = {k: v["cpu_us_per_request"] / minimal for k, v in by.items() if k not in ("minimal", "LeaseClient")}
+        if libs:
+            best = min(libs, key=libs.get)
+            out.append(Figure("client", "best HTTP library CPU / minimal client", round(libs[best], 2), "x",
+                              "<= 2.0 (else a hand-written client is allowed)", libs[best] <= 2.0,
+                              f"best: {best}; " + ", ".join(f"{k} {v:.1f}x" for k, v in sorted(libs.items()))))
+    lab = res.get("lab")
+    if lab:
+        out.append(Figure("client", "recorded lease ops/s, 50 processes", round(lab["ops_per_s"]), "ops/s",
+                          f">= {RECORDED_TARGET:.0f}", lab["ops_per_s"] >= RECORDED_TARGET,
+                          f"{seconds:g} s lease workload, 2 servers; CPU per op: lab process "
+                          f"{lab['lab_cpu_us_per_op']:.0f} us (interpreter+recording+client), servers "
+                          f"{lab['server_cpu_us_per_op']:.0f} us, Valkey {lab['valkey_cpu_us_per_op']:.0f} us"))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--processes", type=int, default=50)
     ap.add_argument("--libraries", default=",".join(LIBRARIES))
+    ap.add_argument("--json", action="store_true", help="print the raw measurements as JSON")
     a = ap.parse_args()
     res = measure(a.seconds, a.processes, tuple(a.libraries.split(",")))
-    print(json.dumps(res, indent=1))
+    if a.json:
+        print(json.dumps(res, indent=1))
+        return
+    print(f"{'library':<12} {'CPU us/request':>15} {'x minimal':>10} {'requests/s':>11}")
+    minimal = next((x["cpu_us_per_request"] for x in res["libraries"] if x["lib"] == "minimal" and "requests" in x),
+                   None)
+    for x in res["libraries"]:
+        if "skipped" in x:
+            print(f"{x['lib']:<12} {x['skipped']}")
+            continue
+        ratio = f"{x['cpu_us_per_request'] / minimal:.2f}" if minimal else "-"
+        print(f"{x['lib']:<12} {x['cpu_us_per_request']:>15.0f} {ratio:>10} {x['requests_per_s']:>11.0f}")
+    lab = res["lab"]
+    print(f"lab: lease workload, {a.processes} processes, recorded: {lab['ops_per_s']:.0f} ops/s "
+          f"({lab['ops']} ops in {lab['seconds']:.1f} s); CPU us per op: lab process {lab['lab_cpu_us_per_op']:.0f}, "
+          f"servers {lab['server_cpu_us_per_op']:.0f}, Valkey {lab['valkey_cpu_us_per_op']:.0f}")
+    print("completions:", ", ".join(f"{k} {v}" for k, v in lab["completions"].items()))
+    for f in to_figures(res, a.seconds):
+        print(f"FIGURE {f.name}: {f.value} {f.unit} (target {f.target}: {'met' if f.ok else 'NOT met'}) {f.note}")
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def test_lease_client_goes_through_the_registry(tmp_path, monkeypatch):
     creds = tmp_path / "credentials.json"
     creds.write_text('[{"principal_id": "p", "api_key": "ref-key", "capabilities": ["targets:lease"], "scopes": {}}]')
     ref = lease_client(Test(workload="lease", credentials_file=str(creds)), "http://127.0.0.1:9")
-    assert type(ref) is LeaseClient and ref._headers[0][1] == b"Bearer ref-key"
+    assert type(ref) is LeaseClient and ref._headers[0][1] == "Bearer ref-key"
 
 
 def test_api_keys_and_validation_before_anything_starts(tmp_path, monkeypatch):
