@@ -318,39 +318,38 @@ def prune_register(ops: list) -> list:
     subsequence of a real-time-respecting order, so it is a valid
     linearization without W. []
     """
+    crashed = [op for op in ops if op.ret is None and op.input.f != "read"]
+    if not crashed:
+        return ops
     observed_until: dict[Any, float] = {}  # value -> latest return position of an observer (inf: never returns)
     inf = float("inf")
     get = observed_until.get
-    crashed = []
     for op in ops:
         inp = op.input
         f = inp.f
         if f == "read":
-            if op.output.type != "ok":
+            out = op.output
+            if out.type != "ok":
                 continue
-            v = op.output.value
+            v = out.value
         elif f == "cas":
             cas = inp.value
-            if op.ret is None:
-                crashed.append(op)
-            if not (isinstance(cas, tuple) and len(cas) == 2):
+            if cas.__class__ is not tuple or len(cas) != 2:
                 continue
             v = cas[0]
         else:
-            if op.ret is None:
-                crashed.append(op)
             continue
-        r = inf if op.ret is None else op.ret
+        r = op.ret
+        if r is None:
+            r = inf
         if r > get(v, -1):
             observed_until[v] = r
-    if not crashed:
-        return ops
     drop = set()
     for op in crashed:
         inp = op.input
         if inp.f == "write":
             v = inp.value
-        elif isinstance(inp.value, tuple) and len(inp.value) == 2:
+        elif inp.value.__class__ is tuple and len(inp.value) == 2:
             v = inp.value[1]
         else:
             continue  # malformed: let compile report it

@@ -8,12 +8,11 @@ partition, turn a search that would run too long or too big into "unknown".
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from checkers.core import gc_paused
 from checkers.linear.engine import prepare_partition, search
 from checkers.linear.history import Op, pair_history, partition_ops
 from checkers.models import ILLEGAL, Model, get_model
@@ -37,21 +36,8 @@ def check_history(history: list[dict], model: Model | str, *, time_limit: float 
     Returns `{"valid": True|False|"unknown", "partitions", "ops", "elapsed_s"}`,
     plus `"counterexample"` when invalid and `"reason"` when unknown.
     """
-    with _gc_paused():
+    with gc_paused():  # the search allocates millions of acyclic objects (checkers.core.gc_paused says why)
         return _check(history, _resolve(model), time_limit, max_cache_entries)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC: the search allocates millions of acyclic objects, and collections
-    triggered by them cost more than the search itself (reference counting still frees memory)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _check(history: list[dict], model: Model, time_limit: float | None, max_cache_entries: int | None) -> dict:
@@ -67,11 +53,12 @@ def _check(history: list[dict], model: Model, time_limit: float | None, max_cach
     parts.sort(key=lambda kp: len(kp[1]))
     result: dict[str, Any] = {"valid": True, "partitions": len(parts), "ops": len(ops)}
     unknown: list[str] = []
+    memo: dict = {}  # compiled ops, shared by the partitions
     for key, part in parts:
         if deadline is not None and time.monotonic() > deadline:
             unknown.append("time limit")
             break
-        si = prepare_partition(part, model)
+        si = prepare_partition(part, model, memo)
         res = search(si, deadline=deadline, max_cache_entries=max_cache_entries)
         if res.valid is False:
             result["valid"] = False

@@ -177,43 +177,63 @@ def _wrap_fn(fn: Callable, model: Model) -> Callable:
     return stepper
 
 
-def prepare_partition(ops: list, model: Model) -> SearchInput:
-    """Run the model's prepare and prune, compile every op, and drop ops that can never matter (R2)."""
+def prepare_partition(ops: list, model: Model, memo: dict | None = None) -> SearchInput:
+    """Run the model's prepare and prune, compile every op, and drop ops that can never matter (R2).
+
+    `memo` maps an op's (input, output) to its compiled step; pass one dict for every partition of a
+    history to compile each distinct operation once (a register history has a few dozen distinct ops
+    among tens of thousands). A model's compile depends on the input and output only.
+    """
     si = SearchInput()
     si.model = model
     n_in = len(ops)
     ops = model.prune(model.prepare(list(ops)))
     native = model.native_states
-    classes: dict[Any, int] = {}
-    if any(ops[i].call > ops[i + 1].call for i in range(len(ops) - 1)):
+    if memo is None:
+        memo = {}
+    calls = [op.call for op in ops]
+    if calls != sorted(calls):  # prepare may reorder; timsort checks a sorted list in one pass
         ops = sorted(ops, key=lambda o: o.call)
     compile_, read_only = model.compile, model.read_only
-    dops, dfns, dro = si.ops, si.fns, si.ro
+    dops, dfns, dro, dcls = si.ops, si.fns, si.ro, []
+    iops, ifns, isym = si.iops, si.ifns, si.isym
+    last_info: dict[int, int] = {}  # class -> its latest indeterminate op (R4)
+    memo_get = memo.get
     for op in ops:
+        k = (op.input, op.output)
         try:
-            fn = compile_(op.input, op.output)
-            ro = read_only(op.input, op.output)
-        except ModelError as e:
-            raise ModelError(f"{e} at index {op.index}") from None
-        if fn is None or (ro and op.ret is None):
-            continue  # no effect and no constraint (or an info op that cannot change the state)
-        if not native:
-            fn = _wrap_fn(fn, model)
+            c = memo_get(k)
+        except TypeError:  # unhashable input or output: compiled alone, no symmetry rules
+            k = None
+            c = None
+        if c is None:
+            try:
+                fn = compile_(op.input, op.output)
+                ro = read_only(op.input, op.output)
+            except ModelError as e:
+                raise ModelError(f"{e} at index {op.index}") from None
+            if fn is not None and not native:
+                fn = _wrap_fn(fn, model)
+            c = (fn, bool(ro), -1 if k is None else len(memo))
+            if k is not None:
+                memo[k] = c
+        fn, ro, cls = c
+        if fn is None:
+            continue  # no effect and no constraint
         if op.ret is not None:
             dops.append(op)
             dfns.append(fn)
-            dro.append(bool(ro))
-        else:
-            try:
-                cls = (op.input, op.output)
-                prev = classes.get(cls, -1)
-                classes[cls] = len(si.iops)
-            except TypeError:  # unhashable input: no symmetry for this op
-                prev = -1
-            si.isym.append(prev)
-            si.iops.append(op)
-            si.ifns.append(fn)
-    si.twins = _twins(si)
+            dro.append(ro)
+            dcls.append(cls)
+        elif not ro:  # an info op that cannot change the state is dropped (R2)
+            if cls < 0:
+                isym.append(-1)
+            else:
+                isym.append(last_info.get(cls, -1))
+                last_info[cls] = len(iops)
+            iops.append(op)
+            ifns.append(fn)
+    si.twins = _twins(si, dcls)
     init = model.init()
     if native:
         try:
@@ -226,17 +246,15 @@ def prepare_partition(ops: list, model: Model) -> SearchInput:
     return si
 
 
-def _twins(si: SearchInput) -> list[tuple[int, ...]]:
-    """For each mutating determinate op, the identical ops that return before it and overlap it (R5)."""
+def _twins(si: SearchInput, classes: list[int]) -> list[tuple[int, ...]]:
+    """For each mutating determinate op, the identical ops (same class: equal input and output) that return
+    before it and overlap it (R5)."""
     twins: list[tuple[int, ...]] = [()] * len(si.ops)
-    groups: dict[Any, list[int]] = {}
-    for i, op in enumerate(si.ops):
-        if si.ro[i]:
-            continue  # read-only ops are forced as soon as legal (R1)
-        try:
-            groups.setdefault((op.input, op.output), []).append(i)
-        except TypeError:  # unhashable: no twins
-            continue
+    groups: dict[int, list[int]] = {}
+    ro = si.ro
+    for i, cls in enumerate(classes):
+        if cls >= 0 and not ro[i]:  # read-only ops are forced as soon as legal (R1)
+            groups.setdefault(cls, []).append(i)
     ops = si.ops
     for members in groups.values():
         if len(members) < 2:

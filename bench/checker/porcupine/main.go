@@ -11,8 +11,9 @@
 // the model always accepts; so it may take effect at any point after its call
 // or never. The history is partitioned by `key`. For every file one JSON object
 // is printed: {"file", "valid": true|false|"unknown", "elapsed_s", "ops",
-// "partitions", "peak_rss_kb"}, where elapsed_s covers pairing, partitioning
-// and CheckEvents (from parsed records to verdict, as on the Python side) and
+// "partitions", "peak_rss_kb", "cpu_s"}, where elapsed_s covers pairing, partitioning
+// and CheckEvents (from parsed records to verdict, as on the Python side), cpu_s
+// is the CPU time of the same span (all threads), and
 // peak_rss_kb is the process's peak resident set (VmHWM) after the check.
 package main
 
@@ -24,6 +25,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -253,6 +255,16 @@ func peakRSSKB() int64 {
 	return -1
 }
 
+// cpuSeconds is the process's CPU time so far (user + system, every thread: the
+// partitions are checked in parallel goroutines, and the GC runs beside them).
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return -1
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
 func main() {
 	timeout := flag.Duration("timeout", 0, "per-history time budget (0: none)")
 	flag.Parse()
@@ -268,6 +280,7 @@ func main() {
 			os.Exit(2)
 		}
 		start := time.Now()
+		cpu0 := cpuSeconds()
 		events, nops, err := toEvents(path, records)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "porcupine-bench:", err)
@@ -278,6 +291,7 @@ func main() {
 		model.PartitionEvent = func([]porcupine.Event) [][]porcupine.Event { return parts }
 		res := porcupine.CheckEventsTimeout(model, nil, *timeout)
 		elapsed := time.Since(start).Seconds()
+		cpu := cpuSeconds() - cpu0
 		var valid interface{} = "unknown"
 		switch res {
 		case porcupine.Ok:
@@ -286,7 +300,7 @@ func main() {
 			valid = false
 		}
 		_ = enc.Encode(map[string]interface{}{
-			"file": path, "valid": valid, "elapsed_s": elapsed, "ops": nops,
+			"file": path, "valid": valid, "elapsed_s": elapsed, "cpu_s": cpu, "ops": nops,
 			"partitions": len(parts), "peak_rss_kb": peakRSSKB(),
 		})
 	}
