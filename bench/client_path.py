@@ -221,16 +221,21 @@ async def run_library(lib: str, urls: list[str], key: str, workers: int, seconds
 def child_main(spec_json: str) -> None:
     """`client_path.py library SPEC_JSON`: run one library in this process and print its JSON line."""
     spec = json.loads(spec_json)
+    runner = asyncio.run
+    if spec.get("loop") == "uvloop":
+        import uvloop
+
+        runner = uvloop.run
     try:
-        out = asyncio.run(run_library(spec["lib"], spec["urls"], spec["key"], spec["workers"], spec["seconds"]))
+        out = runner(run_library(spec["lib"], spec["urls"], spec["key"], spec["workers"], spec["seconds"]))
     except ImportError as e:
         out = {"lib": spec["lib"], "skipped": f"not installed ({e.name})"}
     print(json.dumps(out), flush=True)
 
 
-def measure_library(lib: str, urls: list[str], key: str, workers: int, seconds: float) -> dict:
-    """One library in its own child process (its CPU is then the library's alone)."""
-    spec = json.dumps({"lib": lib, "urls": urls, "key": key, "workers": workers, "seconds": seconds})
+def measure_library(lib: str, urls: list[str], key: str, workers: int, seconds: float, loop: str = "asyncio") -> dict:
+    """One library in its own child process (its CPU is then the library's alone), on `loop` (asyncio or uvloop)."""
+    spec = json.dumps({"lib": lib, "urls": urls, "key": key, "workers": workers, "seconds": seconds, "loop": loop})
     proc = subprocess.run([sys.executable, __file__, "library", spec], capture_output=True, text=True,
                           cwd=str(REPO), timeout=seconds * 10 + 60)
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
