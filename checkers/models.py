@@ -810,11 +810,16 @@ def lease_faults(history: list[dict]) -> list[dict]:
         return history
     keys = sorted({op.get("key") for op in history if op.get("process") != "nemesis" and op.get("key") is not None},
                   key=str)
+    # Each added op gets a client process id of its own, above every one in the history (the pairing
+    # accepts integer client processes only, and a process never invokes twice without completing).
+    procs = [p for op in history if (p := op.get("process")).__class__ is int]
+    next_proc = max(procs, default=-1) + 1
     out = list(history)
-    for n, pos in enumerate(reversed(points)):
+    for pos in reversed(points):
         op = history[pos]
         extra = [{"index": op.get("index", pos), "time": op.get("time", 0), "type": "invoke", "f": INVALIDATE,
-                  "process": f"recovery-{len(points) - n}-{k}", "key": k, "value": None} for k in keys]
+                  "process": next_proc + i, "key": k, "value": None} for i, k in enumerate(keys)]
+        next_proc += len(keys)
         out[pos + 1:pos + 1] = extra
     return out
 
