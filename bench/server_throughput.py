@@ -195,9 +195,9 @@ def token_of(reply: list) -> tuple[str, int] | None:
     """(lease_id, fencing_token) of an acquire script reply, or None when it did not acquire."""
     if reply[0] != b"lease_acquired":
         return None
-    flat = reply[2]
+    flat = orjson.loads(reply[2])  # the scripts return the record as the JSON text they stored
     rec = dict(zip(flat[0::2], flat[1::2]))
-    return rec[b"lease_id"].decode(), int(rec[b"fencing_token"])
+    return rec["lease_id"], int(rec["fencing_token"])
 
 
 async def raw_valkey_worker(redis_client, scripts: RawScripts, identities: list[dict], tally: Tally) -> None:

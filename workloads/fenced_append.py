@@ -202,6 +202,7 @@ class CommitsExercised:
 def workload(test):
     """Fenced appends (plain, stalled, solo sessions, bursts), then a final read of every document committed to."""
     from checkers.core import compose, get_checker
+    from checkers.linear import lease_linearizable
     from checkers.stale_write import StaleWriteChecker
     from workloads.base import Workload
     from workloads.common import exercise, key_names
@@ -221,7 +222,8 @@ def workload(test):
                          **{name: get_checker(name) for name in
                             ("stale-commit", "fencing", "mutual-exclusion", "lease-state", "idempotency",
                              "availability")},
-                         "stale-write": StaleWriteChecker()}),  # needs no token: judges token-less locks too
+                         "stale-write": StaleWriteChecker(),  # needs no token: judges token-less locks too
+                         "linearizable": lease_linearizable()}),  # the lease model: acquire ... commit, final read
         needs_store=True,
         doc=DOC,
     )

@@ -189,11 +189,14 @@ def burst(test, ctx, key: str) -> list[dict[str, Any]]:
 
 
 def lease_checker(test):
-    """The lease workload's checkers: fencing, mutual exclusion, lease state, idempotency, availability."""
+    """The lease workload's checkers: fencing, mutual exclusion, lease state, idempotency, availability, and
+    lease linearizability (the `lease` model over the whole history, `checkers.linear.lease_linearizable`)."""
     from checkers.core import compose, get_checker
+    from checkers.linear import lease_linearizable
 
-    return compose({name: get_checker(name) for name in
-                    ("fencing", "mutual-exclusion", "lease-state", "idempotency", "availability")})
+    return compose({**{name: get_checker(name) for name in
+                       ("fencing", "mutual-exclusion", "lease-state", "idempotency", "availability")},
+                    "linearizable": lease_linearizable()})
 
 
 def workload(test):

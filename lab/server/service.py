@@ -69,14 +69,20 @@ def recovering() -> LeaseError:
                       submitted=False)
 
 
-def lease_view(flat: list[str], state: str, identity: Identity | None = None) -> dict[str, Any]:
-    """A stored flat record as the API's lease object, checking it against its key (C4).
+def lease_view(flat: list[str] | str, state: str, identity: Identity | None = None) -> dict[str, Any]:
+    """A stored flat record (a field/value array, or its JSON text: the mutation scripts return the
+    JSON they stored, one string instead of 40) as the API's lease object, checking it against its key (C4).
 
     With `identity`, the script has already compared the stored identity text with
     the requested one; without it (inspect by id, list) the stored identity is
     re-normalized and must derive the stored lock key.
     """
-    if len(flat) % 2:
+    if isinstance(flat, str):
+        try:
+            flat = orjson.loads(flat)
+        except orjson.JSONDecodeError:
+            raise corrupt() from None
+    if not isinstance(flat, list) or len(flat) % 2:
         raise corrupt()
     rec = dict(zip(flat[0::2], flat[1::2]))
     lock_key = rec.get("lock_key", "")

@@ -48,22 +48,26 @@ redis.call('SET', KEYS[2], int(token))
 local ttl = tonumber(ARGV[8])
 local life = tonumber(ARGV[9])
 local expires = math.min(now + ttl, now + life)
-local rec = {
-  record_version = '1', lock_key = KEYS[1], identity = ARGV[1], lease_id = ARGV[3],
-  owner_principal_id = ARGV[4], owner_client_id = ARGV[5], owner_credential_id = ARGV[6],
-  service_instance_id = ARGV[7], fencing_token = int(token), acquired_at = int(now), renewed_at = int(now),
-  expires_at = int(expires), ttl_ms = int(ttl), maximum_lifetime_ms = int(life), execution_id = ARGV[10],
-  job_id = ARGV[11], trace_id = ARGV[12], request_id = ARGV[13], metadata = ARGV[14], state = 'active'}
-local flat = flatten(rec)
+local now_text = int(now)
+-- the record as flatten() lays it out (FIELDS order), built directly
+local flat = {
+  'record_version', '1', 'lock_key', KEYS[1], 'identity', ARGV[1], 'lease_id', ARGV[3],
+  'owner_principal_id', ARGV[4], 'owner_client_id', ARGV[5], 'owner_credential_id', ARGV[6],
+  'service_instance_id', ARGV[7], 'fencing_token', int(token), 'acquired_at', now_text, 'renewed_at', now_text,
+  'expires_at', int(expires), 'ttl_ms', int(ttl), 'maximum_lifetime_ms', int(life), 'execution_id', ARGV[10],
+  'job_id', ARGV[11], 'trace_id', ARGV[12], 'request_id', ARGV[13], 'metadata', ARGV[14], 'state', 'active'}
 redis.call('HSET', KEYS[1], unpack(flat))
 redis.call('PEXPIREAT', KEYS[1], int(expires + tonumber(ARGV[20])))
 redis.call('HSET', KEYS[5], 'k', KEYS[1], 'i', ARGV[1], 's', 'active')
 redis.call('PEXPIRE', KEYS[5], ARGV[15])
 redis.call('ZADD', KEYS[6], 0, KEYS[1])
 if quota > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', int(now))
+  -- members are lock keys, so the index holds at most one entry per identity the principal used
+  -- (a release removes its own; an expired one is overwritten by the next acquire of its identity,
+  -- and ZCOUNT counts only unexpired ones): no pruning pass needed
   redis.call('ZADD', KEYS[7], int(expires), KEYS[1])
   keep_for(KEYS[7], life)
 end
-store_idempotency(KEYS[4], ARGV[2], 'lease_acquired', flat, ARGV[15])
-return {'lease_acquired', int(now), flat}
+local encoded = cjson.encode(flat)
+store_idempotency(KEYS[4], ARGV[2], 'lease_acquired', flat, ARGV[15], encoded)
+return {'lease_acquired', now_text, encoded}

@@ -39,26 +39,30 @@ local function load_record(key, identity)
   for i = 1, #flat, 2 do r[flat[i]] = flat[i + 1] end
   if r.record_version ~= '1' or r.lock_key ~= key or r.state ~= 'active' then return false end
   if identity ~= nil and r.identity ~= identity then return false end
-  for _, f in ipairs(FIELDS) do
-    if r[f] == nil then return false end
+  for i = 1, #FIELDS do  -- (numeric loops: ipairs costs a function call per element in Lua 5.1)
+    if r[FIELDS[i]] == nil then return false end
   end
-  for _, f in ipairs(INT_FIELDS) do
-    if not is_int_text(r[f]) then return false end
+  for i = 1, #INT_FIELDS do
+    if not is_int_text(r[INT_FIELDS[i]]) then return false end
   end
   return r
 end
 
 -- A record as a flat field/value array in a fixed order (end fields when present).
 local function flatten(r)
-  local out = {}
-  for _, f in ipairs(FIELDS) do
-    out[#out + 1] = f
-    out[#out + 1] = r[f]
+  local out, n = {}, 0
+  for i = 1, #FIELDS do
+    local f = FIELDS[i]
+    out[n + 1] = f
+    out[n + 2] = r[f]
+    n = n + 2
   end
-  for _, f in ipairs(END_FIELDS) do
+  for i = 1, #END_FIELDS do
+    local f = END_FIELDS[i]
     if r[f] ~= nil then
-      out[#out + 1] = f
-      out[#out + 1] = r[f]
+      out[n + 1] = f
+      out[n + 2] = r[f]
+      n = n + 2
     end
   end
   return out
@@ -193,5 +197,5 @@ local function end_by_admin(new_state, code, end_reason)
     int(now), cjson.encode(r.lease_id), r.fencing_token, new_state, code)
   redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[11], '*', 'event_type', ARGV[12], 'event', event)
   store_idempotency(KEYS[2], ARGV[2], code, flat, ARGV[8], encoded)
-  return {code, int(now), flat}
+  return {code, int(now), encoded}
 end

@@ -21,4 +21,4 @@ keep_for(KEYS[3], tonumber(ARGV[7]))
 redis.call('ZREM', KEYS[5], KEYS[1])
 redis.call('ZREM', KEYS[6], KEYS[1])
 store_idempotency(KEYS[2], ARGV[2], 'lease_released', flat, ARGV[7], encoded)
-return {'lease_released', int(now), flat}
+return {'lease_released', int(now), encoded}

@@ -19,5 +19,6 @@ redis.call('HSET', KEYS[1], 'renewed_at', r.renewed_at, 'expires_at', r.expires_
 redis.call('PEXPIREAT', KEYS[1], int(expires + tonumber(ARGV[9])))
 if tonumber(ARGV[10]) > 0 then redis.call('ZADD', KEYS[4], int(expires), KEYS[1]) end
 local flat = flatten(r)
-store_idempotency(KEYS[2], ARGV[2], 'lease_renewed', flat, ARGV[8])
-return {'lease_renewed', int(now), flat}
+local encoded = cjson.encode(flat)
+store_idempotency(KEYS[2], ARGV[2], 'lease_renewed', flat, ARGV[8], encoded)
+return {'lease_renewed', int(now), encoded}
