@@ -42,7 +42,11 @@ bench-checker: install
 bench-recording: install
 	@$(PY) bench/recording_overhead.py
 
-bench: bench-server bench-recording bench-checker
+# every issue-13 figure beside its target, measured in one run, in one table (docs/performance.md)
+BENCH_ARGS ?=
+bench: install
+	@cd bench/checker/porcupine && go build -o ../porcupine-bench .
+	@$(PY) bench/summary.py $(BENCH_ARGS)
 
 down:
 	@$(VENV)/bin/fencelab down
