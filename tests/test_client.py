@@ -15,7 +15,7 @@ import json
 import httpx
 import pytest
 
-from lab.client import Call, Identity, Lease, LeaseClient, LeaseFailed, LeaseIndeterminate, parse_time_ms
+from lab.client import Call, Identity, Lease, LeaseClient, LeaseFailed, LeaseIndeterminate, http11, parse_time_ms
 from lab.client.results import LeaseProtocolError
 from lab.stack.process import free_port
 
@@ -365,7 +365,13 @@ async def test_bad_arguments_get_clear_errors():
         LeaseClient("localhost:80", "k", service_instance_id="w")
 
 
-# -- real sockets: what the transport can prove about sending --------------------------
+# -- real sockets: every transport, every way an exchange can end ------------------------
+
+@pytest.fixture(params=["http11", "aiohttp"])
+def transport(request):
+    """The client's own transports for a real network (httpx is only ever injected, see mock_client)."""
+    return request.param
+
 
 @contextlib.asynccontextmanager
 async def tcp_server(on_connection):
@@ -389,40 +395,44 @@ async def read_request(reader):
     return head + await reader.readexactly(length)
 
 
-async def test_connection_refused_is_a_definite_failure():
-    async with LeaseClient(f"http://127.0.0.1:{free_port()}", "k", service_instance_id="w") as client:
+async def test_connection_refused_is_a_definite_failure(transport):
+    async with LeaseClient(f"http://127.0.0.1:{free_port()}", "k", service_instance_id="w",
+                           transport=transport) as client:
         r = await client.acquire(IDENT, ttl_ms=1000, deadline_s=2)
     assert (r.outcome, r.code) == ("fail", "connect_error")
 
 
-async def test_connection_reset_after_the_request_was_sent_is_indeterminate():
+async def test_connection_reset_after_the_request_was_sent_is_indeterminate(transport):
     async def drop(reader, writer):
         await read_request(reader)
         writer.transport.abort()
-    async with tcp_server(drop) as url, LeaseClient(url, "k", service_instance_id="w") as client:
+    async with tcp_server(drop) as url, \
+            LeaseClient(url, "k", service_instance_id="w", transport=transport) as client:
         r = await client.acquire(IDENT, ttl_ms=1000, deadline_s=2)
     assert (r.outcome, r.code) == ("info", "connection_lost")
 
 
-async def test_silence_after_sending_is_an_indeterminate_timeout():
+async def test_silence_after_sending_is_an_indeterminate_timeout(transport):
     got = asyncio.Event()
 
     async def silent(reader, writer):
         await read_request(reader)
         got.set()
         await asyncio.sleep(10)
-    async with tcp_server(silent) as url, LeaseClient(url, "k", service_instance_id="w") as client:
+    async with tcp_server(silent) as url, \
+            LeaseClient(url, "k", service_instance_id="w", transport=transport) as client:
         r = await client.acquire(IDENT, ttl_ms=1000, deadline_s=0.3)
     assert got.is_set() and (r.outcome, r.code) == ("info", "timeout")
 
 
-async def test_deadline_spent_waiting_for_a_pooled_connection_is_a_definite_failure():
+async def test_deadline_spent_waiting_for_a_pooled_connection_is_a_definite_failure(transport):
     requests = []
 
     async def slow(reader, writer):
         requests.append(await read_request(reader))
         await asyncio.sleep(10)
-    async with tcp_server(slow) as url, LeaseClient(url, "k", service_instance_id="w", max_connections=1) as client:
+    async with tcp_server(slow) as url, LeaseClient(url, "k", service_instance_id="w", max_connections=1,
+                                                 transport=transport) as client:
         hog = asyncio.create_task(client.acquire(IDENT, ttl_ms=1000, deadline_s=1.0))
         await until(lambda: requests, what="the hog's request to hold the only connection")
         starved = await client.acquire(IDENT, ttl_ms=1000, deadline_s=0.2)
@@ -431,7 +441,7 @@ async def test_deadline_spent_waiting_for_a_pooled_connection_is_a_definite_fail
     assert (held.outcome, held.code) == ("info", "timeout") and len(requests) == 1
 
 
-async def test_a_real_reply_over_keep_alive_is_ok():
+async def test_a_real_reply_over_keep_alive_is_ok(transport):
     async def answer(reader, writer):
         payload = json.dumps(success()).encode()
         for _ in range(2):
@@ -440,13 +450,14 @@ async def test_a_real_reply_over_keep_alive_is_ok():
                          + str(len(payload)).encode() + b"\r\n\r\n" + payload)
             await writer.drain()
         writer.close()
-    async with tcp_server(answer) as url, LeaseClient(url, "k", service_instance_id="w") as client:
+    async with tcp_server(answer) as url, \
+            LeaseClient(url, "k", service_instance_id="w", transport=transport) as client:
         first = await client.acquire(IDENT, ttl_ms=1000)
         second = await client.release(first.lease)
     assert first.outcome == second.outcome == "ok" and first.lease.fencing_token == 7
 
 
-async def test_many_concurrent_calls_share_keep_alive_connections():
+async def test_many_concurrent_calls_share_keep_alive_connections(transport):
     connections = []
 
     async def answer_forever(reader, writer):
@@ -461,7 +472,7 @@ async def test_many_concurrent_calls_share_keep_alive_connections():
         except asyncio.IncompleteReadError:
             writer.close()
     async with tcp_server(answer_forever) as url, LeaseClient(url, "k", service_instance_id="w",
-                                                              max_connections=20) as client:
+                                                              max_connections=20, transport=transport) as client:
         for _ in range(3):
             results = await asyncio.gather(*(client.acquire(IDENT, ttl_ms=1000) for _ in range(40)))
             assert [r.outcome for r in results] == ["ok"] * 40
@@ -474,7 +485,7 @@ def reply_bytes(head: bytes, body: bytes = b"") -> bytes:
     return head + b"\r\n\r\n" + body
 
 
-async def exchange_with(reply: bytes | None, *, deadline_s: float = 2.0):
+async def exchange_with(reply: bytes | None, transport: str, *, deadline_s: float = 2.0):
     """One acquire against a server that reads the request, writes `reply` (None: nothing) and closes."""
     got = []
 
@@ -484,47 +495,48 @@ async def exchange_with(reply: bytes | None, *, deadline_s: float = 2.0):
             writer.write(reply)
             await writer.drain()
         writer.close()
-    async with tcp_server(serve) as url, LeaseClient(url, "k", service_instance_id="w") as client:
+    async with tcp_server(serve) as url, \
+            LeaseClient(url, "k", service_instance_id="w", transport=transport) as client:
         r = await client.acquire(IDENT, ttl_ms=1000, deadline_s=deadline_s)
     assert len(got) == 1, "the request must have reached the server"
     return r
 
 
-async def test_a_clean_close_without_a_reply_is_indeterminate():
-    r = await exchange_with(None)
+async def test_a_clean_close_without_a_reply_is_indeterminate(transport):
+    r = await exchange_with(None, transport)
     assert (r.outcome, r.code, r.http_status) == ("info", "connection_lost", None)
 
 
-async def test_a_malformed_status_line_is_indeterminate():
-    r = await exchange_with(reply_bytes(b"HTTP/1.1 twohundred OK\r\ncontent-length: 2", b"{}"))
+async def test_a_malformed_status_line_is_indeterminate(transport):
+    r = await exchange_with(reply_bytes(b"HTTP/1.1 twohundred OK\r\ncontent-length: 2", b"{}"), transport)
     assert (r.outcome, r.code) == ("info", "connection_lost")
 
 
-async def test_a_body_cut_short_is_indeterminate():
+async def test_a_body_cut_short_is_indeterminate(transport):
     payload = json.dumps(success()).encode()
     r = await exchange_with(reply_bytes(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-                                        + str(len(payload) + 50).encode(), payload))
+                                        + str(len(payload) + 50).encode(), payload), transport)
     assert (r.outcome, r.code) == ("info", "connection_lost")
 
 
-async def test_an_undecodable_content_encoding_is_an_indeterminate_bad_reply():
+async def test_an_undecodable_content_encoding_is_an_indeterminate_bad_reply(transport):
     r = await exchange_with(reply_bytes(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                                        b"content-encoding: gzip\r\ncontent-length: 12", b"not gzip!!!!"))
+                                        b"content-encoding: gzip\r\ncontent-length: 12", b"not gzip!!!!"), transport)
     assert (r.outcome, r.code) == ("info", "unparseable_response")
 
 
-async def test_a_reply_that_is_not_json_is_indeterminate_with_its_status():
-    r = await exchange_with(reply_bytes(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 7", b"upstrea"))
+async def test_a_reply_that_is_not_json_is_indeterminate_with_its_status(transport):
+    r = await exchange_with(reply_bytes(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 7", b"upstrea"), transport)
     assert (r.outcome, r.code, r.http_status) == ("info", "unparseable_response", 502)
 
 
-async def test_a_redirect_is_not_followed():
+async def test_a_redirect_is_not_followed(transport):
     r = await exchange_with(reply_bytes(b"HTTP/1.1 307 Temporary Redirect\r\nlocation: http://127.0.0.1:9/x\r\n"
-                                        b"content-length: 0"))
+                                        b"content-length: 0"), transport)
     assert (r.outcome, r.code, r.http_status) == ("info", "unparseable_response", 307)
 
 
-async def test_a_deadline_spent_connecting_is_a_definite_failure():
+async def test_a_deadline_spent_connecting_is_a_definite_failure(transport):
     """A listener whose accept queue is full drops SYNs: the connect hangs, nothing can have been sent."""
     import socket
 
@@ -540,7 +552,8 @@ async def test_a_deadline_spent_connecting_is_a_definite_failure():
             with contextlib.suppress(BlockingIOError):
                 s.connect(("127.0.0.1", port))
             fillers.append(s)
-        async with LeaseClient(f"http://127.0.0.1:{port}", "k", service_instance_id="w") as client:
+        async with LeaseClient(f"http://127.0.0.1:{port}", "k", service_instance_id="w",
+                               transport=transport) as client:
             r = await client.acquire(IDENT, ttl_ms=1000, deadline_s=0.3)
         assert (r.outcome, r.code) == ("fail", "deadline_exceeded"), r
         assert "nothing was sent" in r.msg
@@ -550,7 +563,7 @@ async def test_a_deadline_spent_connecting_is_a_definite_failure():
         listener.close()
 
 
-async def test_a_broken_keep_alive_connection_is_not_retried_behind_the_callers_back():
+async def test_a_broken_keep_alive_connection_is_not_retried_behind_the_callers_back(transport):
     """A reused connection the server drops after reading: one request, one `info` (aiohttp would re-send a
     GET/DELETE once; the lab records one request per op)."""
     requests = []
@@ -563,7 +576,8 @@ async def test_a_broken_keep_alive_connection_is_not_retried_behind_the_callers_
         await writer.drain()
         requests.append(await read_request(reader))
         writer.transport.abort()
-    async with tcp_server(once_then_drop) as url, LeaseClient(url, "k", service_instance_id="w") as client:
+    async with tcp_server(once_then_drop) as url, \
+            LeaseClient(url, "k", service_instance_id="w", transport=transport) as client:
         first = await client.list()
         second = await client.list()
     assert first.outcome == "ok"
@@ -599,7 +613,67 @@ async def test_aiohttp_errors_are_split_by_whether_a_connection_was_in_hand(monk
         probe.sent = sent
         raise make_exc()
     monkeypatch.setattr(LeaseClient, "_aiohttp_exchange", exchange)
-    async with LeaseClient("http://127.0.0.1:9", "k", service_instance_id="w") as client:
+    async with LeaseClient("http://127.0.0.1:9", "k", service_instance_id="w", transport="aiohttp") as client:
         r = await client.acquire(IDENT, ttl_ms=1000)
     assert (r.outcome, r.code) == (("info", code_after) if sent else ("fail", code_before))
 
+
+
+@pytest.mark.parametrize("make_exc,code_before,code_after", [
+    (lambda: http11.ExchangeLost("connection closed before a complete reply"), "connection_lost", "connection_lost"),
+    (lambda: TimeoutError(), "deadline_exceeded", "timeout"),
+    (lambda: ConnectionResetError(104, "reset"), "connection_lost", "connection_lost"),
+])
+@pytest.mark.parametrize("sent", [False, True])
+async def test_http11_errors_are_split_by_whether_a_connection_was_in_hand(monkeypatch, make_exc, code_before,
+                                                                           code_after, sent):
+    """Every http11 error kind: `fail` when no connection was in hand yet (nothing written), else `info`."""
+    async def request(self, data, probe):
+        probe.sent = sent
+        raise make_exc()
+    monkeypatch.setattr(http11.Pool, "request", request)
+    async with LeaseClient("http://127.0.0.1:9", "k", service_instance_id="w", transport="http11") as client:
+        r = await client.acquire(IDENT, ttl_ms=1000)
+    assert (r.outcome, r.code) == (("info", code_after) if sent else ("fail", code_before))
+
+
+@pytest.mark.parametrize("make_exc,outcome,code", [
+    (lambda: http11.ConnectFailed(111, "Connection refused"), "fail", "connect_error"),
+    (lambda: http11.BadEncoding("cannot decode the gzip body"), "info", "unparseable_response"),
+])
+async def test_http11_connect_failures_and_undecodable_bodies(monkeypatch, make_exc, outcome, code):
+    async def request(self, data, probe):
+        probe.sent = code != "connect_error"
+        raise make_exc()
+    monkeypatch.setattr(http11.Pool, "request", request)
+    async with LeaseClient("http://127.0.0.1:9", "k", service_instance_id="w", transport="http11") as client:
+        r = await client.acquire(IDENT, ttl_ms=1000)
+    assert (r.outcome, r.code, r.http_status) == (outcome, code, None)
+
+
+async def test_http11_request_framing_and_header_safety():
+    """The request on the wire: one request line, Host, our headers, Content-Length; no header forging."""
+    seen = []
+
+    async def answer(reader, writer):
+        seen.append(await read_request(reader))
+        payload = json.dumps(success()).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+                     + hex(len(payload))[2:].encode() + b"\r\n" + payload + b"\r\n0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+    async with tcp_server(answer) as url, \
+            LeaseClient(url + "/prefix/", "sekrit", service_instance_id="w", transport="http11") as client:
+        r = await client.acquire(IDENT, ttl_ms=1000, request_id="rid-1")
+    assert r.ok and r.lease.fencing_token == 7  # a chunked reply is read whole
+    head, body = seen[0].split(b"\r\n\r\n", 1)
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /prefix/api/v1/target-leases/acquire HTTP/1.1"
+    assert f"host: {url.split('//')[1]}".encode() in lines and b"authorization: Bearer sekrit" in lines
+    assert f"content-length: {len(body)}".encode() in lines and json.loads(body)["request_id"] == "rid-1"
+    with pytest.raises(ValueError, match="line break"):
+        LeaseClient(url, "k\r\nx-evil: 1", service_instance_id="w", transport="http11")
+    with pytest.raises(ValueError, match="http11 transport"):
+        LeaseClient("https://lease.test", "k", service_instance_id="w", transport="http11")
+    with pytest.raises(ValueError, match="transport must be one of"):
+        LeaseClient(url, "k", service_instance_id="w", transport="curl")

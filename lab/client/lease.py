@@ -32,12 +32,13 @@ import contextvars
 import os
 import time
 from typing import Any, Mapping
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import aiohttp
 import httpx
 from yarl import URL
 
+from lab.client import http11
 from lab.client import results as R
 from lab.client.results import Call, Identity, Lease, LeaseProtocolError, Result
 
@@ -51,6 +52,9 @@ API = "/api/v1/target-leases"
 COMMITS = "/api/v1/commits"
 DEFAULT_TIMEOUT_S = 5.0
 DEFAULT_MAX_CONNECTIONS = 512
+# auto: http11 for plain http:// (the lab's stacks, Toxiproxy links, most --url servers), aiohttp for https://
+# and for an HTTP(S)_PROXY from the environment; an `http=` httpx client always wins
+TRANSPORTS = ("auto", "http11", "aiohttp")
 KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so we never reuse a socket the server is closing
 
 
@@ -149,7 +153,9 @@ class LeaseClient:
     def __init__(self, base_url: str, api_key: str, *, service_instance_id: str,
                  timeout_s: float = DEFAULT_TIMEOUT_S, http: httpx.AsyncClient | None = None,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS, backend_unavailable_is_definite: bool = False,
-                 clock_ms=now_ms):
+                 clock_ms=now_ms, transport: str = "auto"):
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http(s) URL, not {base_url!r}")
         if not isinstance(api_key, str) or not api_key:
@@ -166,17 +172,26 @@ class LeaseClient:
             raise ValueError(f"max_connections must be a positive integer, not {max_connections!r}")
         self.max_connections = max_connections
         self._owns_http = http is None
-        self._http = http  # an injected httpx.AsyncClient, or None: aiohttp
+        self._http = http  # an injected httpx.AsyncClient, or None: http11 or aiohttp
         self._session: aiohttp.ClientSession | None = None  # made on first use, inside the running loop
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self._proxy = _env_proxy(self.base_url) if http is None else None
         self._base_url = str(URL(self.base_url))  # percent-encoded once, as aiohttp would on every call
+        self._pool: http11.Pool | None = None
+        if transport == "http11" and (http is not None or self._proxy or not self._base_url.startswith("http://")):
+            raise ValueError("the http11 transport speaks plain http:// without a proxy and without http=")
+        if http is None and transport != "aiohttp" and self._proxy is None and self._base_url.startswith("http://"):
+            u = URL(self._base_url)
+            self._pool = http11.Pool(u.host, u.port, limit=max_connections, keepalive_s=KEEPALIVE_EXPIRY_S)
+            self._host_header = u.host_port_subcomponent  # host[:port], IPv6 in brackets, no userinfo
+            self._path_prefix = u.raw_path.rstrip("/")
         transport = getattr(http, "_transport", None)
-        # aiohttp always traces; an injected httpx client only with its real network transport
+        # http11 and aiohttp always tell; an injected httpx client only with its real network transport
         self._transport_traces = http is None or type(transport) is httpx.AsyncHTTPTransport
         # (str, str) pairs: both transports take them as they are (the key is never logged)
         self._headers = [("authorization", "Bearer " + api_key), ("content-type", "application/json"),
                          ("accept", "application/json")]
+        self._header_block = http11.header_block(self._headers)
 
     async def __aenter__(self) -> "LeaseClient":
         return self
@@ -186,6 +201,8 @@ class LeaseClient:
 
     async def aclose(self) -> None:
         """Close the connection pool if this client created it."""
+        if self._pool is not None:
+            self._pool.close()
         if self._owns_http and self._session is not None:
             session, self._session = self._session, None
             await session.close()
@@ -378,17 +395,21 @@ class LeaseClient:
         content, params, headers = self._prepare(call, deadline_at_ms, remaining_ms)
         try:
             async with asyncio.timeout(remaining_ms / 1000):
-                if self._http is None:
+                if self._pool is not None:
+                    resp = await self._pool.request(self._request_bytes(call, content, params, headers), probe)
+                elif self._http is None:
                     resp = await self._aiohttp_exchange(call, content, params, headers, probe)
                 else:
                     resp = await self._http.request(call.method, self.base_url + call.path, content=content,
                                                     params=params, headers=headers, extensions={"trace": probe})
         except (TimeoutError, httpx.TimeoutException) as e:
             return self._lost(call, started, probe, R.TIMEOUT, e)
-        except (httpx.ConnectError, aiohttp.ClientConnectorError) as e:
+        except (http11.ConnectFailed, httpx.ConnectError, aiohttp.ClientConnectorError) as e:
             # the TCP (or TLS, or proxy) connection was never made: nothing of the request left
             return Result("fail", R.CONNECT_ERROR, msg=str(e) or type(e).__name__, call=call,
                           latency_ns=time.monotonic_ns() - started)
+        except http11.BadEncoding as e:  # a complete reply whose body cannot be decoded
+            return Result("info", R.BAD_RESPONSE, msg=str(e), call=call, latency_ns=time.monotonic_ns() - started)
         except aiohttp.ClientPayloadError as e:
             # a reply began to arrive: a body cut short is a lost connection, an undecodable one a bad reply
             code = R.BAD_RESPONSE if _undecodable(e) else R.CONNECTION_LOST
@@ -407,6 +428,18 @@ class LeaseClient:
                 result.outcome, result.code = "info", R.LATE_REPLY
                 result.msg = "renewal reply arrived after the caller's deadline"
         return result
+
+    def _request_bytes(self, call: Call, content: bytes | None, params: Mapping[str, Any] | None,
+                       headers: Any) -> bytes:
+        """The complete HTTP/1.1 request for the http11 transport."""
+        target = self._path_prefix + call.path
+        if params:
+            target += "?" + urlencode(params)
+        if headers is self._headers:
+            block = self._header_block
+        else:
+            block = http11.header_block(headers)
+        return http11.request_bytes(call.method, target, self._host_header, block, content)
 
     async def _aiohttp_exchange(self, call: Call, content: bytes | None, params: Mapping[str, Any] | None,
                                 headers: Any, probe: _SendProbe) -> _Reply:

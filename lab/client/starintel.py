@@ -239,11 +239,12 @@ class StarIntelClient(LeaseClient):
     def __init__(self, base_url: str, api_key: str, *, service_instance_id: str,
                  timeout_s: float = DEFAULT_TIMEOUT_S, http: httpx.AsyncClient | None = None,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS, backend_unavailable_is_definite: bool = False,
-                 clock_ms=now_ms, findings: FindingsLog | None = None):
+                 clock_ms=now_ms, findings: FindingsLog | None = None, transport: str = "auto"):
         self.credential_id = check_api_key(api_key)
         super().__init__(base_url, api_key, service_instance_id=service_instance_id, timeout_s=timeout_s,
                          http=http, max_connections=max_connections,
-                         backend_unavailable_is_definite=backend_unavailable_is_definite, clock_ms=clock_ms)
+                         backend_unavailable_is_definite=backend_unavailable_is_definite, clock_ms=clock_ms,
+                         transport=transport)
         self.findings = findings if findings is not None else new_findings_log()
 
     # -- mutations -----------------------------------------------------------
