@@ -85,6 +85,7 @@ from typing import Any, NamedTuple
 
 __all__ = [
     "ILLEGAL",
+    "LEASE_FS",
     "FrozenDict",
     "Input",
     "MODELS",
@@ -527,6 +528,8 @@ _ACTIVE, _RELEASED, _REVOKED, _EXPIRED = "active", "released", "revoked", "expir
 _INSPECT_STATES = {_ACTIVE: _ACTIVE, _RELEASED: _RELEASED, _REVOKED: _REVOKED, _EXPIRED: _EXPIRED}
 _LEASE_REF_OPS = ("renew", "release", "force-release", "revoke", "commit")
 INVALIDATE = "invalidate"  # added by `lease_faults`, never in a recorded history
+# The operations of the lease model (what the lease and fenced-append workloads record of a lease).
+LEASE_FS = frozenset(("acquire", "renew", "release", "force-release", "revoke", "inspect", "commit", "read"))
 _ORPHAN = "__orphan__"  # set by prepare_lease on ops that refer to a lease no answered acquire returned
 
 

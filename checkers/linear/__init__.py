@@ -7,7 +7,7 @@ the same as a Jepsen checker. See `engine` for the algorithm and the pruning
 rules with their proofs.
 """
 
-from checkers.linear.checker import Linearizable, check_history
+from checkers.linear.checker import Linearizable, check_history, lease_linearizable
 from checkers.linear.history import HistoryError, Op, pair_history
 
-__all__ = ["HistoryError", "Linearizable", "Op", "check_history", "pair_history"]
+__all__ = ["HistoryError", "Linearizable", "Op", "check_history", "lease_linearizable", "pair_history"]

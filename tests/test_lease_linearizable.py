@@ -1,0 +1,142 @@
+"""The lease-linearizability checker the lease and fenced-append workloads compose beside the domain checkers.
+
+It is sensitive (a history no order of the `lease` model explains is `false` in the composed result), silent on
+linearizable histories (simulated ones, and real runs of the reference server), `unknown` past its budget, and
+judges only the model's operations (a workload's other records are left out, not an error).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from checkers.linear import check_history, lease_linearizable
+from checkers.linear.testing import HistoryBuilder, mutate_lease, simulate_lease
+from lab.history import read_history
+from workloads.lease import lease_checker
+
+
+def lease(lid: str, tok: int, at: int, exp: int, state: str = "active") -> dict:
+    """A lease as the server reports it."""
+    return {"lease_id": lid, "fencing_token": tok, "acquired_at_ms": at, "renewed_at_ms": at,
+            "expires_at_ms": exp, "ttl_ms": exp - at, "state": state}
+
+
+def acq(b: HistoryBuilder, p: int, rid: str, result: dict) -> HistoryBuilder:
+    """An answered acquire by process p."""
+    return b.invoke(p, "acquire", {"request_id": rid, "ttl_ms": 1000}, key="k").ok(p, result)
+
+
+def linear_result(history: list[dict]) -> dict:
+    """The composed lease checker's result, and its `linearizable` part."""
+    res = lease_checker(None).check({}, history, {})
+    return res["results"]["linearizable"]
+
+
+def test_the_lease_workload_composes_the_lease_model():
+    checker = lease_checker(None)
+    assert "linearizable" in checker.checkers
+    assert checker.checkers["linearizable"].model.name == "lease"
+
+
+def test_two_live_leases_at_once_are_not_linearizable():
+    """L2 is granted at backend time 2000 while L1, with a lower token, is live until 5000: no order explains it."""
+    b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 5000))
+    b = acq(b, 1, "r2", lease("L2", 2, 2000, 6000))
+    res = lease_checker(None).check({}, b.ops, {})
+    assert res["results"]["linearizable"]["valid"] is False
+    assert res["results"]["linearizable"]["counterexample"]["key"] == "k"
+    assert res["valid"] is False
+    ok = acq(acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 2000)), 1, "r2", lease("L2", 2, 2500, 3500))
+    assert linear_result(ok.ops)["valid"] is True  # the successor after L1's reported expiry
+
+
+def test_a_release_seen_undone_by_a_later_inspect_is_not_linearizable():
+    """Real-time order: the inspect is invoked after the release was acknowledged, yet sees the lease active."""
+    b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 9000))
+    b.invoke(0, "release", {"request_id": "r2", "lease_id": "L1", "fencing_token": 1}, key="k")
+    b.ok(0, lease("L1", 1, 1000, 9000, "released"))
+    b.invoke(1, "inspect", None, key="k").ok(1, lease("L1", 1, 1000, 9000))
+    assert linear_result(b.ops)["valid"] is False
+    c = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 9000))
+    c.invoke(0, "release", {"request_id": "r2", "lease_id": "L1", "fencing_token": 1}, key="k")
+    c.invoke(1, "inspect", None, key="k").ok(1, lease("L1", 1, 1000, 9000))  # concurrent: before the release
+    c.ok(0, lease("L1", 1, 1000, 9000, "released"))
+    assert linear_result(c.ops)["valid"] is True
+
+
+def test_an_unanswered_acquire_may_or_may_not_have_taken_effect():
+    """Indeterminate ops are info: a lease only a timed-out acquire could have granted is accepted."""
+    b = HistoryBuilder().invoke(0, "acquire", {"request_id": "r1", "ttl_ms": 1000}, key="k").info(0)
+    b.invoke(1, "renew", {"request_id": "r2", "lease_id": "L1", "fencing_token": 7}, key="k")
+    b.ok(1, {**lease("L1", 7, 1000, 3000), "renewed_at_ms": 2000})
+    assert linear_result(b.ops)["valid"] is True
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_agrees_with_the_engine_on_simulated_and_mutated_lease_histories(seed):
+    """Composed or alone, one verdict: valid on linearizable-by-construction histories, and on mutated ones
+    the composed checker says exactly what the search says (at least one seed in four is invalid)."""
+    rng = random.Random(seed)
+    h = simulate_lease(rng, 40, 4)
+    assert linear_result(h)["valid"] is True
+    m = mutate_lease(h, rng)
+    assert linear_result(m)["valid"] == check_history(m, "lease")["valid"]
+
+
+def test_mutations_are_caught():
+    """Sensitivity over many histories: a good share of one-field perturbations is not linearizable."""
+    rng = random.Random(7)
+    verdicts = [linear_result(mutate_lease(simulate_lease(rng, 40, 4), rng))["valid"] for _ in range(60)]
+    assert verdicts.count(False) >= 10
+    assert "unknown" not in verdicts
+
+
+def test_past_its_budget_the_verdict_is_unknown_not_valid():
+    b = acq(acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 2000)), 1, "r2", lease("L2", 2, 2500, 3500))
+    res = lease_linearizable(time_limit=0).check({}, b.ops, {})
+    assert res["valid"] == "unknown" and "time limit" in res["reason"]
+    assert lease_linearizable().check({}, b.ops, {})["valid"] is True
+
+
+def test_other_records_are_left_out_not_an_error():
+    """A workload's observation (an f the model does not know) is no lease operation: judged without it."""
+    b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 5000))
+    b.invoke(2, "observe-backend", {}, key="k").ok(2, {"anything": 1})
+    with_obs = acq(b, 1, "r2", lease("L2", 2, 2000, 6000))
+    res = linear_result(with_obs.ops)
+    assert res["valid"] is False and "error" not in res
+    with pytest.raises(ValueError, match="unknown f"):  # the model alone still refuses an f it does not know
+        check_history(with_obs.ops, "lease")
+
+
+def test_nothing_answered_is_unknown():
+    b = HistoryBuilder().invoke(0, "acquire", {"request_id": "r1", "ttl_ms": 1000}, key="k").fail(0)
+    assert linear_result(b.ops)["valid"] == "unknown"
+
+
+# --------------------------------------------------------------------------- real runs of the reference server
+
+
+def _run(tmp_path, *args: str) -> dict:
+    r = subprocess.run([sys.executable, "-m", "lab", "test", "--store-dir", str(tmp_path), "--time-limit", "4",
+                        *args], capture_output=True, text=True, timeout=300)
+    workload = args[args.index("--workload") + 1]
+    assert r.returncode in (0, 1, 3), r.stdout + r.stderr
+    return json.loads((tmp_path / workload / "latest" / "results.json").read_text())
+
+
+@pytest.mark.parametrize("args", [("--workload", "lease", "--nemesis", "partition", "--nemesis-interval", "1.5"),
+                                  ("--workload", "fenced-append", "--keys", "2")])
+def test_no_false_alarm_on_a_real_run(tmp_path, args):
+    results = _run(tmp_path, *args)
+    lin = results["results"]["linearizable"]
+    assert lin["model"] == "lease"
+    assert lin["valid"] is True, lin
+    assert lin["ops"] > 0
+    hist = read_history(next((tmp_path / args[1]).glob("*/history.jsonl")))
+    assert check_history(hist, "lease")["valid"] is True
