@@ -7,8 +7,10 @@ history; an exception inside one becomes `{"valid": "unknown", "error": ...}`
 instead of a crashed analysis.
 
 Histories are lists of op dicts in the format of docs/history-format.md.
-`pair_ops` turns one into `Pair`s (an invocation and its completion, by
-process; nemesis ops skipped), which is what the domain checkers consume, and
+`pair_ops` turns one into `Pair`s through `lab.history.pair`, the one pairing
+(strict: a malformed history is a `HistoryError`, so every checker's verdict on
+it is "unknown" with the error; nemesis ops skipped), which is what the domain
+checkers consume, and
 `nemesis_windows` finds the fault windows the nemesis marked.
 
 `CHECKERS` maps checker names to factories; the modules behind them are
@@ -26,6 +28,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Protocol, runtime_checkable
+
+from lab.history.ops import NEMESIS, HistoryError, pair
 
 __all__ = [
     "CHECKERS",
@@ -67,8 +71,6 @@ __all__ = [
 ]
 
 Valid = bool | str  # True, False or "unknown"
-NEMESIS = "nemesis"
-COMPLETIONS = frozenset(("ok", "fail", "info"))
 
 
 @runtime_checkable
@@ -124,6 +126,11 @@ class Compose:
                 timings[name] = round(_time.perf_counter() - t0, 6)
         valid = merge_valid(r.get("valid") for r in results.values())
         out = {"valid": valid, "results": results, "elapsed_s": timings}
+        malformed = next((r["error"] for r in results.values()
+                          if str(r.get("error", "")).startswith("HistoryError: ")), None)
+        if malformed is not None and valid is not False:  # no checker judged it (strict pairing)
+            out["reason"] = "malformed history: " + malformed.removeprefix("HistoryError: ")
+            return out
         if valid is not False and not any(op.get("process") != NEMESIS for op in history):
             out["valid"], out["reason"] = "unknown", "empty history: no client operation"
         return out
@@ -174,12 +181,17 @@ def gc_paused() -> Iterator[None]:
 
 
 def analyzed(check: Callable) -> Callable:
-    """Decorate a domain checker's `check(self, test, history, opts)`: shared analysis, GC paused."""
+    """Decorate a domain checker's `check(self, test, history, opts)`: shared analysis, GC paused, and a
+    malformed history (the strict pairing's `HistoryError`) judged "unknown" with the error, as
+    `safe_check` and the linearizability checker say it: no checker judges a history it cannot read."""
 
     @functools.wraps(check)
     def wrapper(self: Any, test: Mapping, history: list[dict], opts: Mapping) -> dict:
         with analysis(history), gc_paused():
-            return check(self, test, history, opts)
+            try:
+                return check(self, test, history, opts)
+            except HistoryError as e:
+                return {"valid": "unknown", "error": f"HistoryError: {e}"}
 
     return wrapper
 
@@ -200,29 +212,31 @@ def _shared(name: str, history: list[dict], build: Callable[[], Any]) -> Any:
 class Pair:
     """One client operation: its invocation, and its completion (None when it never completed)."""
 
-    __slots__ = ("inv", "comp", "type", "f", "key", "process", "t0", "t1", "i0", "i1")
+    __slots__ = ("inv", "comp", "type", "f", "key", "process", "t0", "t1", "i0", "i1", "result")
 
-    def __init__(self, inv: dict, i0: int):
+    def __init__(self, inv: dict, comp: dict | None, i0: int, i1: int | None):
         self.inv = inv
-        self.comp: dict | None = None
-        self.type = "info"  # an invocation with no completion counts as info
+        self.comp = comp
         self.f = inv.get("f")
         self.key = inv.get("key")
         self.process = inv.get("process")
         self.t0: int = inv.get("time", 0)
-        self.t1: int | None = None
         self.i0 = i0
-        self.i1: int | None = None
+        if comp is None:
+            self.type = "info"  # an invocation with no completion counts as info
+            self.t1: int | None = None
+            self.i1: int | None = None
+            self.result: Any = None  # the completion's value (None when it never completed)
+        else:
+            self.type = comp["type"]
+            self.t1 = comp.get("time", self.t0)
+            self.i1 = i1
+            self.result = comp.get("value")
 
     @property
     def value(self) -> Any:
         """The invocation's argument."""
         return self.inv.get("value")
-
-    @property
-    def result(self) -> Any:
-        """The completion's value (None when it never completed)."""
-        return None if self.comp is None else self.comp.get("value")
 
     @property
     def indices(self) -> list[int]:
@@ -252,35 +266,25 @@ def first_invocations(pairs: list[Pair]) -> dict[tuple, int]:
     return first
 
 
-def pair_ops(history: list[dict]) -> list[Pair]:
-    """Pair each client invocation with the next completion of its process, in invocation order.
+def pair_ops(history: list[dict], *, strict: bool = True) -> list[Pair]:
+    """The client operations of `history` as `Pair`s, in invocation order, paired by `lab.history.pair`.
 
-    Nemesis ops are skipped. An invocation that never completes stays `info` with
-    `t1 = None`; a completion with no open invocation is ignored (it has nothing to pair with).
+    Nemesis ops are skipped; an invocation that never completes is `info` with `t1 = None`. `strict`
+    (what every checker uses): a history that breaks the pairing rules (a second invoke while one is open, an
+    invoke after an `info` retired the process, a completion with nothing open, ...) raises `HistoryError`,
+    which `safe_check` / `Compose` turn into `"unknown"` with the error: no checker judges a malformed
+    history. strict=False (renderers) pairs it by `pair`'s lenient rules.
     Inside `analysis(history)` the list is computed once and shared: do not mutate it.
     """
-    return _shared("pairs", history, lambda: _pair_ops(history))
+    if strict:
+        return _shared("pairs", history, lambda: _pair_ops(history, True))
+    return _shared("pairs-lenient", history, lambda: _pair_ops(history, False))
 
 
-def _pair_ops(history: list[dict]) -> list[Pair]:
-    """The pairing itself (see `pair_ops`)."""
-    pairs: list[Pair] = []
-    open_: dict[Any, Pair] = {}
-    for pos, op in enumerate(history):
-        process = op.get("process")
-        if process == NEMESIS:
-            continue
-        typ = op.get("type")
-        idx = op.get("index", pos)
-        if typ == "invoke":
-            p = Pair(op, idx)
-            open_[process] = p  # a second open invoke leaves the first one never-completed (info)
-            pairs.append(p)
-        elif typ in COMPLETIONS:
-            p = open_.pop(process, None)
-            if p is not None:
-                p.comp, p.type, p.t1, p.i1 = op, typ, op.get("time", p.t0), idx
-    return pairs
+def _pair_ops(history: list[dict], strict: bool) -> list[Pair]:
+    """The pairing itself (see `pair_ops`): `lab.history.pair`, as Pairs with history indices."""
+    return [Pair(inv, comp, inv.get("index", ipos), None if comp is None else comp.get("index", cpos))
+            for inv, comp, ipos, cpos in pair(history, strict=strict).pairs]
 
 
 def error_code(op: Mapping | None) -> str | None:

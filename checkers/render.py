@@ -101,7 +101,7 @@ def _short_op(o: Any) -> dict:
 
 def _ops_for_page(history: list[dict], failing: set[int], max_ops: int) -> tuple[list[dict], bool]:
     """The operations drawn on the page (all, or those near failing ones), and whether some were cut."""
-    pairs = pair_ops(history)
+    pairs = pair_ops(history, strict=False)  # a page shows even a malformed history (its verdict says why)
     keep = range(len(pairs))
     cut = len(pairs) > max_ops
     if cut:

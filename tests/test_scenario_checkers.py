@@ -24,6 +24,9 @@ class H:
     def __init__(self) -> None:
         self.ops: list[dict] = []
         self.t = itertools.count(1)
+        # docs/history-format.md: a process that got an `info` is retired; its worker goes on under a new id
+        self.successor: dict[int, int] = {}
+        self.fresh = itertools.count(1000)
 
     def _add(self, **op) -> dict:
         op.setdefault("time", next(self.t) * 1_000_000)
@@ -32,12 +35,16 @@ class H:
         return op
 
     def inv(self, tag: str, f: str, key: str = "k0", value: dict | None = None, process: int = 0) -> dict:
+        while process in self.successor:
+            process = self.successor[process]
         return self._add(type="invoke", process=process, f=f, key=key, value=value or {}, tag=tag)
 
     def done(self, invocation: dict, type_: str = "ok", value=None, error=None) -> dict:
         op = dict(type=type_, process=invocation["process"], f=invocation["f"], key=invocation["key"], value=value)
         if error is not None:
             op["error"] = error
+        if type_ == "info":
+            self.successor[invocation["process"]] = next(self.fresh)
         return self._add(**op)
 
     def op(self, tag: str, f: str, type_: str = "ok", value=None, error=None, key: str = "k0", process: int = 0,

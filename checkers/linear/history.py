@@ -1,7 +1,10 @@
 """From a history of op records to the operations the linearizability search works on.
 
-An invocation and its completion are paired by process (docs/history-format.md):
-the next `ok`/`fail`/`info` of the process that invoked completes it. `fail`
+An invocation and its completion are paired by `lab.history.pair` (the one
+pairing, strict: docs/history-format.md's rules, a malformed history is a
+`lab.history.HistoryError` naming the op): the next `ok`/`fail`/`info` of the
+process that invoked completes it, a process retired by an `info` never invokes
+again. `fail`
 ops are dropped (they did not happen), nemesis ops are ignored, and an `info`
 completion or an invocation that never completed becomes an indeterminate op:
 it may take effect at any point after its invocation, or never (its return is
@@ -17,14 +20,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from checkers.models import Input, Model, Output, freeze
+from lab.history.ops import HistoryError, pair
 
 __all__ = ["HistoryError", "Op", "merge_retries", "pair_history", "partition_ops"]
-
-_COMPLETIONS = ("ok", "fail", "info")
-
-
-class HistoryError(ValueError):
-    """A history that does not follow docs/history-format.md (names the offending op)."""
 
 
 class Op:
@@ -53,73 +51,38 @@ class Op:
         return f"Op(#{self.index} p{self.process} {self.input!r} -> {self.output!r} [{self.call}, {self.ret}])"
 
 
-def _where(i: int, op: Any) -> str:
-    """How to name an op in an error message."""
-    if isinstance(op, dict) and "index" in op:
-        return f"op at line {i + 1} (index {op['index']!r})"
-    return f"op at line {i + 1}"
-
-
 _INFO = Output("info", None)
 _new_tuple = tuple.__new__  # builds Input/Output without NamedTuple's Python-level __new__ (hot path)
 
 
 def pair_history(history: Iterable[dict]) -> list[Op]:
-    """Pair invocations with completions by process; drop fails and nemesis ops (see module doc)."""
-    open_: dict[Any, tuple[int, dict, int]] = {}  # process -> (line, invocation, slot)
-    slots: list[Op | dict | None] = []  # in invocation order: the Op, or the invocation while open
+    """Pair invocations with completions by process (`lab.history.pair`, strict: a malformed history is a
+    `HistoryError` naming the op); drop fails and nemesis ops (see module doc)."""
+    ops: list[Op] = []
     new_tuple, frz, info = _new_tuple, freeze, _INFO
-    for pos, op in enumerate(history):
-        try:
-            typ = op["type"]
-            proc = op["process"]
-            f = op["f"]
-        except KeyError as e:
-            raise HistoryError(f"{_where(pos, op)} has no {e.args[0]!r} field") from None
-        except TypeError:
-            raise HistoryError(f"{_where(pos, op)} is a {type(op).__name__}, not an object") from None
-        if proc == "nemesis":
+    for inv, comp, ipos, pos in pair(history, strict=True).pairs:
+        if comp is None:  # never completed: indeterminate
+            ops.append(_make(inv, None, ipos, None))
             continue
-        if proc.__class__ is not int and not isinstance(proc, int | str):
-            raise HistoryError(f"{_where(pos, op)} has process {proc!r}; expected an integer or \"nemesis\"")
-        if typ == "invoke":
-            if proc in open_:
-                raise HistoryError(f"{_where(pos, op)}: process {proc!r} invoked {f!r} while its op at line "
-                                   f"{open_[proc][0] + 1} is still open")
-            open_[proc] = (pos, op, len(slots))
-            slots.append(op)
+        typ = comp["type"]
+        if typ == "fail":
             continue
-        try:
-            ipos, inv, i = open_.pop(proc)
-        except KeyError:
-            if typ not in _COMPLETIONS:
-                raise HistoryError(f"{_where(pos, op)} has type {typ!r}; expected invoke, ok, fail or info") from None
-            raise HistoryError(f"{_where(pos, op)}: {typ!r} completion for process {proc!r}, "
-                               "which has no open invocation") from None
-        if inv["f"] != f:
-            raise HistoryError(f"{_where(pos, op)}: completion f {f!r} does not match its invocation's "
-                               f"f {inv['f']!r} at line {ipos + 1}")
         if typ == "ok":
-            out = new_tuple(Output, ("ok", frz(op.get("value"))))
+            out = new_tuple(Output, ("ok", frz(comp.get("value"))))
             ret = pos
-        elif typ == "info":
-            out, ret = info, None
-        elif typ == "fail":
-            slots[i] = None
-            continue
         else:
-            raise HistoryError(f"{_where(pos, op)} has type {typ!r}; expected invoke, ok, fail or info")
+            out, ret = info, None
+        f = inv["f"]
         key = inv.get("key")
         if key is None:
-            key = op.get("key")
+            key = comp.get("key")
         iv = inv.get("value")
-        cv = op.get("value")
+        cv = comp.get("value")
         if cv.__class__ is dict and (iv is None or iv.__class__ is dict):
             iv = _as_sent(iv, cv, typ)
-        slots[i] = Op(inv.get("index", ipos), proc, f, key, new_tuple(Input, (f, frz(iv))), out, ipos, ret)
-    for ipos, inv, i in open_.values():  # never completed: indeterminate
-        slots[i] = _make(inv, None, ipos, None)
-    return [o for o in slots if o is not None]
+        ops.append(Op(inv.get("index", ipos), inv["process"], f, key, new_tuple(Input, (f, frz(iv))), out, ipos,
+                      ret))
+    return ops
 
 
 _SENT_FIELDS = ("request_id", "lease_id", "fencing_token")
