@@ -287,8 +287,9 @@ def lab_figure(stack_info: dict, server_pids: list[int], valkey_pid: int, second
                 ops += 1
                 kinds[f"{op.get('f')} {op['type']}" + (f" {op['error']}" if op.get("error") else "")] += 1
     n = max(ops, 1)
-    return {"ops": ops, "completions": dict(kinds.most_common(8)), "seconds": elapsed, "ops_per_s": ops / elapsed, "lab_cpu_us_per_op": lab_cpu / n * 1e6,
-            "server_cpu_us_per_op": srv_cpu / n * 1e6, "valkey_cpu_us_per_op": vk_cpu / n * 1e6}
+    return {"ops": ops, "completions": dict(kinds.most_common(8)), "seconds": elapsed, "ops_per_s": ops / elapsed,
+            "lab_cpu_us_per_op": lab_cpu / n * 1e6, "server_cpu_us_per_op": srv_cpu / n * 1e6,
+            "valkey_cpu_us_per_op": vk_cpu / n * 1e6}
 
 
 # -- orchestration ----------------------------------------------------------------------------------------
@@ -350,7 +351,8 @@ def to_figures(res: dict, seconds: float) -> list[Figure]:
                           "libraries per request vs the minimal client: "
                           + (", ".join(f"{k} {v:.1f}x" for k, v in sorted(libs.items(), key=lambda kv: kv[1]))
                              or "none measured")
-                          + " (none within 2x: LeaseClient's own http11 transport on httptools)"))
+                          + ("; none within 2x, hence LeaseClient's own http11 transport on httptools"
+                             if libs and min(libs.values()) > 2.0 else "")))
     lab = res.get("lab")
     if lab:
         out.append(Figure("client", "recorded lease ops/s, 50 processes", round(lab["ops_per_s"]), "ops/s",

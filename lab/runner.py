@@ -462,7 +462,7 @@ def placement_stack(test: Test, root: Path):
     if test.backend == "compose":
         from lab.stack.compose import ComposeStack
 
-        return ComposeStack(name=f"run-{test.run_dir.name.lower()}", root=root, start_engine=True)
+        return ComposeStack(name=f"run-{test.run_dir.name.lower()}", root=root, start_engine=True, die_with_owner=True)
     from lab.stack.local import LocalStack
 
     return LocalStack(name="stack", root=root, die_with_parent=True)

@@ -152,3 +152,40 @@ def test_compose_refuses_what_it_cannot_place():
                       ({"extra": {"urls": ["http://127.0.0.1:9"]}}, "--backend compose")):
         with pytest.raises(RunError, match=words):
             validate(_test(**kw))
+
+
+def test_the_projects_of_a_killed_lab_are_reaped_and_nothing_else(engine):
+    """A run whose lab process was SIGKILLed leaves its project (containers, network, volume) behind: the next
+    compose run removes it (owner label naming a dead process), and leaves a live owner's project, a project
+    without an owner (`fencelab up`) and anything not fencelab's alone."""
+    import docker
+
+    from lab.stack.compose import OWNER_LABEL, PROJECT_LABEL, owner_id, reap_orphans
+
+    client = docker.from_env()
+    dead_child = subprocess.Popen(["sleep", "0"])
+    dead_owner = owner_id(dead_child.pid)
+    dead_child.wait()
+    made = []
+    cases = {"fencelab-run-reaptest-dead": dead_owner, "fencelab-run-reaptest-live": owner_id(),
+             "fencelab-reaptest-up": "", "someone-elses-reaptest": dead_owner}
+    try:
+        for project, owner in cases.items():
+            labels = {PROJECT_LABEL: project, OWNER_LABEL: owner}
+            made.append(client.networks.create(project, labels={PROJECT_LABEL: project}))
+            made.append(client.volumes.create(project, labels={PROJECT_LABEL: project}))
+            made.append(client.containers.create("fencelab/base:trixie", ["sleep", "infinity"], name=project,
+                                                 labels=labels, network=project,
+                                                 volumes={project: {"bind": "/data", "mode": "rw"}}))
+        reaped = reap_orphans(client)
+        assert reaped == {"fencelab-run-reaptest-dead": {"containers": 1, "networks": 1, "volumes": 1}}, reaped
+        assert _leftovers("fencelab-run-reaptest-dead") == {"containers": [], "networks": [], "volumes": []}
+        for project in ("fencelab-run-reaptest-live", "fencelab-reaptest-up", "someone-elses-reaptest"):
+            left = _leftovers(project)
+            assert all(len(v) == 1 for v in left.values()), (project, left)
+    finally:
+        for obj in reversed(made):
+            try:
+                obj.remove(force=True) if hasattr(obj, "attrs") and "Config" in obj.attrs else obj.remove()
+            except docker.errors.NotFound:
+                pass

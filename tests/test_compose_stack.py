@@ -90,9 +90,12 @@ class FakeEngine:
     def _list(self, all=False, before=None, filters=None, limit=-1, since=None, sparse=False, ignore_removed=False):
         import builtins  # `all` is the SDK's parameter name here
 
-        wanted = dict(lbl.split("=", 1) for lbl in (filters or {}).get("label", []))
+        labels = (filters or {}).get("label", [])
+        labels = [labels] if isinstance(labels, str) else labels
+        # Docker's label filter: "key=value" matches the value, a bare "key" any container carrying the key
+        wanted = [tuple(lbl.split("=", 1)) if "=" in lbl else (lbl, None) for lbl in labels]
         return [self._get(cid) for cid, d in self.containers.items()
-                if builtins.all(d["labels"].get(k) == v for k, v in wanted.items())]
+                if builtins.all(k in d["labels"] and (v is None or d["labels"][k] == v) for k, v in wanted)]
 
     def _get(self, container_id):
         if container_id not in self.containers:

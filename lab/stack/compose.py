@@ -139,6 +139,57 @@ def is_compose_v2(cmd: Sequence[str]) -> bool:
     return list(cmd[:2]) == ["docker", "compose"]
 
 
+OWNER_LABEL = "org.fencelab.owner"  # "pid:start time" of the lab process whose run owns the project
+PROJECT_LABEL = "com.docker.compose.project"
+
+
+def owner_id(pid: int | None = None) -> str:
+    """This process (or `pid`) as an owner label: its pid and start time (a reused pid is not the owner)."""
+    import psutil
+
+    p = psutil.Process(pid)
+    return f"{p.pid}:{p.create_time():.2f}"
+
+
+def owner_alive(owner: str) -> bool:
+    """Is the process an owner label names still running (same pid, same start time)?"""
+    import psutil
+
+    try:
+        pid, started = owner.split(":", 1)
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 0.5
+    except (ValueError, psutil.Error):
+        return False
+
+
+def reap_orphans(client: Any) -> dict[str, dict[str, int]]:
+    """Remove the Compose projects of runs whose lab process died before its `down` (SIGKILL, power loss):
+    containers labelled with an owner that is no longer running, then their project's networks and volumes.
+    Only resources carrying `org.fencelab.owner` with a dead owner are touched: `fencelab up` stacks (no owner)
+    and other projects never are. Returns project -> counts removed."""
+    dead: set[str] = set()
+    for c in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
+        labels = c.labels or {}
+        owner, project = labels.get(OWNER_LABEL, ""), labels.get(PROJECT_LABEL, "")
+        if owner and project.startswith("fencelab-") and not owner_alive(owner):
+            dead.add(project)
+    out: dict[str, dict[str, int]] = {}
+    for project in sorted(dead):
+        flt = {"label": f"{PROJECT_LABEL}={project}"}
+        counts = {"containers": 0, "networks": 0, "volumes": 0}
+        for c in client.containers.list(all=True, filters=flt):
+            c.remove(force=True, v=True)
+            counts["containers"] += 1
+        for n in client.networks.list(filters=flt):
+            n.remove()
+            counts["networks"] += 1
+        for v in client.volumes.list(filters=flt):
+            v.remove(force=True)
+            counts["volumes"] += 1
+        out[project] = counts
+    return out
+
+
 def project_name(stack_name: str) -> str:
     """The Compose project of a stack: lower-case letters, digits, `-` and `_` (Compose's rule)."""
     return "fencelab-" + re.sub(r"[^a-z0-9_-]", "-", stack_name.lower())
@@ -525,6 +576,7 @@ class ComposeStack(StackFiles):
     images: str = "auto"  # official, local (built from local parts: lab/stack/images.py), or auto: official if they can be had
     image_set: Callable[[Path], ImageSet] | None = None  # decides and builds the images (tests replace it)
     start_engine: bool = False  # start dockerd (root) when no engine answers; `down` stops only that one
+    die_with_owner: bool = False  # a run's stack: labelled with this process, reaped by a later run if it dies
     timeout_s: float = 900.0  # the whole `compose up` (pulls, builds, health waits)
     health_timeout_s: float = 120.0  # per service, after `compose up` returned
     docker_factory: Callable[[], Any] | None = None
@@ -610,6 +662,7 @@ class ComposeStack(StackFiles):
             "VALKEY_APPENDFSYNC": fsync,
             "COUCHDB_USER": admin["user"],
             "COUCHDB_PASSWORD": admin["password"],
+            "FENCELAB_OWNER": self.info.get("owner") or "",
         })
         return env
 
@@ -646,6 +699,10 @@ class ComposeStack(StackFiles):
                 engine.stop()
             raise
         self.compose()
+        try:
+            reaped = reap_orphans(self.docker())
+        except _api_errors() as e:  # leftovers of a dead run stay (and are reported); this run still goes on
+            reaped = {"error": _one_line(e)}
         if self.load_state():
             if any(p.alive() for p in self._bound()):
                 raise StackError(f"stack {self.name!r} is already up; run `fencelab down --name {self.name}` first")
@@ -670,7 +727,8 @@ class ComposeStack(StackFiles):
                      "images": {"kind": chosen.kind, "reason": chosen.reason, "build_seconds": chosen.seconds},
                      "services": self._services(opts), "credentials": str(self.credentials_file),
                      "store_admin": str(self.store_admin_file),
-                     "engine": engine.state() if engine is not None else None}  # dockerd, if the lab started it
+                     "engine": engine.state() if engine is not None else None,  # dockerd, if the lab started it
+                     "owner": owner_id() if self.die_with_owner else "", "reaped": reaped}
         self._write_inputs(opts)
         self.save_state()  # before anything starts: `down` always finds the project
         try:
