@@ -57,6 +57,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as `python bench/server_throughput.py` from anywhere
     sys.path.insert(0, str(REPO))
 
+try:
+    from bench.figures import Figure  # noqa: E402
+except ImportError:  # run as a script from bench/
+    sys.path.insert(0, str(REPO / "bench"))
+    from figures import Figure  # type: ignore[no-redef]  # noqa: E402
+
 ACQUIRE_PATH = "/api/v1/target-leases/acquire"
 
 
@@ -460,30 +466,39 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--servers", default=2, show_default=True, type=click.IntRange(1, 16), help="Reference server instances.")
-@click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(1, 600), help="Seconds measured per phase.")
-@click.option("--warmup", default=2.0, show_default=True, type=click.FloatRange(0.5, 60), help="Seconds before each window.")
-@click.option("--workers", default=64, show_default=True, type=click.IntRange(1, 5000),
-              help="Concurrent acquire/release loops (HTTP connections, Valkey tasks) per phase.")
-@click.option("--generators", default=1, show_default=True, type=click.IntRange(1, 16), help="Load-generator processes.")
-@click.option("--generator", "generator_kind", default="raw", show_default=True, type=click.Choice(["raw", "client"]),
-              help="HTTP load: minimal asyncio HTTP/1.1 client, or lab.client.LeaseClient (httpx).")
-@click.option("--pipeline", default=16, show_default=True, type=click.IntRange(1, 256),
-              help="Raw phase: identities per task, their EVALSHAs pipelined (1 = one command in flight per task).")
-@click.option("--ttl-ms", default=30_000, show_default=True, type=click.IntRange(100, 300_000))
-@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), help="Logs and data (default: a temp dir).")
-@click.option("--profile", is_flag=True, help="Sample the servers with py-spy during the HTTP window (perturbs the figures).")
-@click.pass_context
-def main(ctx, servers, duration, warmup, workers, generators, generator_kind, pipeline, ttl_ms, run_dir, profile):
-    """Acquire+release ops/s through N reference servers vs. the same scripts straight on Valkey."""
-    if ctx.invoked_subcommand is not None:
-        return
+class Measured:
+    """One run's results: the two rates, the CPU split of each window, errors, the profile text."""
+
+    def __init__(self, http_rate: float, raw_rate: float, http_cpu: dict[str, float], raw_cpu: dict[str, float],
+                 http_errors: Counter, raw_errors: Counter, profile_text: str, run_dir: Path):
+        self.http_rate, self.raw_rate = http_rate, raw_rate
+        self.http_cpu, self.raw_cpu = http_cpu, raw_cpu
+        self.http_errors, self.raw_errors = http_errors, raw_errors
+        self.profile_text, self.run_dir = profile_text, run_dir
+
+    @property
+    def ratio(self) -> float:
+        return self.http_rate / self.raw_rate if self.raw_rate else float("nan")
+
+    def us_per_op(self, phase: str, group: str) -> float:
+        """CPU microseconds `group` (valkey, lease, generator) spent per counted op of `phase`."""
+        shares, rate = (self.http_cpu, self.http_rate) if phase == "http" else (self.raw_cpu, self.raw_rate)
+        pct = grouped(shares).get(group)
+        return pct / 100 * 1e6 / rate if rate and pct is not None else float("nan")
+
+    def other_load(self) -> float:
+        """CPU % (100 = one core) of processes not started here during the HTTP window."""
+        return self.http_cpu.get("other", 0.0)
+
+
+def measure(servers: int = 2, duration: float = 10.0, warmup: float = 2.0, workers: int = 64, generators: int = 1,
+            generator_kind: str = "raw", pipeline: int = 16, ttl_ms: int = 30_000, run_dir: Path | None = None,
+            profile: bool = False) -> Measured:
+    """Start Valkey and the servers, run the HTTP then the raw phase, stop everything; the results."""
     from lab.server.testing import demo_principals
     from lab.stack.leaseserver import LeaseServerProcess
     from lab.stack.valkey import ValkeyProcess
 
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     own_tmp = run_dir is None
     run_dir = Path(tempfile.mkdtemp(prefix="fencelab-bench-")) if own_tmp else run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -515,9 +530,6 @@ def main(ctx, servers, duration, warmup, workers, generators, generator_kind, pi
                     {"valkey": valkey.pid}, duration)
         phases.append(raw)
         raw_rate, raw_cpu, raw_errors = raw.run()
-    except KeyboardInterrupt:
-        click.echo("interrupted: stopping everything started", err=True)
-        sys.exit(130)
     finally:
         if profilers:
             profilers.stop()
@@ -525,22 +537,92 @@ def main(ctx, servers, duration, warmup, workers, generators, generator_kind, pi
             phase.stop()
         for proc in reversed(started):
             proc.stop()
-    ratio = http_rate / raw_rate if raw_rate else float("nan")
-    click.echo(f"http_ops_per_s={http_rate:.0f} raw_ops_per_s={raw_rate:.0f} ratio={ratio:.3f}")
+    if own_tmp and not profile:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return Measured(http_rate, raw_rate, http_cpu, raw_cpu, http_errors, raw_errors, profile_text, run_dir)
+
+
+# issue 13, target 3
+MAX_VALKEY_US_PER_OP = 25.0
+MIN_HTTP_OPS_PER_S = 5000.0
+CORES = 2
+
+
+def to_figures(m: Measured, duration: float) -> list[Figure]:
+    """The server's rows of `make bench`'s table (an op = one acquire or one release, as the bench counts)."""
+    valkey_us = m.us_per_op("http", "valkey")
+    ours = sum(m.us_per_op("http", g) for g in ("valkey", "lease", "generator"))
+    capacity = CORES * 1e6 / ours if ours == ours and ours > 0 else float("nan")
+    load = f"other processes used {m.other_load():.0f}% CPU (100% = one core) during the window"
+    errors = f"; not ok: {dict(m.http_errors)}" if m.http_errors else ""
+    return [
+        Figure("server", "Valkey CPU per acquire/release op (HTTP load)", round(valkey_us, 1), "us",
+               f"<= {MAX_VALKEY_US_PER_OP:g} us", valkey_us <= MAX_VALKEY_US_PER_OP,
+               f"psutil CPU of valkey-server over a {duration:g} s window / ops counted; raw script calls "
+               f"(pipelined): {m.us_per_op('raw', 'valkey'):.1f} us; {load}"),
+        Figure("server", "HTTP acquire+release ops/s, 2 servers, 64 connections", round(m.http_rate), "ops/s",
+               f">= {MIN_HTTP_OPS_PER_S:g} ops/s on {CORES} cores", m.http_rate >= MIN_HTTP_OPS_PER_S,
+               f"measured on a shared machine: {load}{errors}"),
+        Figure("server", "HTTP ops/s the 2 cores give when idle (CPU per op of valkey + servers + generator)",
+               round(capacity), "ops/s", f">= {MIN_HTTP_OPS_PER_S:g} ops/s on {CORES} cores",
+               capacity >= MIN_HTTP_OPS_PER_S,
+               f"{CORES} x 1e6 us / {ours:.0f} us (valkey {valkey_us:.0f} + servers "
+               f"{m.us_per_op('http', 'lease'):.0f} + generator {m.us_per_op('http', 'generator'):.0f}) per op, "
+               "CPU measured in the same window (less sensitive to other load than the rate, though inflated by it)"),
+        Figure("server", "HTTP / raw script calls (ops/s, same run)", round(m.ratio, 3), "ratio",
+               "informational (issue 13 baseline: 0.30)", m.ratio == m.ratio,
+               f"http {m.http_rate:.0f} vs raw {m.raw_rate:.0f} ops/s (raw: EVALSHA from redis.asyncio, "
+               "16 identities pipelined per task)"),
+    ]
+
+
+def figures(quick: bool = False) -> list[Figure]:
+    """The server's figures for `make bench` (bench/summary.py): about 40 s, 20 s with `quick`."""
+    duration = 4.0 if quick else 10.0
+    return to_figures(measure(duration=duration, warmup=1.0 if quick else 2.0), duration)
+
+
+@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--servers", default=2, show_default=True, type=click.IntRange(1, 16), help="Reference server instances.")
+@click.option("--duration", default=10.0, show_default=True, type=click.FloatRange(1, 600), help="Seconds measured per phase.")
+@click.option("--warmup", default=2.0, show_default=True, type=click.FloatRange(0.5, 60), help="Seconds before each window.")
+@click.option("--workers", default=64, show_default=True, type=click.IntRange(1, 5000),
+              help="Concurrent acquire/release loops (HTTP connections, Valkey tasks) per phase.")
+@click.option("--generators", default=1, show_default=True, type=click.IntRange(1, 16), help="Load-generator processes.")
+@click.option("--generator", "generator_kind", default="raw", show_default=True, type=click.Choice(["raw", "client"]),
+              help="HTTP load: minimal asyncio HTTP/1.1 client, or lab.client.LeaseClient (httpx).")
+@click.option("--pipeline", default=16, show_default=True, type=click.IntRange(1, 256),
+              help="Raw phase: identities per task, their EVALSHAs pipelined (1 = one command in flight per task).")
+@click.option("--ttl-ms", default=30_000, show_default=True, type=click.IntRange(100, 300_000))
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path), help="Logs and data (default: a temp dir).")
+@click.option("--profile", is_flag=True, help="Sample the servers with py-spy during the HTTP window (perturbs the figures).")
+@click.pass_context
+def main(ctx, servers, duration, warmup, workers, generators, generator_kind, pipeline, ttl_ms, run_dir, profile):
+    """Acquire+release ops/s through N reference servers vs. the same scripts straight on Valkey."""
+    if ctx.invoked_subcommand is not None:
+        return
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        m = measure(servers, duration, warmup, workers, generators, generator_kind, pipeline, ttl_ms, run_dir, profile)
+    except KeyboardInterrupt:
+        click.echo("interrupted: stopping everything started", err=True)
+        sys.exit(130)
+    click.echo(f"http_ops_per_s={m.http_rate:.0f} raw_ops_per_s={m.raw_rate:.0f} ratio={m.ratio:.3f}")
     click.echo(f"config: servers={servers} workers={workers} generators={generators} generator={generator_kind} "
                f"pipeline={pipeline} duration={duration:g}s")
-    click.echo(f"cpu_http: {split(http_cpu)}")
-    click.echo(f"cpu_raw: {split(raw_cpu)}")
-    click.echo(f"cpu_us_per_op: http: {per_op(http_cpu, http_rate)}; raw: {per_op(raw_cpu, raw_rate)}")
-    if http_errors or raw_errors:
-        click.echo(f"not_ok: http={dict(http_errors)} raw={dict(raw_errors)}")
-    if profile_text:
-        click.echo(profile_text)
-    if own_tmp and not profile:
-        import shutil
-        shutil.rmtree(run_dir, ignore_errors=True)
-    else:
-        click.echo(f"logs: {run_dir}")
+    click.echo(f"cpu_http: {split(m.http_cpu)}")
+    click.echo(f"cpu_raw: {split(m.raw_cpu)}")
+    click.echo(f"cpu_us_per_op: http: {per_op(m.http_cpu, m.http_rate)}; raw: {per_op(m.raw_cpu, m.raw_rate)}")
+    if m.http_errors or m.raw_errors:
+        click.echo(f"not_ok: http={dict(m.http_errors)} raw={dict(m.raw_errors)}")
+    if m.profile_text:
+        click.echo(m.profile_text)
+    if servers == 2 and workers == 64:
+        click.echo("figures (make bench):")
+        for f in to_figures(m, duration):
+            click.echo(f"  {f.name}: {f.value:g} {f.unit} (target {f.target}: {'met' if f.ok else 'NOT met'}) {f.note}")
+    if run_dir is not None or profile:
+        click.echo(f"logs: {m.run_dir}")
 
 
 @main.command("generate", hidden=True)
