@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import os
 import threading
 
 import pandas as pd
@@ -76,6 +78,10 @@ def test_writer_time_is_relative_to_the_given_start(tmp_path):
     with HistoryWriter(tmp_path / "h.jsonl", start_ns=start) as w:
         op = w.invoke(0, "read", None)
     assert op["time"] >= 5_000_000_000
+    with HistoryWriter(tmp_path / "future.jsonl", start_ns=time.monotonic_ns() + 10**12) as w:  # a bad start
+        with pytest.raises(HistoryError, match="'time' must be an int >= 0"):
+            w.invoke(0, "read", None)
+        assert w.count == 0
 
 
 def test_writer_refuses_to_overwrite_a_history(tmp_path):
@@ -192,6 +198,72 @@ def test_writer_dropped_without_close_still_writes_its_lines(tmp_path):
     del w
     gc.collect()
     assert [o["type"] for o in read_history(tmp_path / "h.jsonl")] == ["invoke", "ok"]
+
+
+_MISSING = object()
+
+
+def test_writer_refuses_exactly_what_validate_op_refuses(tmp_path):
+    """The writer's fast type checks accept only ops validate_op accepts, and send the rest to it for its
+    message: every combination of valid and invalid caller-chosen fields, invocations and completions."""
+    processes = [0, 7, -1, True, "nemesis", "n1", None, 1.0]
+    fs = ["read", "", None, 1]
+    errors = [None, "timeout", {"code": "x"}, 1, ["x"]]
+    keys = [_MISSING, "k3", 3, True, None, 1.5]
+    nodes = [_MISSING, None, "n1", 1]
+    accepted = refused = 0
+    with HistoryWriter(tmp_path / "h.jsonl", flush="each") as w:
+        for process, f, error, key, node, completion in itertools.product(processes, fs, errors, keys, nodes,
+                                                                          (False, True)):
+            extra = {k: v for k, v in (("key", key), ("node", node)) if v is not _MISSING}
+            if completion:
+                expected = {"type": "ok", "process": process, "f": f, "value": 1, **extra}
+                if error is not None:
+                    expected["error"] = error
+                record = lambda: w.complete({"process": process, "f": f, **extra}, "ok", 1, error)  # noqa: E731
+            else:
+                expected = {"type": "info" if process == "nemesis" else "invoke", "process": process, "f": f,
+                            "value": 1, **extra}
+                record = lambda: w.invoke(process, f, 1, **extra)  # noqa: E731
+            try:
+                validate_op({"index": 0, "time": 0, **expected})
+                verdict = None
+            except HistoryError as e:
+                verdict = str(e).split(": ", 1)[1]
+            before = w.count
+            if verdict is None:
+                op = record()
+                assert {k: op[k] for k in expected} == expected and w.count == before + 1
+                accepted += 1
+            else:
+                with pytest.raises(HistoryError) as e:
+                    record()
+                assert verdict in str(e.value) and w.count == before, (expected, str(e.value))
+                refused += 1
+    assert accepted and refused
+    assert len(read_history(tmp_path / "h.jsonl")) == accepted
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail: disk full)")
+def test_a_failed_write_is_reported_never_silent():
+    w = HistoryWriter("/dev/full", overwrite=True, flush_interval=3600)
+    w.invoke(0, "read", None)  # batched: the failure shows at the write
+    with pytest.raises(HistoryError, match="writing the history failed.*No space left"):
+        w.flush()
+    with pytest.raises(HistoryError, match="writing the history failed"):
+        w.invoke(1, "read", None)  # nothing more is recorded after a lost write
+    assert w.count == 1
+    with pytest.raises(HistoryError, match="writing the history failed"):
+        w.close()
+    w.close()  # idempotent
+    w = HistoryWriter("/dev/full", overwrite=True, flush="each")
+    with pytest.raises(HistoryError, match="writing op 0 failed.*No space left"):
+        w.invoke(0, "read", None)
+    with pytest.raises(HistoryError, match="writing the history failed"):
+        w.invoke(0, "read", None)
+    assert w.count == 0
+    with pytest.raises(HistoryError, match="writing the history failed"):
+        w.close()
 
 
 def test_writer_serializes_like_json(tmp_path):

@@ -42,8 +42,6 @@ __all__ = ["HistoryWriter"]
 
 # Fields the writer owns; `extra` may not set them.
 _RESERVED = frozenset({"index", "time", "type", "process", "f", "value", "error"})
-# Fields copied from an invocation onto its completion when the completion does not set them.
-_CARRIED = ("key", "node")
 # A batch this big is written at once by the recording call instead of waiting for the timer.
 _BATCH_BYTES = 1 << 20
 # orjson serializes dataclasses and datetimes on its own; json never did: pass them through to the
@@ -65,6 +63,7 @@ class _Sink:
         self.batch = bytearray()
         self.error: OSError | None = None
         self.closed = False
+        self.broken = False  # closed or error: the one flag the hot path reads
         self.wake = threading.Event()  # set to have the flush thread write now (a big batch, or stopping)
         self.stopping = False
 
@@ -83,6 +82,7 @@ class _Sink:
                 with self.lock:  # put what was not written back in front of what came since
                     self.batch[:0] = data
                     self.error = e
+                    self.broken = True
 
     def flush_periodically(self, interval: float) -> None:
         """Background thread: write the batch every `interval` seconds (or when woken) until stopped."""
@@ -180,7 +180,7 @@ class HistoryWriter:
         """Record an invocation (for the nemesis: an `info` op, Jepsen's convention); return the op."""
         if extra:
             _check_extra(extra)
-        return self._write("info" if process == NEMESIS else "invoke", process, f, value, None, extra)
+        return self._write("info" if process == NEMESIS else "invoke", process, f, value, None, None, extra)
 
     def complete(self, invoke_op: dict, type: str, value: Any, error: Any = None, **extra: Any) -> dict:
         """Record the completion (`ok`, `fail` or `info`) of `invoke_op`; return the op."""
@@ -188,9 +188,7 @@ class HistoryWriter:
             raise HistoryError(f"completion type must be ok, fail or info; got {type!r}")
         if extra:
             _check_extra(extra)
-        if "key" in invoke_op or "node" in invoke_op:
-            extra = {**{k: invoke_op[k] for k in _CARRIED if k in invoke_op and k not in extra}, **extra}
-        return self._write(type, invoke_op["process"], invoke_op["f"], value, error, extra)
+        return self._write(type, invoke_op["process"], invoke_op["f"], value, error, invoke_op, extra)
 
     def append(self, op: dict) -> dict:
         """Record a prepared op: `index` is always assigned; `time` is assigned when absent."""
@@ -198,7 +196,9 @@ class HistoryWriter:
             self._check_open()
             t = op.get("time")
             if t is None:
-                t = max(time.monotonic_ns() - self.start_ns, self._last_time)
+                t = _monotonic_ns() - self.start_ns
+                if 0 <= t < self._last_time:
+                    t = self._last_time
             elif t < self._last_time:
                 raise HistoryError(f"{self.path}: op time {t} is before the previous op's time {self._last_time}")
             out = {"index": self._index, "time": t}
@@ -217,11 +217,15 @@ class HistoryWriter:
             self._flusher.join()
         with self._lock:
             already = self._sink.closed
-            self._sink.closed = True
+            self._sink.closed = self._sink.broken = True
         if already:
             return
         self._finalizer.detach()
-        self._sink.close()
+        try:
+            self._sink.close()
+        except OSError as e:  # fsync or close failed: after a failed write, that one is the news
+            self._raise_write_error()
+            raise HistoryError(f"{self.path}: closing the history failed: {e}") from None
         self._raise_write_error()
 
     def __enter__(self) -> "HistoryWriter":
@@ -235,43 +239,94 @@ class HistoryWriter:
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _write(self, type_: str, process: Any, f: Any, value: Any, error: Any, extra: dict) -> dict:
-        """Build the op with the next index and the current time, and record it, under the lock."""
+    def _write(self, type_: str, process: Any, f: Any, value: Any, error: Any, inv: dict | None,
+               extra: dict) -> dict:
+        """The hot path, in one function (each call costs): build the op with the next index and the
+        current time, validate, serialize, and add it to the batch, under the lock."""
         with self._lock:
-            self._check_open()
-            t = time.monotonic_ns() - self.start_ns
-            if t < self._last_time:  # only after append() was given a time ahead of the clock
+            sink = self._sink
+            if sink.broken:
+                self._check_open()
+            t = _monotonic_ns() - self.start_ns
+            if 0 <= t < self._last_time:  # only after append() was given a time ahead of the clock
                 t = self._last_time
             op = {"index": self._index, "time": t, "type": type_, "process": process, "f": f, "value": value}
             if error is not None:
                 op["error"] = error
+            if inv is not None:  # key and node carry over from the invocation (extra may override them)
+                if "key" in inv:
+                    op["key"] = inv["key"]
+                if "node" in inv:
+                    op["node"] = inv["node"]
             if extra:
                 op.update(extra)
-            return self._emit(op)
+            # The common valid op passes these few type checks, the subset of validate_op's rules that
+            # the fields the caller chose can break; anything else gets validate_op's verdict and message
+            # (tests/test_history.py::test_writer_refuses_exactly_what_validate_op_refuses).
+            if self._validate and not (
+                t >= 0
+                and ((type(process) is int and process >= 0) or process == NEMESIS)
+                and type(f) is str
+                and f
+                and (error is None or type(error) is str or type(error) is dict)
+                and (type(k := op.get("key", "")) is str or type(k) is int)
+                and ((n := op.get("node")) is None or type(n) is str)
+            ):
+                validate_op(op, f"{self.path}: op {self._index}")
+            try:
+                line = _dumps(op, option=_ORJSON_OPTS)
+            except TypeError:
+                line = _json_line(op, self.path)
+            else:
+                # orjson writes NaN and Infinity as null: refuse them as json does (find: faster than `in`)
+                if line.find(b"null") >= 0 and _has_nonfinite(op):
+                    line = _json_line(op, self.path)
+            if self._each:
+                self._write_line(line, op["index"])
+            else:
+                sink.batch += line
+                if len(sink.batch) > _BATCH_BYTES:
+                    sink.wake.set()  # the flush thread writes it (not us: we hold the lock write_out takes)
+            self._index += 1
+            self._last_time = t
+            if self.keep:
+                self.ops.append(op)
+            return op
 
     def _emit(self, op: dict) -> dict:
-        """Validate and serialize `op` (under the lock), then write it or add it to the batch."""
+        """Record a prepared op (append's path): validate, serialize, then write it or add it to the batch."""
         sink = self._sink
         if self._validate:
             validate_op(op, f"{self.path}: op {op['index']}")
-        line = _serialize(op, self.path)
+        try:
+            line = _dumps(op, option=_ORJSON_OPTS)
+        except TypeError:
+            line = _json_line(op, self.path)
+        else:
+            if line.find(b"null") >= 0 and _has_nonfinite(op):
+                line = _json_line(op, self.path)
         if self._each:
-            data = memoryview(line)
-            try:
-                while data:
-                    data = data[os.write(sink.fd, data):]
-            except OSError as e:  # a part of the line may be out: nothing may follow it
-                sink.error = e
-                raise HistoryError(f"{self.path}: writing op {op['index']} failed: {e}") from None
+            self._write_line(line, op["index"])
         else:
             sink.batch += line
+            if len(sink.batch) > _BATCH_BYTES:
+                sink.wake.set()
         self._index += 1
         self._last_time = op["time"]
         if self.keep:
             self.ops.append(op)
-        if len(sink.batch) > _BATCH_BYTES:
-            sink.wake.set()  # the flush thread writes it (not us: we hold the lock write_out takes)
         return op
+
+    def _write_line(self, line: bytes, index: int) -> None:
+        """flush="each": hand one line to the OS now (under the lock)."""
+        data = memoryview(line)
+        try:
+            while data:
+                data = data[os.write(self._sink.fd, data):]
+        except OSError as e:  # a part of the line may be out: nothing may follow it
+            self._sink.error = e
+            self._sink.broken = True
+            raise HistoryError(f"{self.path}: writing op {index} failed: {e}") from None
 
     def _check_open(self) -> None:
         """Refuse to record on a closed writer or after a write failed (held under the lock)."""
@@ -286,16 +341,13 @@ class HistoryWriter:
             raise HistoryError(f"{self.path}: writing the history failed: {self._sink.error}")
 
 
-def _serialize(op: dict, path: Path) -> bytes:
-    """One JSON line (UTF-8, compact). orjson for speed; json (the reference) for what orjson refuses or
-    would silently change: non-string keys, ints beyond 64 bits, and NaN/Infinity (orjson writes null)."""
-    try:
-        line = orjson.dumps(op, option=_ORJSON_OPTS)
-    except TypeError:
-        pass
-    else:
-        if b"null" not in line or not _has_nonfinite(op):
-            return line
+_dumps = orjson.dumps
+_monotonic_ns = time.monotonic_ns
+
+
+def _json_line(op: dict, path: Path) -> bytes:
+    """One JSON line with json, the reference, for what orjson refuses or would silently change:
+    non-string keys, ints beyond 64 bits, NaN and Infinity (orjson writes null), lone surrogates."""
     try:
         return (json.dumps(op, ensure_ascii=False, separators=(",", ":"), allow_nan=False) + "\n").encode()
     except (TypeError, ValueError) as e:  # UnicodeEncodeError (a lone surrogate) is a ValueError
