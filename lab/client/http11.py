@@ -160,6 +160,7 @@ class Pool:
         self.open = 0  # connections open or being opened (idle ones included)
         self.waiters: collections.deque[asyncio.Future] = collections.deque()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.closed = False
 
     async def request(self, request: bytes, probe: Any) -> Reply:
         """One exchange on a pooled connection; `probe.sent` turns True just before the write."""
@@ -211,7 +212,7 @@ class Pool:
                     self.waiters.remove(waiter)
 
     def _release(self, conn: _Connection, reusable: bool) -> None:
-        if reusable:
+        if reusable and not self.closed:
             conn.released_at = time.monotonic()
             self.idle.append(conn)
         else:
@@ -235,6 +236,7 @@ class Pool:
 
     def close(self) -> None:
         """Close every idle connection (in-flight ones close when their exchange ends)."""
+        self.closed = True
         for conn in self.idle:
             conn.close()
             self.open -= 1
