@@ -24,18 +24,14 @@ import asyncio
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 import lab.generator as gen  # noqa: E402
+from figures import Figure  # noqa: E402  (bench/ is a directory of scripts, as bench/summary.py imports it)
 from lab.history import HistoryWriter  # noqa: E402
-
-try:
-    from bench.figures import Figure  # noqa: E402
-except ImportError:  # run as a script from bench/
-    from figures import Figure  # type: ignore[no-redef]  # noqa: E402
 
 MAX_US_PER_OP = 10.0
 MIN_RATIO = 0.85
@@ -83,8 +79,7 @@ async def _instant(writer, ops: int, concurrency: int) -> None:
                   history_writer=writer, concurrency=concurrency)
 
 
-@dataclass
-class PartA:
+class PartA(NamedTuple):
     """Part A's result: CPU seconds and wall seconds per op, best round of each mode."""
 
     ops: int
