@@ -27,7 +27,8 @@ key's). The stale-commit checker then proves that no accepted commit
 carries a lower token than one accepted before it, none was validated after
 its lease expired, no acknowledged commit is lost and none is applied twice;
 the fencing, mutual-exclusion, lease-state and idempotency checkers judge
-the leases and retries. Every completion keeps what the client sent
+the leases and retries, and the lease model's linearizability checker the
+whole history (`checkers.linear.lease_linearizable`). Every completion keeps what the client sent
 (`value.sent`) and what came back.
 """
 

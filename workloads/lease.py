@@ -21,7 +21,9 @@ run by lanes of threads (the default 5 threads: 2 + 2 + 1, see
 Every completion keeps what the client sent (`value.sent`: request id, lease
 id, token) and what came back (lease id, fencing token, backend times), so
 the fencing, mutual-exclusion, lease-state and idempotency checkers can judge
-the run. `--ttl-ms` scales the stalls; `--keys` the plain sessions' keys.
+the run, and the lease model's linearizability checker the whole history
+(`checkers.linear.lease_linearizable`: backend times as the server reported
+them, unanswered ops indeterminate, `unknown` past its budget). `--ttl-ms` scales the stalls; `--keys` the plain sessions' keys.
 """
 
 from __future__ import annotations
