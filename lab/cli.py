@@ -323,50 +323,42 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
     if test_count < 1:
         fail(f"--test-count must be >= 1, not {test_count}")
     nemeses = [n.strip() for n in nemesis.split(",") if n.strip()]
-    tests = [Test(name=workload if name is None else name, workload=workload, time_limit=time_limit, concurrency=concurrency,
-                  rate=rate, keys=keys, ttl_ms=ttl_ms, seed=seed + i, nemesis=nemeses,
-                  nemesis_interval=nemesis_interval, extra=_test_extra(servers, sut, urls, api_key_file),
-                  run_salt="" if run_salt == "new" else run_salt, backend=backend)
-             for i in range(test_count)]
-    if store_url:
-        from lab.secrets import redact_url
+    from click.core import ParameterSource
 
+    ctx = click.get_current_context()
+    given = {p for p in ctx.params if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE}
+    if store_url:
         try:
             StackOptions(store_url=store_url).validate()
         except StackError as e:
             fail(str(e))
-        for t in tests:
-            t.live["store_url"] = store_url  # never saved: test.json gets the redacted form
-            t.extra["store_url"] = redact_url(store_url)
-    from click.core import ParameterSource as _Source
+    from lab.secrets import redact_url
 
-    if urls and click.get_current_context().get_parameter_source("servers") is _Source.COMMANDLINE:
-        fail("--servers sets how many lease servers the lab's own stack starts; with --url the system under test "
-             "is external: drop --servers (give one --url per server)")
-    for t in tests if hosts_file else ():  # --backend ssh: the nodes (validate() reads and checks the file)
-        t.extra["hosts_file"] = str(Path(hosts_file).resolve())
-    for t in tests:  # the external-system options (docs/external-systems.md); validate() checks them
-        t.extra.update({k: v for k, v in (("proxy_urls", proxy_urls), ("store_db", store_db),
-                                          ("lab_owns_store", lab_owns_store), ("commit_mode", commit_mode)) if v})
-    for t in tests if mutant else ():
-        t.extra["mutant"] = mutant  # the runner's stack starts every lease server with --allow-mutants --mutant
+    # the options as Test fields (the API key file's path only, never the key; the store URL redacted, its real
+    # form only in `live`); --servers only when given, so validate() can refuse it beside --url
+    options = dict(sut=sut, urls=list(urls), api_key_file=str(api_key_file) if api_key_file is not None else None,
+                   servers=servers if "servers" in given else None, proxy_urls=proxy_urls, store_db=store_db,
+                   lab_owns_store=lab_owns_store, commit_mode=commit_mode, mutant=mutant,
+                   store_url=redact_url(store_url) if store_url else None,
+                   hosts_file=str(Path(hosts_file).resolve()) if hosts_file else None)
+    tests = [Test(name=workload if name is None else name, workload=workload, time_limit=time_limit,
+                  concurrency=concurrency, rate=rate, keys=keys, ttl_ms=ttl_ms, seed=seed + i, nemesis=nemeses,
+                  nemesis_interval=nemesis_interval, run_salt="" if run_salt == "new" else run_salt, backend=backend,
+                  **options)
+             for i in range(test_count)]
+    for t in tests if store_url else ():
+        t.live["store_url"] = store_url  # never saved: test.json gets the redacted form
     try:
         if scenario is not None:  # the scenario's options, except those given on the command line
-            from click.core import ParameterSource
-
             from lab.scenarios import ScenarioError, apply_scenario
 
-            ctx = click.get_current_context()
-            given = {p for p in ctx.params if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE}
             try:
                 for t in tests:
-                    t.extra["scenario"] = scenario
+                    t.scenario = scenario
                     apply_scenario(t, given)
             except ScenarioError as e:
                 raise RunError(str(e)) from None
         validate(tests[0])
-        if not 1 <= servers <= 16:
-            raise RunError(f"--servers must be between 1 and 16, not {servers}")
     except (RunError, ValueError) as e:
         fail(str(e))
     verdicts = []
@@ -411,18 +403,6 @@ def interrupted(run_dir: Path | None) -> None:
     else:
         click.echo("fencelab: interrupted before the run started", err=True)
     sys.exit(EXIT_INTERRUPTED)
-
-
-def _test_extra(servers: int, sut: str, urls: tuple[str, ...], api_key_file: Path | None) -> dict:
-    """Test.extra for the CLI's options (the API key file's path only, never the key)."""
-    extra: dict = {"servers": servers}
-    if sut != "reference":
-        extra["sut"] = sut
-    if urls:
-        extra["urls"] = list(urls)
-    if api_key_file is not None:
-        extra["api_key_file"] = str(api_key_file)
-    return extra
 
 
 @main.command()

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.testmap import Test
+from lab.testmap import OptionError, Test, check_options, merge_options
 
 __all__ = ["Entry", "MutantRow", "MutantsError", "MutantsReport", "MutantsSpec", "RunRecord", "build_test",
            "caught_by", "config_key", "exit_code", "load_spec", "parse_spec", "render_markdown", "render_plain",
@@ -119,31 +119,13 @@ class MutantsSpec:
 
 
 def _options(where: str, table: Any) -> dict[str, Any]:
-    """Test options, typed as a campaign's (lab.campaign.spec.OPTIONS)."""
-    from lab.campaign.spec import OPTIONS
-
+    """Test options, typed by lab.testmap's one schema (as a campaign's); the runner sets the mutant itself."""
     if not isinstance(table, Mapping):
         raise MutantsError(f"{where} must be a table of Test options, not {table!r}")
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if key not in OPTIONS:
-            raise MutantsError(f"{where}: unknown key {key!r}; Test options: {', '.join(OPTIONS)}")
-        ok, kind = OPTIONS[key]
-        if not ok(value):
-            raise MutantsError(f"{where}: {key} must be {kind}, not {value!r}")
-        if key == "extra" and "mutant" in value:
-            raise MutantsError(f"{where}: extra.mutant is set by the runner (the entry's name); remove it")
-        out[key] = dict(value) if key == "extra" else value
-    return out
-
-
-def _merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """Later layers win; `extra` tables merge key by key."""
-    out: dict[str, Any] = {}
-    for layer in layers:
-        for k, v in layer.items():
-            out[k] = {**out.get(k, {}), **v} if k == "extra" else v
-    return out
+    try:
+        return check_options(dict(table))
+    except OptionError as e:
+        raise MutantsError(f"{where}: {e}") from None
 
 
 def _runs(where: str, value: Any) -> int:
@@ -217,7 +199,7 @@ def _entries(source: str, name: str, table: Any, defaults: dict[str, Any], fast:
                                              if k not in ("runs", "workloads", "scenario")})
     if "scenario" in own_fast and own_fast["scenario"] is not False:
         raise MutantsError(f"{where} fast: scenario = false is the only value (leave the scenario row out)")
-    given = _merge(options, *((fast, entry_fast) if fast is not None else ()))
+    given = merge_options(options, *((fast, entry_fast) if fast is not None else ()))
     # seeds: the entry's own count (its `fast.runs` under --fast), else the spec's (`runs`, or [fast] runs)
     mine = own_fast.get("runs") if fast is not None else table.get("runs")
     if mine is not None:
@@ -231,13 +213,13 @@ def _entries(source: str, name: str, table: Any, defaults: dict[str, Any], fast:
             names = [w for w in names if w in narrowed]
         # a general row is the workload at its defaults: only the nemesis's options and [fast]'s (a shorter run)
         nemesis_options = {k: v for k, v in options.items() if k in NEMESIS_OPTIONS}
-        plain = _merge(nemesis_options, *((fast, entry_fast) if fast is not None else ()))
+        plain = merge_options(nemesis_options, *((fast, entry_fast) if fast is not None else ()))
         rows += [Entry(name, w, None, tuple(nemesis), plain, defaults, runs, GENERAL) for w in names]
     if scenario is not None and not (fast is not None and own_fast.get("scenario") is False):
         from lab.scenarios import SCENARIOS
 
         # its own faults and timing: [fast]'s options shorten the workload runs, not a scripted race
-        own_given = _merge(options, *((entry_fast,) if fast is not None else ()))
+        own_given = merge_options(options, *((entry_fast,) if fast is not None else ()))
         scenario_options = {k: v for k, v in own_given.items() if k not in NEMESIS_OPTIONS}
         rows.append(Entry(name, SCENARIOS[scenario].workload, scenario, (), scenario_options, defaults, runs,
                           SCENARIO))
@@ -307,24 +289,20 @@ def load_spec(path: Path | str = DEFAULT_SPEC, *, fast: bool = False, only: tupl
 
 
 def build_test(spec: MutantsSpec, entry: Entry, seed: int, planted: bool, backend: str = "local") -> Test:
-    """The Test of one run: [defaults], then the scenario's options, then the entry's; `extra.mutant` if planted.
+    """The Test of one run: [defaults], then the scenario's options, then the entry's; `mutant` if planted.
 
     The same merge order as a campaign's (docs/campaigns.md). Unmodified runs are named by their configuration
     only (`<spec>/unmodified/<row label>/s<seed>`): rows with the same configuration share them.
     """
-    opts = _merge(entry.defaults, entry.options)
-    extra = {"servers": opts.pop("servers", 2), **opts.pop("extra", {})}
+    opts = merge_options(entry.defaults, entry.options)
     name = f"{spec.name}/{entry.mutant}/{entry.label()}/{PLANTED}-s{seed}" if planted else \
         f"{spec.name}/{UNMODIFIED}/{entry.label()}/s{seed}"
-    test = Test(name=name, workload=entry.workload, seed=seed, nemesis=list(entry.nemesis), extra=extra,
-                backend=backend, **opts)
+    test = Test(name=name, workload=entry.workload, seed=seed, nemesis=list(entry.nemesis), backend=backend,
+                scenario=entry.scenario, mutant=entry.mutant if planted else None, **opts)
     if entry.scenario:
         from lab.scenarios import apply_scenario
 
-        test.extra["scenario"] = entry.scenario
         apply_scenario(test, {"name", "workload", *entry.options})
-    if planted:
-        test.extra["mutant"] = entry.mutant
     return test
 
 

@@ -10,7 +10,8 @@ terminal summary stays silent when no lab run was made.
 - `lab_stack` (session): a local stack (Valkey, store, lease servers) up for
   the session and stopped at its end; its options come from the overridable
   `lab_stack_options` fixture;
-- `lab_run` (function): `lab_run("lease", time_limit=5, rate=100, ...)` runs
+- `lab_run` (function): `lab_run("lease", time_limit=5, rate=100, ...)` (any
+  Test field: `servers=3`, `mutant="..."`, `scenario="..."`, `urls=[...]`) runs
   one fencelab test (`lab.runner.run_test`, with its own stack) and returns a
   `LabRun` (results, run dir, replay command);
 - marker `lab_slow` for long campaigns: deselect them with `-m "not lab_slow"`;
@@ -174,13 +175,14 @@ def _build_test(request: pytest.FixtureRequest, workload: str, name: str | None,
 
 def _run(config: pytest.Config, nodeid: str, test, store: Path, report: bool) -> LabRun:
     """Run the test, write its report, and remember it for the terminal summary (also when it fails)."""
-    from lab.runner import run_test
+    from lab.runner import run_test, validate
 
     runs = config.stash.setdefault(_RUNS, [])
     run = LabRun(test=test, results=None, run_dir=None, nodeid=nodeid,
                  pytest_replay=f"pytest {nodeid!r} --lab-seed {test.seed}")
     runs.append(run)
     try:
+        validate(test)  # the one check of a Test (as `fencelab test`): a bad option is a RunError naming it
         run.results = run_test(test, store)
     except BaseException as e:
         run.error = f"{type(e).__name__}: {e}"

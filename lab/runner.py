@@ -28,7 +28,7 @@ from typing import Any
 
 from lab import __version__
 from lab.secrets import redact_secrets, redact_tree, redact_url
-from lab.testmap import RUN_SALT, Test, new_run_salt
+from lab.testmap import COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem
 
 
 class RunError(RuntimeError):
@@ -36,10 +36,15 @@ class RunError(RuntimeError):
 
 
 def validate(test: Test) -> None:
-    """Check every option before anything starts; raise RunError naming the bad one."""
+    """Check every option before anything starts; raise RunError naming the bad one.
+
+    The one check of a Test: `fencelab test`, campaigns, evidence, mutants, the fault-exposure spec and the
+    pytest plugin's `lab_run` all call it (and `run_test` again), so each refuses the same tests the same way.
+    """
     from workloads import get_workload
 
     try:
+    _validate_fields(test)
         get_workload(test.workload)
     except ValueError as e:
         raise RunError(str(e)) from None
@@ -50,6 +55,13 @@ def validate(test: Test) -> None:
         (1 <= test.keys <= 10_000, f"--keys must be between 1 and 10000, not {test.keys}"),
         (50 <= test.ttl_ms <= 3_600_000, f"--ttl-ms must be between 50 and 3600000, not {test.ttl_ms}"),
     ]
+        (test.servers is None or not servers_problem(test.servers), servers_problem(test.servers)),
+        (test.deadline_s is None or test.deadline_s > 0, f"deadline_s must be > 0 seconds, not {test.deadline_s}"),
+        (test.commit_mode in (None, *COMMIT_MODES),
+         f"--commit-mode must be one of {', '.join(COMMIT_MODES)}, not {test.commit_mode!r}"),
+        (not (test.servers is not None and test.urls),
+         "--servers sets how many lease servers the lab's own stack starts; with --url the system under test "
+         "is external: drop --servers (give one --url per server)"),
     for ok, msg in checks:
         if not ok:
             raise RunError(msg)
@@ -62,7 +74,7 @@ def validate(test: Test) -> None:
         validate_test(test)
     except SutError as e:
         raise RunError(str(e)) from None
-    if test.extra.get("scenario"):  # a named race scenario (lab.scenarios): known, and applicable here
+    if test.scenario:  # a named race scenario (lab.scenarios): known, and applicable here
         from lab.scenarios import ScenarioError, validate_scenario
 
         try:
@@ -71,14 +83,14 @@ def validate(test: Test) -> None:
             raise RunError(str(e)) from None
     from lab.sut.registry import LAB_ONLY_WORKLOADS
 
-    if test.workload in LAB_ONLY_WORKLOADS and test.extra.get("urls"):
+    if test.workload in LAB_ONLY_WORKLOADS and test.urls:
         raise RunError(f"workload {test.workload!r} tests the lab's own Valkey (it needs the stack the lab starts), "
                        "not a lease server at a URL: drop --url, or use a lease-API workload (lease, idempotency, "
                        "fenced-append)")
     _validate_backend(test)
     if is_external(test):
         _validate_external(test)
-    if test.extra.get("mutant"):
+    if test.mutant:
         _validate_mutant(test)
     if test.nemesis:
         from nemesis.registry import validate_names
@@ -90,12 +102,22 @@ def validate(test: Test) -> None:
         if not test.nemesis_interval > 0:
             raise RunError(f"--nemesis-interval must be > 0 seconds, not {test.nemesis_interval}")
 
+def _validate_fields(test: Test) -> None:
+    """Each field holds its declared type (testmap's schema), and no first-class option hides in `extra`."""
+    problem = field_problem(test)
+    if problem:
+        raise RunError(problem)
+    hidden = sorted(set(test.extra) & set(FIRST_CLASS))
+    if hidden:
+        raise RunError(f"extra[{hidden[0]!r}]: {hidden[0]} is a Test field; set test.{hidden[0]} instead")
+
+
 
 def _validate_mutant(test: Test) -> None:
     """`--mutant NAME`: a known planted bug, for the lab's own reference servers only (docs/mutants.md)."""
     from lab.server.mutants import MUTANT_NAMES
 
-    name = test.extra["mutant"]
+    name = test.mutant
     if name not in MUTANT_NAMES:
         raise RunError(f"--mutant: unknown mutant {name!r}; known: {', '.join(MUTANT_NAMES)}")
     if is_external(test):
@@ -113,25 +135,25 @@ def _validate_backend(test: Test) -> None:
     if test.backend not in BACKENDS:
         raise RunError(f"--backend must be one of {', '.join(BACKENDS)}, not {test.backend!r}")
     if test.backend == "local":
-        if test.extra.get("hosts_file"):
+        if test.hosts_file:
             raise RunError("--hosts names SSH nodes: it goes with --backend ssh")
         return
     if is_external(test) or test.sut_name() != "reference":
         raise RunError(f"--backend {test.backend} places the lab's own reference stack; another system "
                        "(--url, or a --sut that brings its own processes) is placed by itself: drop --backend")
-    if test.live.get("store_url") or test.extra.get("store_url"):
+    if test.live.get("store_url") or test.store_url:
         raise RunError(f"--store-url with --backend {test.backend}: that stack runs its own store; drop one of them")
     if test.backend == "ssh":
-        if not test.extra.get("hosts_file"):
+        if not test.hosts_file:
             raise RunError("--backend ssh needs --hosts FILE: the nodes to run on (docs/ssh-backend.md)")
-        if test.extra.get("mutant"):
+        if test.mutant:
             raise RunError("--mutant with --backend ssh: planted bugs reach the lab's local and compose servers only")
-        load_hosts(test.extra["hosts_file"])
+        load_hosts(test.hosts_file)
         for name in test.nemesis:
             if name not in SSH_NEMESES:
                 raise RunError(f"--nemesis {name} cannot run on --backend ssh; there: {', '.join(SSH_NEMESES)}")
         return
-    if test.extra.get("hosts_file"):
+    if test.hosts_file:
         raise RunError("--hosts names SSH nodes: it goes with --backend ssh")
     for name in test.nemesis:
         if name in COMPOSE_REFUSES:
@@ -140,16 +162,15 @@ def _validate_backend(test: Test) -> None:
 
 def _validate_external(test: Test) -> None:
     """What an external run needs and may do (docs/external-systems.md); RunError naming what to change."""
-    extra = test.extra
-    urls = list(extra.get("urls") or [])
-    if extra.get("proxy_urls"):
+    urls = list(test.urls)
+    if test.proxy_urls:
         if not urls:
             raise RunError("--proxy-urls puts the lab's Toxiproxy in front of the --url servers: give --url")
         tls = [u for u in urls if not u.startswith("http://")]
         if tls:
             raise RunError(f"--proxy-urls: {redact_url(tls[0])} is not plain http://; the proxy listens on loopback, "
                            "so a TLS certificate naming the server's host would not match")
-    if extra.get("lab_owns_store") and not extra.get("store_url"):
+    if test.lab_owns_store and not test.store_url:
         raise RunError("--lab-owns-store says the --store-url store is a scratch store the lab may set up: give "
                        "--store-url")
     if test.nemesis:
@@ -161,17 +182,17 @@ def _validate_external(test: Test) -> None:
                 raise RunError(f"--nemesis {name}: {problem}")
     from lab.sut.probe import store_db
 
-    if _needs_store(test) and not test.live.get("store_url") and not extra.get("scenario"):
+    if _needs_store(test) and not test.live.get("store_url") and not test.scenario:
         raise RunError(f"workload {test.workload!r} against an external system needs --store-url: the store the "
                        f"server writes into (database {store_db(test)!r}, --store-db), which the final reads check")
 
 
 def _needs_store(test: Test) -> bool:
     """Does the test's workload (or scenario) commit into, and read back from, a document store?"""
-    if test.extra.get("scenario"):
+    if test.scenario:
         from lab.scenarios import SCENARIOS
 
-        sc = SCENARIOS.get(test.extra["scenario"])
+        sc = SCENARIOS.get(test.scenario)
         return bool(sc and sc.needs_store)
     from workloads import WORKLOADS
 
@@ -191,7 +212,7 @@ def probe_external(test: Test) -> None:
 def is_external(test: Test) -> bool:
     """Is the system under test outside the lab (a reference server at a given URL, or another SUT that brings
     no processes for the lab to run: lab.sut.processes)?"""
-    if test.extra.get("urls"):
+    if test.urls:
         return True
     if test.sut_name() == "reference":
         return False
@@ -235,7 +256,7 @@ def link_latest(run_dir: Path, store_dir: Path, name: str) -> None:
         os.replace(tmp, link)
 
 
-# Test fields given on `fencelab test`'s command line (the rest of its options live in Test.extra by option name)
+# Test fields given on `fencelab test`'s command line under their own names
 _REPLAY_FIELDS = ("workload", "time_limit", "concurrency", "rate", "keys", "ttl_ms", "seed", "nemesis",
                   "nemesis_interval", "name", "run_salt", "backend")
 
@@ -243,8 +264,8 @@ _REPLAY_FIELDS = ("workload", "time_limit", "concurrency", "rate", "keys", "ttl_
 def replay_command(test: Test) -> str:
     """The command line that replays this test: every `fencelab test` option it was given, same seed.
 
-    Built from the command's own options, so an option added to `fencelab test` and kept in `Test.extra`
-    under its name is replayed too (tests/test_cli_safety.py parses the command back into the same Test).
+    Built from the command's own options, so an option added to `fencelab test` and kept in the Test field
+    of its name is replayed too (tests/test_cli_safety.py parses the command back into the same Test).
     The run salt is pinned when the lab ran the system (a fresh stack remembers nothing, so the replay sends
     the very same request ids) and left out for an external system, whose idempotency records would answer
     the replay with the first run's replies: add `--run-salt` from test.json to reuse it anyway. URLs keep
@@ -266,10 +287,10 @@ def replay_command(test: Test) -> str:
                 value = None
         elif p.name == "sut":
             value = test.extra.get("sut_import") or test.sut_name()
-        elif p.name == "servers" and test.extra.get("urls"):  # the lab's own stack only: --url names the servers
+        elif p.name == "servers" and test.urls:  # the lab's own stack only: --url names the servers
             value = None
         else:
-            value = test.extra.get(p.name)
+            value = getattr(test, p.name, None)
         flag = next((o for o in p.opts if o.startswith("--")), p.opts[0])
         if value is None or value == "" or value == [] or (p.name == "sut" and value == "reference"):
             continue
@@ -377,13 +398,13 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     from workloads import get_workload
 
     validate(test)
-    if is_external(test) and test.extra.get("urls"):  # a wrong URL, key or store: refused before the run
+    if is_external(test) and test.urls:  # a wrong URL, key or store: refused before the run
         probe_external(test)
     prepare_run(test)
     test.run_dir = new_run_dir(store_dir, test.name)
     write_test_json(test)
     wl = get_workload(test.workload)(test)
-    if test.extra.get("scenario"):  # the scenario replaces the workload: its client, script, faults and checker
+    if test.scenario:  # the scenario replaces the workload: its client, script, faults and checker
         from lab.scenarios import scenario_workload
 
         wl = scenario_workload(test, wl)
@@ -396,8 +417,8 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     stack = stack_for(test, test.run_dir / "stack") or placement_stack(test, test.run_dir / "stack")
     writer = None
     try:
-        opts = StackOptions(servers=test.extra.get("servers", 2), store=wl.needs_store,
-                            store_url=test.live.get("store_url"), mutant=test.extra.get("mutant", ""),
+        opts = StackOptions(servers=test.server_count(), store=wl.needs_store,
+                            store_url=test.live.get("store_url"), mutant=test.mutant or "",
                             **_nemesis_stack_options(test))
         status = stack.up(ssh_options(test, opts) if test.backend == "ssh" else opts)
         test.live["stack"] = stack
@@ -448,7 +469,7 @@ def ssh_options(test: Test, opts: Any) -> Any:
     """The SSH stack's options: the hosts file, plus what the test's workload and nemeses need of the stack."""
     from lab.stack.ssh import SshOptions
 
-    hosts = load_hosts(test.extra["hosts_file"])
+    hosts = load_hosts(test.hosts_file)
     return SshOptions(**hosts, servers=opts.servers, persistence=opts.persistence, store=opts.wants_store,
                       fake_clocks=opts.fake_clocks)
 
@@ -496,15 +517,15 @@ def _run_external(test: Test, wl) -> dict[str, Any]:
     """Run against a system the lab does not start: the given URLs (or an in-process SUT)."""
     from lab.history import HistoryWriter
 
-    urls = list(test.extra.get("urls", []))
+    urls = list(test.urls)
     test.lease_servers = urls
     test.client_nodes = urls
     test.nodes = urls or ["in-process"]
     test.credentials_file = None
     # the system's own store (--store-url): final reads go there; test.json keeps the redacted form
-    test.store = test.extra.get("store_url") if test.live.get("store_url") else None
+    test.store = test.store_url if test.live.get("store_url") else None
     proxies = None
-    if test.extra.get("proxy_urls"):  # the lab's Toxiproxy in front of the given URLs: client -> server links only
+    if test.proxy_urls:  # the lab's Toxiproxy in front of the given URLs: client -> server links only
         from lab.sut.proxy import ProxiedUrls
 
         proxies = ProxiedUrls(urls, test.run_dir / "stack", client_groups=2)
@@ -548,7 +569,7 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
         from lab.scenarios import ScenarioError
 
         try:
-            if test.extra.get("scenario"):
+            if test.scenario:
                 from lab.scenarios import scenario_workload
 
                 checker = scenario_workload(test).checker
@@ -584,16 +605,13 @@ def count_operations(history: list[dict]) -> int:
 
 def load_test(run_dir: Path) -> Test:
     """The Test recorded in a run's test.json."""
-    from dataclasses import fields
-
     path = Path(run_dir) / "test.json"
     try:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise RunError(f"cannot read {path}: {e}") from None
-    known = {f.name for f in fields(Test)} - {"live"}
     if not isinstance(d, dict) or not isinstance(d.get("extra", {}), dict):
         raise RunError(f"{path}: not a fencelab test.json (an object with the test's options)")
-    test = Test(**{k: v for k, v in d.items() if k in known})
+    test = Test.from_json(d)  # also an old one: its first-class options were keys of `extra`
     test.run_dir = Path(run_dir)
     return test

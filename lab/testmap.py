@@ -3,19 +3,35 @@
 Everything a run needs to know is here: options, the system under test's
 addresses and credentials, and what the run produced. What can never be saved
 (sockets, clients, processes) lives in `live`, which `to_json` leaves out.
+
+Every option the lab reads is a typed field (docs/architecture.md "The test"); `extra` holds only what a run
+records about itself (the probe, a scenario's nonce and identity, a SUT's import path) and options a plug-in
+system reads by name. A test.json written before the fields existed kept them in `extra`: `Test.from_json`
+(and the constructor) move them to their fields. `OPTIONS` is the one schema of the options a spec table may
+set (campaigns, mutants, evidence: `check_options`); `lab.runner.validate` checks a whole Test.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
+import functools
 import re
 import secrets
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 RUN_SALT = re.compile(r"[0-9A-Za-z]{1,32}")
+DEFAULT_SERVERS = 2  # lease servers the lab's own stack starts when a test does not say
+MAX_SERVERS = 16
+BACKENDS = ("local", "compose", "ssh")
+COMMIT_MODES = ("fenced", "unfenced")
+# the first-class options that a test.json (or a caller) of before the typed fields kept in `extra`
+FIRST_CLASS = ("sut", "urls", "api_key_file", "servers", "store_url", "store_db", "proxy_urls", "lab_owns_store",
+               "commit_mode", "hosts_file", "mutant", "scenario", "deadline_s", "ttl_ms")
 
 
 def new_run_salt() -> str:
@@ -43,6 +59,20 @@ class Test:
     nemesis: list[str] = field(default_factory=list)
     nemesis_interval: float = 5.0
     backend: str = "local"  # where the lab places the system under test: local processes or Docker Compose
+    # -- what is tested, and how to reach it (`fencelab test` options of the same names) --
+    sut: str = "reference"  # the system under test's registered name (lab.sut), or module:Factory
+    urls: list[str] = field(default_factory=list)  # an external system's lease servers (--url): no stack is started
+    api_key_file: str | None = None  # the API key's file for an external system (the path only, never the key)
+    servers: int | None = None  # lease servers the lab's own stack starts (None: DEFAULT_SERVERS); not with urls
+    store_url: str | None = None  # the store the system writes into, redacted (the real URL: live["store_url"])
+    store_db: str | None = None  # that store's database (default: fencelab)
+    proxy_urls: bool = False  # the lab's Toxiproxy in front of the urls (client -> server links)
+    lab_owns_store: bool = False  # the store_url store is a scratch store the lab may set up
+    commit_mode: str | None = None  # a third-party system's commits: fenced / unfenced (docs/third-party.md)
+    hosts_file: str | None = None  # backend "ssh": the TOML file of the nodes
+    mutant: str | None = None  # a planted bug of the reference servers (docs/mutants.md)
+    scenario: str | None = None  # a named race scenario (lab.scenarios): it replaces the workload
+    deadline_s: float | None = None  # each client request's deadline (None: the workload's own default)
     run_dir: Path | None = None
     # the system under test, filled in when the stack is up; `nodes` are what the workload's clients talk to
     nodes: list[str] = field(default_factory=list)
@@ -51,8 +81,20 @@ class Test:
     valkey: str | None = None
     store: str | None = None
     credentials_file: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # what a run records about itself; plug-in options
     live: dict[str, Any] = field(default_factory=dict, repr=False)  # never saved: clients, processes, sockets
+
+    def __post_init__(self) -> None:
+        self.extra = dict(self.extra or {})
+        lift_legacy(self.extra, self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Test":
+        """A Test from a test.json object (also one written before the typed fields: their keys were in `extra`)."""
+        known = {f.name for f in fields(cls)} - {"live"}
+        test = cls(**{k: v for k, v in d.items() if k in known})
+        test.run_dir = Path(test.run_dir) if test.run_dir else None
+        return test
 
     def to_json(self) -> dict[str, Any]:
         """Everything but `live`, JSON-able (paths as strings)."""
@@ -62,7 +104,11 @@ class Test:
 
     def sut_name(self) -> str:
         """The system under test's registered name (`reference`: our server)."""
-        return str(self.extra.get("sut", "reference"))
+        return str(self.sut or "reference")
+
+    def server_count(self) -> int:
+        """How many lease servers the lab's own stack starts."""
+        return DEFAULT_SERVERS if self.servers is None else int(self.servers)
 
     def credentials(self) -> list[dict[str, Any]]:
         """The demo principals (with API keys) of the stack under test; never written to the history."""
@@ -73,3 +119,144 @@ class Test:
                 raise ValueError("the test has no credentials file (is the stack up?)")
             self.live["credentials"] = json.loads(Path(self.credentials_file).read_text())
         return self.live["credentials"]
+
+
+def lift_legacy(extra: dict[str, Any], target: Any) -> dict[str, Any]:
+    """Move the first-class options an old-shape `extra` carries onto `target` (a Test, or a dict of options).
+
+    The old CLI wrote `servers` (2) also beside `urls`, where it meant nothing: that one is dropped, not lifted.
+    """
+    moved = {k: extra.pop(k) for k in FIRST_CLASS if k in extra}
+    if moved.get("urls") and moved.get("servers") == DEFAULT_SERVERS:
+        moved.pop("servers")
+    for k, v in moved.items():
+        if v is None:
+            continue
+        if k in ("urls",):
+            v = list(v)
+        elif k in ("api_key_file", "hosts_file") and isinstance(v, Path):
+            v = str(v)
+        if isinstance(target, dict):
+            target[k] = v
+        else:
+            setattr(target, k, v)
+    return moved
+
+
+# -- the option schema (pydantic: types checked by a schema, not by hand-written predicates) --------------
+# pydantic is imported when a schema is first used, not with this module: `fencelab` starts without it
+
+# the options a spec table (a campaign's [defaults], a mutants row, an evidence run) may set: name -> (type, what)
+OPTION_TYPES: dict[str, tuple[Any, str]] = {
+    "time_limit": (float, "a number of seconds (the main phase)"),
+    "concurrency": (int, "an integer number of client processes"),
+    "rate": (float, "a number of ops/s over all clients"),
+    "keys": (int, "an integer number of independent keys"),
+    "ttl_ms": (int, "an integer lease TTL in ms"),
+    "nemesis_interval": (float, "a number of seconds between faults"),
+    "servers": (int, f"an integer number of reference lease servers (1-{MAX_SERVERS})"),
+    "backend": (Literal["local", "compose"], "local or compose (where the reference stack is placed; ssh: an "
+                                             "implementation with backend = \"ssh\" and hosts)"),
+    "deadline_s": (float, "a number of seconds (each request's deadline)"),
+    "commit_mode": (Literal["fenced", "unfenced"], "\"fenced\" or \"unfenced\""),
+    "store_db": (str, "a database name (a string)"),
+    "extra": (dict[str, Any], "a table of extra test options (e.g. hold_s = 1.0)"),
+}
+OPTIONS: dict[str, str] = {name: what for name, (_t, what) in OPTION_TYPES.items()}
+
+
+@functools.cache
+def _options_model() -> Any:
+    """The pydantic model of OPTION_TYPES: strict (no "3" for 3, no true for 1), unknown keys refused."""
+    from pydantic import ConfigDict, create_model
+
+    return create_model("Options", __config__=ConfigDict(extra="forbid", strict=True),
+                        **{k: (t | None, None) for k, (t, _w) in OPTION_TYPES.items()})
+
+
+@functools.cache
+def _fields_model() -> Any:
+    """The pydantic model of the Test's own fields, strict: what `lab.runner.validate` holds a Test's types to."""
+    from pydantic import ConfigDict, create_model
+
+    hints = typing.get_type_hints(Test)
+    return create_model("TestFields", __config__=ConfigDict(strict=True),
+                        **{f.name: (hints[f.name], ...) for f in fields(Test) if f.name not in ("live", "run_dir")})
+
+
+class OptionError(ValueError):
+    """A spec's option is unknown or of the wrong type; the message is one line naming it."""
+
+
+def check_options(table: Any, allowed: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A validated copy of a table of Test options (`OPTIONS`, or the `allowed` subset); OptionError naming the key.
+
+    Legacy `extra` keys that are now fields (e.g. `extra = {deadline_s = 1.0}`) move to their fields.
+    """
+    if not isinstance(table, dict):
+        raise OptionError(f"must be a table of Test options, not {table!r}")
+    known = [k for k in OPTIONS if allowed is None or k in allowed]
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise OptionError(f"unknown key {key!r}{hint}; known Test options: {', '.join(known)}")
+    from pydantic import ValidationError
+
+    try:
+        _options_model().model_validate(table)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = str(err["loc"][0]) if err["loc"] else "?"
+        raise OptionError(f"{key} must be {OPTIONS.get(key, 'valid')}, not {table.get(key)!r}") from None
+    out = {k: (dict(v) if k == "extra" else v) for k, v in table.items()}
+    if "extra" in out:
+        lifted: dict[str, Any] = {}
+        lift_legacy(out["extra"], lifted)
+        for k, v in lifted.items():
+            if k in known and k not in table:
+                try:
+                    _options_model().model_validate({k: v})
+                except ValidationError:
+                    raise OptionError(f"extra.{k} must be {OPTIONS[k]}, not {v!r}") from None
+                out[k] = v
+            elif k not in table:
+                raise OptionError(f"extra.{k} is set by the runner (from the spec's own keys); remove it")
+        if not out["extra"]:
+            del out["extra"]
+    return out
+
+
+def merge_options(*layers: dict[str, Any]) -> dict[str, Any]:
+    """Later layers win; `extra` tables merge key by key (the one merge of campaigns, mutants and faults)."""
+    out: dict[str, Any] = {}
+    for layer in layers:
+        for k, v in layer.items():
+            out[k] = {**out.get(k, {}), **v} if k == "extra" else v
+    return out
+
+
+_KINDS = {"int_type": "an integer", "float_type": "a number", "string_type": "a string", "bool_type": "true or false",
+          "list_type": "a list", "dict_type": "a table", "none_required": "empty"}
+
+
+def field_problem(test: Test) -> str | None:
+    """The first Test field not of its declared type (a bool is no number, a tuple no list), as one line; or None."""
+    from pydantic import ValidationError
+
+    model = _fields_model()
+    try:
+        model.model_validate({f: getattr(test, f) for f in model.model_fields})
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = str(err["loc"][0]) + "".join(f"[{p}]" for p in err["loc"][1:] if not isinstance(p, str))
+        kind = _KINDS.get(err["type"], err["msg"].removeprefix("Input should be ").lower())
+        return f"{where} must be {kind}, not {err['input']!r}"
+    return None
+
+
+def servers_problem(servers: Any) -> str | None:
+    """The one range check of a lease server count (`--servers`: a Test, `fencelab up`, every stack), or None."""
+    if isinstance(servers, bool) or not isinstance(servers, int) or not 1 <= servers <= MAX_SERVERS:
+        return f"--servers must be between 1 and {MAX_SERVERS}, not {servers}"
+    return None

@@ -35,6 +35,7 @@ import argparse
 import json
 import sys
 import time
+import dataclasses
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,17 +72,16 @@ class FaultRow:
     def test(self, spec: "FaultsSpec", kind: str, seed: int) -> Test:
         """The Test of one run of this row: `exposed`, `plain` or `unmodified`."""
         opts = {**spec.defaults, **self.options}
-        extra = {"servers": opts.pop("servers", 2)}
-        if kind in (EXPOSED, PLAIN):
-            extra["mutant"] = self.mutant
+        mutant = self.mutant if kind in (EXPOSED, PLAIN) else None
         nemesis = [] if kind == PLAIN else list(self.nemesis)
         name = f"{spec.name}/{self.fault}/{kind}-s{seed}" if kind != PLAIN else \
             f"{spec.name}/plain/{self.mutant}-{self.workload}-{_options_label(opts)}/s{seed}"
-        return Test(name=name, workload=self.workload, seed=seed, nemesis=nemesis, extra=extra, **opts)
+        return Test(name=name, workload=self.workload, seed=seed, nemesis=nemesis, mutant=mutant, **opts)
 
 
 def _options_label(opts: dict[str, Any]) -> str:
-    return "-".join(f"{k}{v}" for k, v in sorted(opts.items()) if k != "nemesis_interval") or "defaults"
+    shown = sorted((k, v) for k, v in opts.items() if k not in ("nemesis_interval", "servers"))
+    return "-".join(f"{k}{v}" for k, v in shown) or "defaults"
 
 
 @dataclass
@@ -158,9 +158,7 @@ def _validate(test: Test, where: str) -> None:
 def _without_nemesis_checks(test: Test) -> Test:
     """The Test with a nemesis this machine cannot run (netns as non-root) replaced by none, for validation."""
     if unavailable(test.nemesis):
-        return Test(**{**{k: getattr(test, k) for k in ("name", "workload", "time_limit", "concurrency", "rate",
-                                                         "keys", "seed", "ttl_ms", "nemesis_interval")},
-                       "extra": dict(test.extra)})
+        return dataclasses.replace(test, nemesis=[])  # every other option (servers, mutant) as it is
     return test
 
 

@@ -176,15 +176,14 @@ def external_problem(name: str, test: Any) -> str | None:
     spec = NEMESES.get(name)
     if spec is None:
         return f"unknown nemesis; known: {', '.join(NEMESES)}"
-    extra = getattr(test, "extra", None) or {}
-    urls = list(extra.get("urls") or [])
-    system = f"the external system {', '.join(urls)}" if urls else f"the in-process SUT {extra.get('sut')!r}"
+    urls = list(getattr(test, "urls", None) or [])
+    system = f"the external system {', '.join(urls)}" if urls else f"the in-process SUT {getattr(test, 'sut', None)!r}"
     if name == "client-pause":
         return None
     if name == "client-clock":
         from lab.sut import get_sut
 
-        entry = get_sut(extra.get("sut", "reference"))
+        entry = get_sut(getattr(test, "sut", None) or "reference")
         if entry.name in ("reference", "starintel") or hasattr(entry.factory, "clock_ms"):
             return None
         return (f"{system} ({entry.name}) has no settable client clock: its LeaseSystem class declares no "
@@ -192,7 +191,7 @@ def external_problem(name: str, test: Any) -> str | None:
     if spec.family == "network":
         if not urls:
             return f"{system} has no network link the lab could proxy"
-        if not extra.get("proxy_urls"):
+        if not getattr(test, "proxy_urls", False):
             return (f"{system} is reached directly; add --proxy-urls to put the lab's Toxiproxy in front of it "
                     "(the fault then acts on the client -> server links only)")
         return None

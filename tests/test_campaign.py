@@ -132,7 +132,9 @@ def test_expansion_is_the_product_of_the_axes(tmp_path):
     assert test.name == "matrix/lease-partition+kill-short-ttl-reference-s7-r0"
     assert (test.workload, test.seed, test.nemesis) == ("lease", 7, ["partition", "kill"])
     assert (test.time_limit, test.rate, test.ttl_ms) == (3, 20, 300)  # the scenario overrides the defaults
-    assert test.extra == {"servers": 2, "deadline_s": 1.5, "hold": 1}  # extra tables merge
+    # extra tables merge; a first-class option an old spec gives in `extra` lands on its typed field
+    assert test.extra == {"hold": 1} and test.deadline_s == 1.5
+    assert test.servers is None and test.server_count() == 2  # not given: the stack's default
     base = next(r for r in plan if r.id == "lease-none-base-reference-s7-r0").to_test()
     assert base.ttl_ms == 2000 and base.nemesis == []
     res = invoke(str(tmp_path / "spec.toml"), "--dry-run", "--store-dir", str(tmp_path / "store"))
@@ -377,9 +379,15 @@ def test_other_implementations_come_from_lab_sut(tmp_path, monkeypatch):
     """
     plan = validate_plan(load_spec(spec_file(tmp_path, text)))
     assert [r.id for r in plan] == ["lease-none-default-reference-s0-r0", "lease-none-default-star-s0-r0"]
-    assert plan[0].to_test().extra == {"servers": 2}
-    assert plan[1].to_test().extra == {"servers": 2, "sut": "starintel", "urls": ["http://127.0.0.1:9"],
-                                       "api_key_file": str(key)}
+    ref, star = plan[0].to_test(), plan[1].to_test()
+    assert (ref.sut, ref.urls, ref.api_key_file, ref.server_count(), ref.extra) == ("reference", [], None, 2, {})
+    assert (star.sut, star.urls, star.api_key_file, star.servers, star.extra) == \
+        ("starintel", ["http://127.0.0.1:9"], str(key), None, {})
+    # servers is the lab's own stack: beside an implementation's url it is refused (as `fencelab test` refuses it)
+    res = invoke(str(spec_file(tmp_path, text.replace('workloads = ["lease"]',
+                                                      'workloads = ["lease"]\n[defaults]\nservers = 3'))), "--dry-run")
+    assert res.exit_code == 2 and "run lease-none-default-star-s0-r0: servers sets how many lease servers" in res.output
+    assert "drop servers" in res.output
     # lab.sut checks each run before anything starts: fenced-append needs `commit`, which starintel lacks
     res = invoke(str(spec_file(tmp_path, text.replace('["lease"]', '["fenced-append"]'))), "--dry-run")
     assert res.exit_code == 2 and "run fenced-append-none-default-star-s0-r0: workload 'fenced-append' needs commit" \
@@ -403,7 +411,7 @@ def test_named_scenarios_come_from_lab_scenarios(tmp_path):
     options = SCENARIOS["concurrent-acquires"].options
     assert test.rate == 5, "an option set in the campaign wins over the scenario's"
     assert (test.concurrency, test.ttl_ms) == (options["concurrency"], options["ttl_ms"])
-    assert test.extra["scenario"] == "concurrent-acquires"
+    assert test.scenario == "concurrent-acquires" and "scenario" not in test.extra
     res = invoke(str(spec_file(tmp_path, text.replace('"concurrent-acquires"', '"nope"'))), "--dry-run")
     assert res.exit_code == 2 and "unknown scenario 'nope'" in res.output and "concurrent-acquires" in res.output
 

@@ -123,7 +123,7 @@ def test_replay_of_an_external_run_names_the_sut_by_import_path_and_draws_a_fres
     replay = runner.replay_command(first)
     assert "--run-salt" not in replay, "an external system may remember the run's request ids: a fresh salt"
     (again,), _ = _captured_tests(monkeypatch, shlex.split(replay)[2:], None)
-    assert get_sut(again.extra["sut"]).factory is ToySystem
+    assert get_sut(again.sut).factory is ToySystem and "sut" not in again.extra
     assert first.run_salt and again.run_salt and again.run_salt != first.run_salt
     a, b = _options(again), _options(first)
     a.pop("run_salt"), b.pop("run_salt")

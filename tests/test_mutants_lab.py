@@ -73,9 +73,10 @@ def test_a_run_is_the_rows_test_with_the_mutant_planted_and_unmodified_runs_are_
     planted, honest = build_test(spec, entry, 1, True), build_test(spec, entry, 1, False)
     assert planted.name == "mutants/nonatomic-acquire/scenario-concurrent-acquires/planted-s1"
     assert honest.name == "mutants/unmodified/scenario-concurrent-acquires/s1"
-    assert planted.extra["mutant"] == "nonatomic-acquire" and "mutant" not in honest.extra
-    assert planted.extra["scenario"] == "concurrent-acquires" and planted.concurrency == 8  # the scenario's option
-    assert planted.seed == 1 and planted.extra["servers"] == 2
+    assert planted.mutant == "nonatomic-acquire" and honest.mutant is None
+    assert "mutant" not in planted.extra and "mutant" not in honest.extra  # a typed field, nowhere else
+    assert planted.scenario == "concurrent-acquires" and planted.concurrency == 8  # the scenario's option
+    assert planted.seed == 1 and planted.servers == 2
     assert "--mutant nonatomic-acquire" in replay_command(planted) and "--mutant" not in replay_command(honest)
     lease_rows = [e for e in spec.entries if e.kind == "general" and e.workload == "lease" and not e.nemesis]
     assert len({config_key(build_test(spec, e, 0, False)) for e in lease_rows}) == 1
@@ -191,7 +192,7 @@ def run_with(verdicts):
     def run(test, store_dir):
         seen.append(test.name)
         test.run_dir = store_dir / test.name
-        return verdicts[(test.extra.get("mutant"), test.extra.get("scenario") or test.workload, test.seed)]
+        return verdicts[(test.mutant, test.scenario or test.workload, test.seed)]
 
     return run, seen
 
@@ -262,9 +263,9 @@ def test_a_mutant_caught_on_some_seeds_only_or_an_invalid_unmodified_run_fails(t
 
 def test_a_run_that_raises_is_recorded_and_the_table_goes_on(tmp_path):
     def run(test, store_dir):
-        if test.extra.get("mutant") == "volatile-counter" and test.workload == "lease":
+        if test.mutant == "volatile-counter" and test.workload == "lease":
             raise RuntimeError("the stack did not start")
-        if test.extra.get("mutant") is None:
+        if test.mutant is None:
             return fake_results(True)
         return fake_results(False, ["x"])
 
@@ -305,7 +306,7 @@ def test_the_fast_subset_catches_every_mutant_and_the_unmodified_server_passes(t
         assert row["caught_runs"] == row["planted"] == 1 and row["caught_by"] and row["unmodified"] is True, row
         planted = Path(row["planted_runs"][0]["run_dir"])
         test_json = json.loads((planted / "test.json").read_text())
-        assert test_json["extra"]["mutant"] == row["mutant"] and f"--mutant {row['mutant']}" in test_json["replay"]
+        assert test_json["mutant"] == row["mutant"] and f"--mutant {row['mutant']}" in test_json["replay"]
         assert f"PLANTED BUG: mutant {row['mutant']} is active" in (planted / "stack" / "logs" / "lease-1.log").read_text()
         honest = Path(row["unmodified_runs"][0]["run_dir"])
         assert "PLANTED BUG" not in (honest / "stack" / "logs" / "lease-1.log").read_text()

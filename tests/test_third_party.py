@@ -101,7 +101,7 @@ def test_campaign_spec_takes_commit_mode_and_exclusions():
     ids = {r.id for r in runs}
     assert not any("-clock-" in i and "-etcd" in i for i in ids)  # excluded: libfaketime cannot move etcd
     assert any("-clock-" in i and "valkey-lock-fenced-unfenced" in i for i in ids)
-    modes = {(r.implementation, r.to_test().extra.get("commit_mode")) for r in runs}
+    modes = {(r.implementation, r.to_test().commit_mode) for r in runs}
     assert ("valkey-lock-fenced-unfenced", "unfenced") in modes and ("valkey-lock-fenced", None) in modes
     base = {"name": "x", "workloads": ["lease"]}
     import pytest

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from lab.testmap import Test
+from lab.testmap import DEFAULT_SERVERS, OPTIONS, OptionError, Test, check_options, merge_options as _merge_options
 
 __all__ = ["CampaignError", "Implementation", "PlannedRun", "Scenario", "Spec", "expand", "load_spec",
            "parse_spec", "validate_plan"]
@@ -49,27 +49,8 @@ class CampaignError(ValueError):
 # -- option values ----------------------------------------------------------------------------
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-# Test options a spec may set: key -> (predicate, what it must be)
-OPTIONS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "time_limit": (_is_number, "a number of seconds (the main phase)"),
-    "concurrency": (_is_int, "an integer number of client processes"),
-    "rate": (_is_number, "a number of ops/s over all clients"),
-    "keys": (_is_int, "an integer number of independent keys"),
-    "ttl_ms": (_is_int, "an integer lease TTL in ms"),
-    "nemesis_interval": (_is_number, "a number of seconds between faults"),
-    "servers": (_is_int, "an integer number of reference lease servers (1-16)"),
-    "backend": (lambda v: v in BACKENDS[:2], "local or compose (where the reference stack is placed; ssh: an "
-                                              "implementation with backend = \"ssh\" and hosts)"),
-    "extra": (lambda v: isinstance(v, Mapping), "a table of extra test options (e.g. deadline_s = 1.0)"),
-}
 
 
 def _unknown_key(where: str, key: str, known: list[str] | tuple[str, ...], what: str = "keys") -> CampaignError:
@@ -80,34 +61,21 @@ def _unknown_key(where: str, key: str, known: list[str] | tuple[str, ...], what:
 
 
 def _check_options(where: str, table: Any, allowed_extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A table of Test option overrides, each key known and of the right type."""
+    """A table of Test option overrides, each key known and of the right type (lab.testmap's one schema)."""
     if not isinstance(table, Mapping):
         raise CampaignError(f"{where} must be a table of Test options, not {table!r}")
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if key in allowed_extra:
-            continue
-        if key in AXIS_FIELDS:
+    for key in table:
+        if key in AXIS_FIELDS and key not in allowed_extra:
             raise CampaignError(f"{where}: {key!r} is an axis of the campaign, not an option: "
                                 f"list its values in the top-level {AXIS_FIELDS[key]!r} instead")
-        if key not in OPTIONS:
-            raise _unknown_key(where, key, list(OPTIONS) + list(allowed_extra), "Test options")
-        ok, kind = OPTIONS[key]
-        if not ok(value):
-            raise CampaignError(f"{where}: {key} must be {kind}, not {value!r}")
-        if key == "servers" and not 1 <= value <= 16:
-            raise CampaignError(f"{where}: servers must be between 1 and 16, not {value}")
-        out[key] = dict(value) if key == "extra" else value
-    return out
-
-
-def _merge_options(*layers: Mapping[str, Any]) -> dict[str, Any]:
-    """Later layers win; `extra` tables merge key by key."""
-    out: dict[str, Any] = {}
-    for layer in layers:
-        for k, v in layer.items():
-            out[k] = {**out.get(k, {}), **v} if k == "extra" else v
-    return out
+    opts = {k: v for k, v in table.items() if k not in allowed_extra}
+    try:
+        return check_options(opts)
+    except OptionError as e:
+        msg = str(e)
+        if msg.startswith("unknown key") and allowed_extra:  # the keys a scenario table takes besides options
+            msg = msg.replace("; known Test options: ", f"; known Test options: {', '.join(allowed_extra)}, ")
+        raise CampaignError(f"{where}: {msg}") from None
 
 
 # -- axes -------------------------------------------------------------------------------------
@@ -125,22 +93,21 @@ class Scenario:
 
 @dataclass(frozen=True)
 class Implementation:
-    """The system under test: the lab's reference servers, or a `lab.sut` system (`test.extra["sut"]`)."""
+    """The system under test: the lab's reference servers, or a `lab.sut` system (`Test.sut`)."""
 
     name: str
     sut: str = REFERENCE
-    url: str | None = None  # -> test.extra["urls"] (the runner's external servers)
-    api_key_file: str | None = None  # -> test.extra["api_key_file"]
-    commit_mode: str | None = None  # -> test.extra["commit_mode"] (fenced / unfenced: docs/third-party.md)
+    url: str | None = None  # -> Test.urls (the runner's external servers)
+    api_key_file: str | None = None  # -> Test.api_key_file
+    commit_mode: str | None = None  # -> Test.commit_mode (fenced / unfenced: docs/third-party.md)
     backend: str | None = None  # -> Test.backend: local processes, Docker Compose (docs/compose.md) or SSH nodes
-    hosts: str | None = None  # -> test.extra["hosts_file"]: the SSH nodes of backend "ssh" (docs/ssh-backend.md)
+    hosts: str | None = None  # -> Test.hosts_file: the SSH nodes of backend "ssh" (docs/ssh-backend.md)
 
-    def extra(self) -> dict[str, Any]:
-        """What this implementation puts in `test.extra` (nothing for the reference servers)."""
-        if self.sut == REFERENCE and self.url is None:
-            return {"hosts_file": self.hosts} if self.hosts else {}
+    def options(self) -> dict[str, Any]:
+        """The Test fields this implementation sets (none for the reference servers on the local backend)."""
         out = {"sut": self.sut if self.sut != REFERENCE else None, "urls": [self.url] if self.url else None,
-               "api_key_file": self.api_key_file, "commit_mode": self.commit_mode}
+               "api_key_file": self.api_key_file, "commit_mode": self.commit_mode, "backend": self.backend,
+               "hosts_file": self.hosts}
         return {k: v for k, v in out.items() if v is not None}
 
 
@@ -279,7 +246,7 @@ def _scenarios(source: str, value: Any) -> list[Scenario]:
             base = _scenario_options(known[named])
             inherited = {k: v for k, v in base.items() if k in OPTIONS}
             extra = {k: v for k, v in base.items() if k not in OPTIONS and k not in AXIS_FIELDS}
-            opts = _merge_options(inherited, {"extra": {**extra, "scenario": named}}, opts)
+            opts = _merge_options(inherited, {"extra": extra} if extra else {}, {"scenario": named}, opts)
         description = table.get("description", "")
         if not isinstance(description, str):
             raise CampaignError(f"{here} description must be a string, not {description!r}")
@@ -516,16 +483,26 @@ class PlannedRun:
 
     def to_test(self) -> Test:
         """A fresh Test for this run."""
-        opts = {k: v for k, v in self.options.items() if k != "servers"}
-        extra = {"servers": self.options.get("servers", 2), **opts.pop("extra", {})}
         return Test(name=self.test_name, workload=self.workload, seed=self.seed, nemesis=list(self.nemesis_names),
-                    extra=extra, **opts)
+                    **self.options)
 
     def test_options(self) -> dict[str, Any]:
         """The Test's options as saved in campaign.json (what decides whether a finished run still matches)."""
-        t = self.to_test().to_json()
-        return {k: t[k] for k in ("name", "workload", "time_limit", "concurrency", "rate", "keys", "seed", "ttl_ms",
-                                  "nemesis", "nemesis_interval", "extra", "backend")}
+        return saved_options(self.to_test().to_json())
+
+
+# the Test fields campaign.json keeps per run (a run whose saved options differ is run again on resume)
+SAVED_FIELDS = ("name", "workload", "time_limit", "concurrency", "rate", "keys", "seed", "ttl_ms", "nemesis",
+                "nemesis_interval", "backend", "sut", "urls", "api_key_file", "servers", "commit_mode", "hosts_file",
+                "scenario", "deadline_s", "store_db", "extra")
+
+
+def saved_options(test_json: Mapping[str, Any]) -> dict[str, Any]:
+    """The saved options of a test.json-shaped object; an old campaign.json's (options in `extra`) reads the same."""
+    test = Test.from_json(dict(test_json))
+    if test.servers is None and not test.urls:  # what the lab's own stack starts: saved as the number it is
+        test.servers = DEFAULT_SERVERS
+    return {k: v for k, v in test.to_json().items() if k in SAVED_FIELDS}
 
 
 def expand(spec: Spec) -> list[PlannedRun]:
@@ -536,11 +513,8 @@ def expand(spec: Spec) -> list[PlannedRun]:
             range(spec.repetitions)):
         if _excluded(spec, wl, label, sc.name, impl.name):
             continue
-        impl_opts = {"extra": impl.extra()} if impl.extra() else {}
-        if impl.backend:
-            impl_opts["backend"] = impl.backend
         runs.append(PlannedRun(spec.name, wl, label, tuple(names), sc.name, impl.name, seed, rep,
-                               _merge_options(spec.defaults, sc.options, impl_opts)))
+                               _merge_options(spec.defaults, sc.options, impl.options())))
     return runs
 
 

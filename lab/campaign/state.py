@@ -107,12 +107,26 @@ def merge_plan(old: dict[str, Any], spec: Spec, plan: list[PlannedRun], store_di
     previous = {e.get("id"): e for e in old["runs"] if isinstance(e, dict)}
     for i, entry in enumerate(state["runs"]):
         before = previous.get(entry["id"])
-        if before is not None and before.get("test") == entry["test"]:
+        if before is not None and _same_options(before.get("test"), entry["test"]):
             state["runs"][i] = {**entry, **{k: v for k, v in before.items() if k in entry and k != "test"}}
     dropped = [k for k in previous if k not in {e["id"] for e in state["runs"]}]
     if dropped:
         state["dropped"] = sorted(set(old.get("dropped", [])) | set(dropped))
     return state
+
+
+def _same_options(before: Any, now: dict[str, Any]) -> bool:
+    """Do a run's saved options match the plan's (also those an older lab saved, with its options in `extra`)?"""
+    from lab.campaign.spec import saved_options
+
+    if before == now:
+        return True
+    if not isinstance(before, dict) or not isinstance(before.get("extra", {}), dict):
+        return False
+    try:
+        return saved_options(before) == now
+    except (TypeError, ValueError):  # a damaged entry matches nothing: its run is planned again
+        return False
 
 
 def find_run_dir(store_dir: Path, test_name: str, started: str | None) -> Path | None:

@@ -94,18 +94,10 @@ class Target:
         """Is the target a system the lab does not start?"""
         return bool(self.urls) or self.sut != "reference"
 
-    def extra(self) -> dict[str, Any]:
-        """What the target puts in each Test's `extra`."""
-        out: dict[str, Any] = {}
-        if self.sut != "reference":
-            out["sut"] = self.sut
-        if self.urls:
-            out["urls"] = list(self.urls)
-        if self.api_key_file:
-            out["api_key_file"] = self.api_key_file
-        if self.hosts_file:
-            out["hosts_file"] = self.hosts_file
-        return out
+    def options(self) -> dict[str, Any]:
+        """The Test fields the target sets on each run."""
+        return {"sut": self.sut, "urls": list(self.urls), "api_key_file": self.api_key_file,
+                "hosts_file": self.hosts_file, "backend": self.backend}
 
     def describe(self) -> dict[str, Any]:
         """The target as evidence.json records it (never a key)."""
@@ -194,8 +186,7 @@ def _scenario_test(name: str, seed: int, base: str, depth: Depth, target: Target
     from lab.scenarios import apply_scenario
     from lab.testmap import Test
 
-    test = Test(name=f"{base}/{name}-s{seed}", seed=seed, extra={**target.extra(), "scenario": name},
-                backend=target.backend)
+    test = Test(name=f"{base}/{name}-s{seed}", seed=seed, scenario=name, **target.options())
     apply_scenario(test, {"name"})
     test.time_limit = round(test.time_limit * depth.time_scale, 3)
     return test
@@ -208,8 +199,8 @@ def _fault_test(run: ExtraRun, seed: int, base: str, target: Target):
     opts = {"time_limit": 10.0, "concurrency": 5, "rate": 40.0, "keys": 2, "ttl_ms": 1000, "nemesis_interval": 1.5}
     opts.update(run.options)
     return Test(name=f"{base}/{run.name}-s{seed}", workload=run.workload, seed=seed, nemesis=list(run.nemesis),
-                backend=target.backend, extra={**target.extra(), "servers": 2}, **{k: (int(v) if k in ("concurrency", "keys", "ttl_ms")
-                                                              else float(v)) for k, v in opts.items()})
+                **target.options(), **{k: (int(v) if k in ("concurrency", "keys", "ttl_ms") else float(v))
+                                       for k, v in opts.items()})
 
 
 def _execute(rec: RunRecord, test, store_dir: Path, evidence_dir: Path,
@@ -308,7 +299,14 @@ def run_evidence(spec: EvidenceSpec, store_dir: Path, *, depth: str | None = Non
             if target.external:
                 rec.not_applicable = "its faults act on the lab's own stack"
                 continue
-            _execute(rec, _fault_test(run, seed, base, target), store_dir, evidence_dir, runner)
+            try:
+                test = _fault_test(run, seed, base, target)
+                validate(test)
+            except (RunError, ValueError) as e:
+                rec.error = str(e)
+                echo(f"  {run.name} s{seed}: cannot run: {e}")
+                continue
+            _execute(rec, test, store_dir, evidence_dir, runner)
             echo(f"  {run.name} s{seed}: {_line(rec)}")
             _write(spec, d, target, evidence_dir, records, started)
     evidence = _write(spec, d, target, evidence_dir, records, started)

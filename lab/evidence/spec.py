@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from lab.testmap import OptionError, check_options
+
 TABLES = ("matrix", "races")
 ROW_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,31}$")
 TOP_KEYS = ("name", "description", "default_depth", "depths", "rows")
@@ -194,8 +196,12 @@ def _extra_run(where: str, table: Any, row_ids: set[str]) -> ExtraRun:
         if r not in row_ids:
             raise EvidenceError(f"{where}.rows: unknown row {r!r}")
     options = {k: v for k, v in t.items() if k not in ("workload", "nemesis", "rows")}
+    try:  # typed by lab.testmap's one option schema; the runner's validate() checks the ranges of each run
+        check_options(options, allowed=RUN_KEYS)
+    except OptionError as e:
+        raise EvidenceError(f"{where}.{e}") from None
     for k, v in options.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        if v <= 0:
             raise EvidenceError(f"{where}.{k} must be a positive number, not {v!r}")
     return ExtraRun(wl, nemesis, rows, options)
 

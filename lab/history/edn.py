@@ -40,8 +40,7 @@ from typing import Any
 import edn_format
 from edn_format import ImmutableDict, ImmutableList, Keyword, Symbol
 
-from lab.history.files import HistoryWarning
-from lab.history.ops import NEMESIS, HistoryError, is_client_process, validate_op
+from lab.history.ops import NEMESIS, HistoryError, HistoryWarning, is_client_process, validate_op
 
 __all__ = ["read_edn", "read_edn_report", "write_edn", "EXPORT_MARKER"]
 

@@ -5,7 +5,7 @@
 `SCENARIOS` maps each name to its `Scenario` (script, faults, Test options,
 checker); campaigns name them with `scenario = "<name>"` and read their
 `options`. The runner asks `scenario_workload(test)` for the workload of a
-Test whose `extra["scenario"]` names one. See docs/scenarios.md.
+Test whose `scenario` names one. See docs/scenarios.md.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ c1, and thread 2 is group c2 to lease-1.
 
 ## How the runner uses it
 
-`test.extra["scenario"]` names the scenario. `lab.runner.validate` refuses an
+`test.scenario` names the scenario. `lab.runner.validate` refuses an
 unknown one, one that needs the lab's stack against an external system (`not
 applicable to an external system: ...`), `--nemesis` (a scenario brings its
 own faults), and too few threads or servers. `run_test` replaces the workload

@@ -31,6 +31,7 @@ from typing import Any
 
 from lab.stack.leaseserver import LeaseServerProcess
 from lab.secrets import redact_url
+from lab.testmap import servers_problem
 from lab.stack.base import StackFiles, write_private_json  # noqa: F401 - re-exported
 from lab.stack.errors import NAME_RE, StackError, fencelab_home, stack_dir  # noqa: F401 - re-exported
 from lab.stack.clock import faketime_env
@@ -90,8 +91,8 @@ class StackOptions:
         return self.store or self.recovery_store
 
     def validate(self) -> None:
-        if not 1 <= self.servers <= 16:
-            raise StackError(f"--servers must be between 1 and 16, not {self.servers}")
+        if servers_problem(self.servers):  # the one range check of a server count (lab.testmap)
+            raise StackError(servers_problem(self.servers))
         if self.store_url is not None:
             from urllib.parse import urlsplit
 

@@ -48,6 +48,7 @@ from lab.stack.process import ProcessError, port_open
 from lab.stack.remote import (RemoteError, RemoteFakeClock, RemoteProcess, SshHost, SshTarget, parse_target,
                               remote_process)
 from lab.stack.valkey import PERSISTENCE_MODES, valkey_argv
+from lab.testmap import servers_problem
 from nemesis.core import NemesisUnavailable
 from nemesis.netns import NetnsPartition
 from nemesis.core import Rounds, as_rng
@@ -137,8 +138,8 @@ class SshOptions:
         if not kh.is_file():
             raise StackError(f"--known-hosts {kh} does not exist: add the hosts' keys first (strict host-key checking)")
         n = len(targets)
-        if not 1 <= self.servers <= 16:
-            raise StackError(f"--servers must be between 1 and 16, not {self.servers}")
+        if servers_problem(self.servers):  # the one range check of a server count (lab.testmap)
+            raise StackError(servers_problem(self.servers))
         if self.persistence not in PERSISTENCE_MODES:
             raise StackError(f"--persistence must be one of {', '.join(PERSISTENCE_MODES)}, not {self.persistence!r}")
         for opt, node in (("--valkey-node", self.valkey_node), ("--store-node", self.store_node)):

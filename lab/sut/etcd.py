@@ -507,10 +507,9 @@ def check_etcd(test: Any) -> None:
     from lab.sut.protocol import SutError
     from lab.sut.valkey_lock import COMMIT_MODES
 
-    extra = getattr(test, "extra", None) or {}
-    mode = extra.get("commit_mode")
+    mode = getattr(test, "commit_mode", None)
     if mode is not None and mode not in COMMIT_MODES:
         raise SutError(f"--commit-mode must be one of {', '.join(COMMIT_MODES)}, not {mode!r}")
-    for url in extra.get("urls") or []:
+    for url in getattr(test, "urls", None) or []:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise SutError(f"--url for SUT 'etcd' is an etcd member's client URL (http://host:2379), not {url!r}")

@@ -186,7 +186,7 @@ def declared_processes(test: Any) -> SystemProcesses | None:
     """The processes the test's system declares, or None (the reference stack, or a system behind --url)."""
     from lab.sut.registry import sut_of
 
-    if (getattr(test, "extra", None) or {}).get("urls"):
+    if getattr(test, "urls", None):
         return None
     entry = sut_of(test)
     if entry.processes is None:
@@ -205,7 +205,7 @@ def declares_processes(test: Any) -> bool:
     from lab.sut.protocol import SutError
     from lab.sut.registry import sut_of
 
-    if (getattr(test, "extra", None) or {}).get("urls"):
+    if getattr(test, "urls", None):
         return False
     try:
         return sut_of(test).processes is not None
@@ -226,15 +226,14 @@ def check_test(test: Any) -> None:
             decl.check_installed()
         except Exception as e:  # noqa: BLE001 - a missing tool is one clear line
             raise SutError(f"SUT {decl.system!r}: {e}" + (f"; {decl.install}" if decl.install else "")) from None
-    extra = getattr(test, "extra", None) or {}
     backend = getattr(test, "backend", None) or "local"
     if backend != "local":
         raise SutError(f"--backend {backend} places the reference stack; SUT {decl.system!r} runs its own "
                        "processes on this machine's loopback: drop --backend")
-    if extra.get("mutant"):
+    if getattr(test, "mutant", None):
         raise SutError(f"--mutant plants a bug in the lab's own reference servers; SUT {decl.system!r} runs "
                        "its own processes: drop --mutant")
-    if extra.get("scenario"):
+    if getattr(test, "scenario", None):
         raise SutError(f"--scenario drives the reference server's hooks; SUT {decl.system!r} runs its own "
                        "processes: drop --scenario (use --nemesis)")
     check_nemeses(decl, getattr(test, "nemesis", None) or [])

@@ -9,7 +9,7 @@ own with an entry point in the `fencelab.suts` group
 
 or at import time with `register_sut("mysystem", MyLeaseSystem)`; a name of
 the form `module.path:Factory` is imported directly (a system in a loose
-file on `sys.path`, no packaging needed). `test.extra["sut"]` names the
+file on `sys.path`, no packaging needed). `test.sut` names the
 system a run uses (default `reference`).
 
 A factory declares the optional abilities it has (`capabilities`, a subset
@@ -177,8 +177,8 @@ def require_capabilities(entry: SutEntry, workload: str) -> None:
 
 
 def sut_of(test: Any) -> SutEntry:
-    """The system a test runs against: `test.extra["sut"]`, default `reference`."""
-    return get_sut((getattr(test, "extra", None) or {}).get("sut", DEFAULT_SUT))
+    """The system a test runs against: `test.sut`, default `reference`."""
+    return get_sut(getattr(test, "sut", None) or DEFAULT_SUT)
 
 
 def validate_test(test: Any) -> SutEntry:
@@ -241,11 +241,11 @@ class CheckedSystem:
 # -- credentials and findings for the built-in HTTP systems --------------------------------------------------
 
 def api_key_for(test: Any, capability: str = "targets:lease") -> str:
-    """The run's API key: `test.extra["api_key_file"]`, else the stack's credentials, else $FENCELAB_API_KEY."""
+    """The run's API key: `test.api_key_file`, else the stack's credentials, else $FENCELAB_API_KEY."""
     live = test.live
     if "sut_api_key" in live:
         return live["sut_api_key"]
-    path = (test.extra or {}).get("api_key_file")
+    path = test.api_key_file
     if path:
         try:
             key = Path(path).read_text(encoding="utf-8").strip()

@@ -16,7 +16,7 @@ two and hide what the lock did.
   commits go through the store's token guard (`lab.couch.FENCE_VALIDATE`, the
   `validate_doc_update` rule the reference server's commit boundary relies on)
   by default, or on belief alone with `commit_mode = "unfenced"`
-  (`test.extra["commit_mode"]`, `--commit-mode`).
+  (`test.commit_mode`, `--commit-mode`).
 
   The INCR is a second command after SET NX, not atomic with it: a holder that
   stalls between the two (a pause, a slow link) can lose the lock by expiry,
@@ -462,8 +462,8 @@ NOT_CLAIMED_UNFENCED = {**NOT_CLAIMED, "fencing": "valkey-lock hands out no fenc
 
 
 def commit_mode_of(test: Any, default: str) -> str:
-    """`test.extra["commit_mode"]` (fenced / unfenced), else the system's default."""
-    mode = (getattr(test, "extra", None) or {}).get("commit_mode") or default
+    """`test.commit_mode` (fenced / unfenced), else the system's default."""
+    mode = getattr(test, "commit_mode", None) or default
     return mode
 
 
@@ -485,11 +485,11 @@ def check_valkey_lock(test: Any) -> None:
     """Before anything starts: `valkey-lock` cannot commit fenced (it has no token); modes are known."""
     from lab.sut.protocol import SutError
 
-    mode = (getattr(test, "extra", None) or {}).get("commit_mode")
+    mode = getattr(test, "commit_mode", None)
     if mode is not None and mode not in COMMIT_MODES:
         raise SutError(f"--commit-mode must be one of {', '.join(COMMIT_MODES)}, not {mode!r}")
     if mode == "fenced" and test.sut_name() == "valkey-lock":
         raise SutError("SUT 'valkey-lock' hands out no fencing token, so it cannot commit through the store's token "
                        "guard: use --commit-mode unfenced, or SUT 'valkey-lock-fenced'")
-    if test.extra.get("urls"):
+    if test.urls:
         raise SutError(f"SUT {test.sut_name()!r} talks to Valkey directly: it runs on a lab stack, not with --url")
