@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -322,29 +323,15 @@ def prune_register(ops: list) -> list:
     crashed = [op for op in ops if op.ret is None and op.input.f != "read"]
     if not crashed:
         return ops
-    observed_until: dict[Any, float] = {}  # value -> latest return position of an observer (inf: never returns)
     inf = float("inf")
+    # Observers as (value, return position), then one dict built in return order: the last entry per value,
+    # its latest observer, wins (comprehensions and a C-level sort: this runs once per op of every partition).
+    observers = [(op.output.value, op.ret) for op in ops if op.input.f == "read" and op.output.type == "ok"]
+    observers += [(op.input.value[0], inf if op.ret is None else op.ret) for op in ops
+                  if op.input.f == "cas" and op.input.value.__class__ is tuple and len(op.input.value) == 2]
+    observers.sort(key=itemgetter(1))
+    observed_until: dict[Any, float] = dict(observers)  # value -> latest return of an observer (inf: never)
     get = observed_until.get
-    for op in ops:
-        inp = op.input
-        f = inp.f
-        if f == "read":
-            out = op.output
-            if out.type != "ok":
-                continue
-            v = out.value
-        elif f == "cas":
-            cas = inp.value
-            if cas.__class__ is not tuple or len(cas) != 2:
-                continue
-            v = cas[0]
-        else:
-            continue
-        r = op.ret
-        if r is None:
-            r = inf
-        if r > get(v, -1):
-            observed_until[v] = r
     drop = set()
     for op in crashed:
         inp = op.input

@@ -43,8 +43,8 @@ def validate(test: Test) -> None:
     """
     from workloads import get_workload
 
-    try:
     _validate_fields(test)
+    try:
         get_workload(test.workload)
     except ValueError as e:
         raise RunError(str(e)) from None
@@ -54,7 +54,6 @@ def validate(test: Test) -> None:
         (1 <= test.concurrency <= 1000, f"--concurrency must be between 1 and 1000, not {test.concurrency}"),
         (1 <= test.keys <= 10_000, f"--keys must be between 1 and 10000, not {test.keys}"),
         (50 <= test.ttl_ms <= 3_600_000, f"--ttl-ms must be between 50 and 3600000, not {test.ttl_ms}"),
-    ]
         (test.servers is None or not servers_problem(test.servers), servers_problem(test.servers)),
         (test.deadline_s is None or test.deadline_s > 0, f"deadline_s must be > 0 seconds, not {test.deadline_s}"),
         (test.commit_mode in (None, *COMMIT_MODES),
@@ -62,6 +61,7 @@ def validate(test: Test) -> None:
         (not (test.servers is not None and test.urls),
          "--servers sets how many lease servers the lab's own stack starts; with --url the system under test "
          "is external: drop --servers (give one --url per server)"),
+    ]
     for ok, msg in checks:
         if not ok:
             raise RunError(msg)
@@ -102,6 +102,7 @@ def validate(test: Test) -> None:
         if not test.nemesis_interval > 0:
             raise RunError(f"--nemesis-interval must be > 0 seconds, not {test.nemesis_interval}")
 
+
 def _validate_fields(test: Test) -> None:
     """Each field holds its declared type (testmap's schema), and no first-class option hides in `extra`."""
     problem = field_problem(test)
@@ -110,7 +111,6 @@ def _validate_fields(test: Test) -> None:
     hidden = sorted(set(test.extra) & set(FIRST_CLASS))
     if hidden:
         raise RunError(f"extra[{hidden[0]!r}]: {hidden[0]} is a Test field; set test.{hidden[0]} instead")
-
 
 
 def _validate_mutant(test: Test) -> None:

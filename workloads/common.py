@@ -84,7 +84,7 @@ def completion(result: Result, value: Any, **extra: Any) -> dict[str, Any]:
 def lease_client(test, node: str, *, instance: str | None = None, timeout_s: float = 5.0):
     """The system under test's client for one worker against `node` (a `lab.sut.LeaseSystem`).
 
-    The system is `test.extra["sut"]` (default `reference`: a LeaseClient with the
+    The system is `test.sut` (default `reference`: a LeaseClient with the
     stack's credentials); a workload needing an ability the system lacks is refused here.
     """
     from lab.sut import open_system

@@ -214,7 +214,7 @@ def workload(test):
     written: set[str] = set()  # every key the generator sent a commit for (burst and solo keys too)
     return Workload(
         name="fenced-append",
-        client=FencedAppendClient(ttl_ms=test.ttl_ms, deadline_s=float(test.extra.get("deadline_s", 2.0))),
+        client=FencedAppendClient(ttl_ms=test.ttl_ms, deadline_s=float(test.deadline_s or 2.0)),
         generator=exercise(test, recording_commits(session(keys), written), recording_commits(burst, written)),
         # read back every document a commit was sent to: no acknowledged commit may be missing from any of them
         final_generator=gen.bind(lambda test, ctx: [{"f": "read", "key": k, "value": {"doc": doc_id(k)}}

@@ -103,7 +103,7 @@ def workload(test):
     keys = key_names(test.keys)
     return Workload(
         name="idempotency",
-        client=IdempotencyClient(ttl_ms=test.ttl_ms, deadline_s=float(test.extra.get("deadline_s", 2.0))),
+        client=IdempotencyClient(ttl_ms=test.ttl_ms, deadline_s=float(test.deadline_s or 2.0)),
         generator=exercise(test, session(keys), burst),
         checker=compose({name: get_checker(name) for name in ("idempotency", "fencing", "lease-state",
                                                                 "mutual-exclusion")}),

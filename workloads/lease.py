@@ -207,10 +207,10 @@ def workload(test):
     from workloads.common import exercise, key_names
 
     keys = key_names(test.keys)
-    ttl_ms = int(test.extra.get("ttl_ms", test.ttl_ms))
+    ttl_ms = int(test.ttl_ms)
     return Workload(
         name="lease",
-        client=LeaseWorkloadClient(ttl_ms=ttl_ms, deadline_s=float(test.extra.get("deadline_s", 2.0))),
+        client=LeaseWorkloadClient(ttl_ms=ttl_ms, deadline_s=float(test.deadline_s or 2.0)),
         generator=exercise(test, session(keys), burst),
         checker=lease_checker(test),
         doc=DOC,

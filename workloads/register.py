@@ -103,7 +103,7 @@ def workload(test):
 
     return Workload(
         name="register",
-        client=RegisterClient(timeout_s=float(test.extra.get("deadline_s", 1.0))),
+        client=RegisterClient(timeout_s=float(test.deadline_s or 1.0)),
         generator=gen.stagger(1.0 / test.rate, one),
         checker=compose({"linearizable": get_checker("linearizable", model="cas-register"),
                          "availability": get_checker("availability")}),

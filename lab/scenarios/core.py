@@ -29,7 +29,7 @@ At run time `Tagged` refuses undeclared tags too, so a typo'd lookup can never
 return None and let a check pass without testing anything.
 
 `scenario_workload(test)` turns a Test naming a scenario
-(`test.extra["scenario"]`) into a `ScenarioWorkload`, which the runner uses
+(`test.scenario`) into a `ScenarioWorkload`, which the runner uses
 like any workload plus `build_nemesis(test) -> (nemesis, script)`.
 """
 
@@ -416,8 +416,8 @@ class ScenarioChecker:
 
 
 def scenario_of(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
-    """The scenario a Test names (`test.extra["scenario"]`), or ScenarioError listing the known ones."""
-    name = (getattr(test, "extra", None) or {}).get("scenario")
+    """The scenario a Test names (`test.scenario`), or ScenarioError listing the known ones."""
+    name = getattr(test, "scenario", None)
     if name not in registry:
         raise ScenarioError(f"--scenario: unknown scenario {name!r}; known: {', '.join(registry)}")
     return registry[name]
@@ -441,7 +441,7 @@ def validate_scenario(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
     if test.concurrency < sc.min_concurrency:
         raise ScenarioError(f"--scenario {sc.name} drives {sc.min_concurrency} client threads: --concurrency must be "
                             f">= {sc.min_concurrency}, not {test.concurrency}")
-    servers = int(test.extra.get("servers", 2))
+    servers = test.server_count()
     if not is_external(test) and servers < sc.min_servers:
         raise ScenarioError(f"--scenario {sc.name} needs {sc.min_servers} lease servers: --servers must be "
                             f">= {sc.min_servers}, not {servers}")
@@ -472,9 +472,7 @@ def apply_scenario(test: Any, registry: Mapping[str, Scenario], given: frozenset
     for key, value in sc.options.items():
         if key in given:
             continue
-        if key == "servers":
-            test.extra["servers"] = value
-        elif key in TEST_OPTIONS:
+        if key in TEST_OPTIONS:
             setattr(test, key, value)
         else:
             test.extra.setdefault(key, value)

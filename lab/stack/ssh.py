@@ -118,8 +118,8 @@ class SshOptions:
     store_port: int = 5984
     server_port: int = 8080  # the next ones for a second server on the same node
     connect_timeout: float = 10.0
-
     mutant: str = ""  # a planted bug in every lease server (lab/server/mutants, docs/mutants.md); "" = none
+
     def validate(self) -> list[SshTarget]:
         """Check every option; the parsed targets, or StackError naming the bad option."""
         if not self.nodes:
@@ -142,12 +142,12 @@ class SshOptions:
             raise StackError(servers_problem(self.servers))
         if self.persistence not in PERSISTENCE_MODES:
             raise StackError(f"--persistence must be one of {', '.join(PERSISTENCE_MODES)}, not {self.persistence!r}")
-        for opt, node in (("--valkey-node", self.valkey_node), ("--store-node", self.store_node)):
         if self.mutant:
             from lab.server.mutants import MUTANT_NAMES  # the server's registry: only needed when a bug is planted
 
             if self.mutant not in MUTANT_NAMES:
                 raise StackError(f"--mutant: unknown mutant {self.mutant!r}; known: {', '.join(MUTANT_NAMES)}")
+        for opt, node in (("--valkey-node", self.valkey_node), ("--store-node", self.store_node)):
             if node is not None and not (isinstance(node, int) and 1 <= node <= n):
                 raise StackError(f"{opt} must be a node number between 1 and {n}, not {node!r}")
         if self.server_nodes is not None:
@@ -329,9 +329,9 @@ class SshStack(StackFiles):
                     "--audit-log", f"{rdir}/audit/{name}.jsonl"]
             if store_url and tools[node].get("store_url"):
                 argv += ["--store-url", store_url]
-            srv = self._start(name, "lease", node, argv, {"http": port}, rdir, self._clock_env(name, node, opts, tools))
             if opts.mutant:  # a planted bug (lab runs only): the host runs this checkout's server (source hash)
                 argv += ["--allow-mutants", "--mutant", opts.mutant]
+            srv = self._start(name, "lease", node, argv, {"http": port}, rdir, self._clock_env(name, node, opts, tools))
             self.info["lease_servers"].append(srv.url)
             self.info["client_nodes"] = list(self.info["lease_servers"])
             self.save_state()

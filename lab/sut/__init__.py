@@ -5,7 +5,7 @@ methods (`acquire`, `renew`, `release`, `inspect`, `aclose`, plus the
 optional `commit` / `force_release` / `revoke` it declares in
 `capabilities`), returning the lab's typed `Result` / `Lease`; register it
 (`register_sut`, or an entry point in the `fencelab.suts` group, or name it as
-`module.path:Factory`) and run with `test.extra["sut"] = name`. See
+`module.path:Factory`) and run with `test.sut = name`. See
 docs/plugging-in-a-system.md. Built in: `reference` and `starintel`.
 """
 

@@ -46,7 +46,7 @@ def probe_external(test: Any, *, needs_store: bool, timeout_s: float = 3.0) -> d
 
 
 async def _probe(test: Any, *, needs_store: bool, timeout_s: float) -> dict[str, Any]:
-    urls = list((test.extra or {}).get("urls") or [])
+    urls = list(test.urls or [])
     done: dict[str, Any] = {"urls": [], "store": None}
     async with httpx.AsyncClient(timeout=timeout_s) as http:
         for url in urls:
@@ -132,7 +132,7 @@ async def _store(http: httpx.AsyncClient, url: str, db: str, *, create: bool) ->
 
 def store_db(test: Any) -> str:
     """The database the server under test writes its fenced documents into (`--store-db`, default fencelab)."""
-    return str((test.extra or {}).get("store_db") or "fencelab")
+    return str(test.store_db or "fencelab")
 
 
 def lab_owns_store(test: Any) -> bool:
@@ -142,12 +142,11 @@ def lab_owns_store(test: Any) -> bool:
     (`--lab-owns-store`). Never in a store the system under test brought: the guard is protection the lab
     would be supplying to the system it tests.
     """
-    extra = test.extra or {}
-    if extra.get("lab_owns_store"):
+    if test.lab_owns_store:
         return True
     from lab.runner import is_external
 
-    return not is_external(test) and not extra.get("store_url")
+    return not is_external(test) and not test.store_url
 
 
 def _json(r: httpx.Response) -> Any:
