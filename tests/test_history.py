@@ -266,6 +266,28 @@ def test_a_failed_write_is_reported_never_silent():
         w.close()
 
 
+def test_a_forked_child_does_not_write_its_parents_batch(tmp_path):
+    """A child forked mid-run (without exec) inherits the unwritten batch; exiting normally it must not write it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = (
+        "import os, sys\n"
+        "from lab.history import HistoryWriter\n"
+        "w = HistoryWriter(sys.argv[1], flush_interval=3600)\n"
+        "w.complete(w.invoke(0, 'read', None), 'ok', 1)\n"
+        "if os.fork() == 0:\n"
+        "    sys.exit(0)  # a normal exit: atexit handlers, finalizers run\n"
+        "os.wait()\n"
+        "w.close()\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "h.jsonl")], check=True, cwd=root,
+                   env={**os.environ, "PYTHONPATH": str(root)}, timeout=60)
+    assert [o["type"] for o in read_history(tmp_path / "h.jsonl")] == ["invoke", "ok"]
+
+
 def test_writer_serializes_like_json(tmp_path):
     """orjson on the hot path, json for what orjson refuses or would change: the file reads back the same."""
     values = [
