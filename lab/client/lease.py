@@ -6,35 +6,33 @@ server or network answer: the caller reads `outcome` (ok / fail / info, see
 `deadline_at` (integer Unix ms) and the whole HTTP exchange (pool wait,
 connect, send, receive) is bounded by it.
 
-The HTTP transport is aiohttp (one `ClientSession` per client, HTTP/1.1
-keep-alive): measured in bench/client_path.py it costs a fraction of httpx's
-CPU per request (httpcore's pool scans every connection on each request). An
-`httpx.AsyncClient` passed as `http=` is used instead (tests answer from
-`httpx.MockTransport`, lab.server.testing from `httpx.ASGITransport`).
+Transports (`transport="auto"` picks): plain `http://` goes through
+`lab.client.http11` (our request framing and keep-alive pool, replies parsed
+by httptools); `https://` and URLs an environment proxy applies to go through
+aiohttp (`lab.client.aio`, imported on first use); an `httpx.AsyncClient`
+passed as `http=` is used as it is (tests answer from `httpx.MockTransport`,
+lab.server.testing from `httpx.ASGITransport`). bench/client_path.py measured
+the libraries: none came within 2x of a minimal client's CPU per request.
 
 Whether a request may have left when the exchange failed is learnt from the
-transport's trace hooks: aiohttp's connection-obtained events (fired after the
-pool wait and the connect, before a byte of the request is written) and
-httpcore's `send_request_headers.started`. No such event -> nothing was sent
--> `fail` (`deadline_exceeded` for our deadline, `connect_error` when the
-connection could not be made); after it -> `info`. A transport that emits no
-trace events (MockTransport, ASGITransport) is treated as "may have sent".
-
-The hot path is lean: headers are encoded once, bodies are serialized with
-orjson, and aiohttp never retries a request on its own (see `_new_session`).
+transport: http11 and aiohttp (`_ProbingConnector`) flag the moment a
+connection is in hand, after the pool wait and the connect and before a byte
+of the request is written; httpcore traces `send_request_headers.started`.
+Not flagged -> nothing was sent -> `fail` (`deadline_exceeded` for our
+deadline, `connect_error` when the connection could not be made); flagged ->
+`info`. A transport that flags nothing (MockTransport, ASGITransport) is
+treated as "may have sent". No transport re-sends a request on its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
-import contextvars
 import os
 import time
 from typing import Any, Mapping
 from urllib.parse import quote, urlencode
 
-import aiohttp
 import httpx
 from yarl import URL
 
@@ -58,38 +56,6 @@ TRANSPORTS = ("auto", "http11", "aiohttp")
 KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so we never reuse a socket the server is closing
 
 
-_PROBE: contextvars.ContextVar["_SendProbe | None"] = contextvars.ContextVar("lab_client_probe", default=None)
-
-
-class _ProbingConnector(aiohttp.TCPConnector):
-    """aiohttp's pool, telling the calling task's `_SendProbe` the moment a connection is in hand.
-
-    `connect` returns after the pool wait, DNS, TCP connect, TLS and proxy CONNECT, and before a byte of the
-    request is written; nothing awaits between its return and the flag, so a deadline that strikes before it
-    proves nothing left. A connector hook rather than aiohttp's TraceConfig: the trace signals cost ~10 us of
-    CPU per request.
-    """
-
-    async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:
-        conn = await super().connect(req, traces, timeout)
-        probe = _PROBE.get()
-        if probe is not None:
-            probe.sent = True
-        return conn
-
-
-def _new_session(max_connections: int, proxy: str | None) -> aiohttp.ClientSession:
-    """One aiohttp session: a keep-alive pool of up to `max_connections`, no cookies, no redirects, no retries."""
-    connector = _ProbingConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_EXPIRY_S)
-    session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
-                                    proxy=proxy, skip_auto_headers=("User-Agent",),
-                                    timeout=aiohttp.ClientTimeout(total=None))  # our own deadline bounds each call
-    # aiohttp re-sends an idempotent-method request (GET, DELETE) once when a reused connection breaks; the lab
-    # records one request per op, and a re-send after "may have left" would hide an indefinite outcome
-    session._retry_connection = False
-    return session
-
-
 def _env_proxy(base_url: str) -> str | None:
     """The HTTP(S)_PROXY that applies to `base_url` (NO_PROXY honoured), as httpx's trust_env did."""
     from urllib.parse import urlsplit
@@ -101,18 +67,6 @@ def _env_proxy(base_url: str) -> str | None:
     if not proxy or (u.hostname and proxy_bypass(u.hostname)):
         return None
     return proxy if "://" in proxy else "http://" + proxy
-
-
-def _undecodable(exc: BaseException) -> bool:
-    """Is a ClientPayloadError caused by a body aiohttp could not decode (its content-encoding)?"""
-    from aiohttp.http_exceptions import ContentEncodingError
-
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, ContentEncodingError):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
 
 
 class _Reply:
@@ -173,8 +127,9 @@ class LeaseClient:
         self.max_connections = max_connections
         self._owns_http = http is None
         self._http = http  # an injected httpx.AsyncClient, or None: http11 or aiohttp
-        self._session: aiohttp.ClientSession | None = None  # made on first use, inside the running loop
+        self._session: Any = None  # the aiohttp ClientSession, made on first use inside the running loop
         self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._aio: Any = None  # lab.client.aio when this client uses aiohttp
         self._proxy = _env_proxy(self.base_url) if http is None else None
         self._base_url = str(URL(self.base_url))  # percent-encoded once, as aiohttp would on every call
         self._pool: http11.Pool | None = None
@@ -185,6 +140,10 @@ class LeaseClient:
             self._pool = http11.Pool(u.host, u.port, limit=max_connections, keepalive_s=KEEPALIVE_EXPIRY_S)
             self._host_header = u.host_port_subcomponent  # host[:port], IPv6 in brackets, no userinfo
             self._path_prefix = u.raw_path.rstrip("/")
+        if http is None and self._pool is None:  # https:// or proxied: aiohttp (a few hundred ms to import)
+            from lab.client import aio
+
+            self._aio = aio
         transport = getattr(http, "_transport", None)
         # http11 and aiohttp always tell; an injected httpx client only with its real network transport
         self._transport_traces = http is None or type(transport) is httpx.AsyncHTTPTransport
@@ -402,23 +361,11 @@ class LeaseClient:
                 else:
                     resp = await self._http.request(call.method, self.base_url + call.path, content=content,
                                                     params=params, headers=headers, extensions={"trace": probe})
-        except (TimeoutError, httpx.TimeoutException) as e:
-            return self._lost(call, started, probe, R.TIMEOUT, e)
-        except (http11.ConnectFailed, httpx.ConnectError, aiohttp.ClientConnectorError) as e:
-            # the TCP (or TLS, or proxy) connection was never made: nothing of the request left
-            return Result("fail", R.CONNECT_ERROR, msg=str(e) or type(e).__name__, call=call,
-                          latency_ns=time.monotonic_ns() - started)
-        except http11.BadEncoding as e:  # a complete reply whose body cannot be decoded
-            return Result("info", R.BAD_RESPONSE, msg=str(e), call=call, latency_ns=time.monotonic_ns() - started)
-        except aiohttp.ClientPayloadError as e:
-            # a reply began to arrive: a body cut short is a lost connection, an undecodable one a bad reply
-            code = R.BAD_RESPONSE if _undecodable(e) else R.CONNECTION_LOST
-            return self._lost(call, started, probe, code, e)
-        except (httpx.TransportError, aiohttp.ClientError, OSError) as e:
-            return self._lost(call, started, probe, R.CONNECTION_LOST, e)
-        except httpx.HTTPError as e:  # a reply arrived but could not be read (e.g. a bad content-encoding)
-            return Result("info", R.BAD_RESPONSE, msg=str(e) or type(e).__name__, call=call,
-                          latency_ns=time.monotonic_ns() - started)
+        except Exception as e:  # noqa: BLE001 - every transport's errors, classified below; others re-raised
+            failed = self._transport_failure(call, started, probe, e)
+            if failed is None:
+                raise
+            return failed
         latency = time.monotonic_ns() - started
         result = self._decode(call, resp)
         result.latency_ns = latency
@@ -428,6 +375,25 @@ class LeaseClient:
                 result.outcome, result.code = "info", R.LATE_REPLY
                 result.msg = "renewal reply arrived after the caller's deadline"
         return result
+
+    def _transport_failure(self, call: Call, started: int, probe: _SendProbe, e: Exception) -> Result | None:
+        """The Result of an exchange that raised `e` (None: not a transport error, let it propagate)."""
+        aio = self._aio
+        if isinstance(e, (TimeoutError, httpx.TimeoutException)):  # our deadline, or a transport's own timeout
+            return self._lost(call, started, probe, R.TIMEOUT, e)
+        if isinstance(e, (http11.ConnectFailed, httpx.ConnectError)) or (aio is not None and aio.connect_failed(e)):
+            # the TCP (or TLS, or proxy) connection was never made: nothing of the request left
+            return Result("fail", R.CONNECT_ERROR, msg=str(e) or type(e).__name__, call=call,
+                          latency_ns=time.monotonic_ns() - started)
+        if isinstance(e, http11.BadEncoding) or (aio is not None and aio.undecodable(e)):
+            # a reply arrived whose body cannot be decoded (its content-encoding)
+            return Result("info", R.BAD_RESPONSE, msg=str(e), call=call, latency_ns=time.monotonic_ns() - started)
+        if isinstance(e, (httpx.TransportError, OSError)) or (aio is not None and aio.transport_error(e)):
+            return self._lost(call, started, probe, R.CONNECTION_LOST, e)
+        if isinstance(e, httpx.HTTPError):  # a reply arrived but could not be read (e.g. a bad content-encoding)
+            return Result("info", R.BAD_RESPONSE, msg=str(e) or type(e).__name__, call=call,
+                          latency_ns=time.monotonic_ns() - started)
+        return None
 
     def _request_bytes(self, call: Call, content: bytes | None, params: Mapping[str, Any] | None,
                        headers: Any) -> bytes:
@@ -443,23 +409,13 @@ class LeaseClient:
 
     async def _aiohttp_exchange(self, call: Call, content: bytes | None, params: Mapping[str, Any] | None,
                                 headers: Any, probe: _SendProbe) -> _Reply:
-        """One request over aiohttp; the probe learns whether a connection was in hand (see the module doc)."""
-        session = self._session
-        loop = asyncio.get_running_loop()
-        if session is None or session.closed or self._session_loop is not loop:  # a session is bound to its loop
-            session = self._session = _new_session(self.max_connections, self._proxy)
-            self._session_loop = loop
+        """One request over aiohttp (lab.client.aio, imported by the constructor only for this transport)."""
         # the base URL was normalised once (`_base_url`) and our paths are quoted (`_seg`): no re-parsing per call
         url = URL(self._base_url + call.path, encoded=True)
         if params:
             url = url.update_query({k: str(v) for k, v in params.items()})
-        token = _PROBE.set(probe)
-        try:
-            async with session.request(call.method, url, data=content, headers=headers,
-                                       allow_redirects=False) as resp:
-                return _Reply(resp.status, await resp.read(), resp.headers)
-        finally:
-            _PROBE.reset(token)
+        status, body, reply_headers = await self._aio.exchange(self, call.method, url, content, headers, probe)
+        return _Reply(status, body, reply_headers)
 
     def _prepare(self, call: Call, deadline_at_ms: int, remaining_ms: int) -> tuple[Any, Any, Any]:
         """(content, params, headers) of the request on this wire: our API carries `deadline_at` in it."""
