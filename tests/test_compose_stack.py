@@ -688,3 +688,31 @@ def test_default_probe_asks_a_lease_server_for_healthz(engine):
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+def test_the_server_wheels_are_downloaded_once_per_pin_set_and_never_half(tmp_path, monkeypatch):
+    """The lease-server image's wheels: one `pip download` per set of pins (cached under .tools/cache), copied
+    into every build context; a download that fails leaves nothing a later build would take for the set."""
+    from lab import paths
+    from lab.stack import images
+
+    monkeypatch.setattr(paths, "TOOLS", tmp_path / "tools")
+    calls = []
+
+    def pip(argv, **kw):
+        calls.append(argv)
+        dest = Path(argv[argv.index("-d") + 1])
+        if len(calls) == 1:
+            (dest / "half.whl").write_bytes(b"x")
+            return subprocess.CompletedProcess(argv, 1, "", "ERROR: network is unreachable")
+        (dest / "starlette-1.0-py3-none-any.whl").write_bytes(b"wheel")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr(images.subprocess, "run", pip)
+    with pytest.raises(StackError, match=r"^downloading the lease server image's wheels failed: ERROR: network"):
+        images._download_wheels(tmp_path / "ctx0")
+    assert not any((tmp_path / "tools" / "cache" / "server-wheels").iterdir())
+    for ctx in ("ctx1", "ctx2"):
+        images._download_wheels(tmp_path / ctx)
+        assert sorted(p.name for p in (tmp_path / ctx).iterdir()) == ["starlette-1.0-py3-none-any.whl"]
+    assert len(calls) == 2

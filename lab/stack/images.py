@@ -20,6 +20,7 @@ second build a no-op), and says which set it used and how long each build took.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -146,16 +147,27 @@ def _download_wheels(into: Path) -> None:
             pins.append(f"{name}=={md.version(name)}")
         except md.PackageNotFoundError:
             pins.append(name)
-    into.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--only-binary=:all:",
-            "--python-version", SERVER_PYTHON, "--implementation", "cp", "-d", str(into)]
-    for plat in WHEEL_PLATFORMS:
-        argv += ["--platform", plat]
     extras = [r for r in reqs if r and "[" in r]  # uvicorn[standard]: its extras too
-    r = subprocess.run([*argv, *pins, *extras], capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
-        raise StackError(f"downloading the lease server image's wheels failed: {last}")
+    # the same pins give the same wheels: download once per set (.tools/cache), copy into each build context
+    key = hashlib.sha256(repr((SERVER_PYTHON, WHEEL_PLATFORMS, pins, extras)).encode()).hexdigest()[:16]
+    cache = paths.TOOLS / "cache" / "server-wheels" / key
+    if not (cache / ".complete").exists():
+        partial = cache.with_name(f"{key}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        argv = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--only-binary=:all:",
+                "--python-version", SERVER_PYTHON, "--implementation", "cp", "-d", str(partial)]
+        for plat in WHEEL_PLATFORMS:
+            argv += ["--platform", plat]
+        r = subprocess.run([*argv, *pins, *extras], capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+            raise StackError(f"downloading the lease server image's wheels failed: {last}")
+        (partial / ".complete").write_text(" ".join(pins + extras) + "\n")
+        shutil.rmtree(cache, ignore_errors=True)
+        partial.rename(cache)  # whole or absent: a download cut short is never taken for the set
+    shutil.copytree(cache, into, ignore=shutil.ignore_patterns(".complete"), dirs_exist_ok=True)
 
 
 def build_base(log: Path, run: Runner = subprocess.run) -> float:
