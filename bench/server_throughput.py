@@ -313,6 +313,31 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
     return out
 
 
+def valkey_io(url: str) -> dict[str, int]:
+    """Valkey's counters of commands, reads and writes (INFO stats): how well calls share its I/O."""
+    if not url:
+        return {}
+    import redis
+
+    c = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        stats = c.info("stats")
+        return {k: int(stats[k]) for k in ("total_commands_processed", "total_reads_processed",
+                                           "total_writes_processed")}
+    except redis.RedisError:
+        return {}
+    finally:
+        c.close()
+
+
+def io_line(io: dict[str, int]) -> str:
+    """Commands per read and per write Valkey processed (1.0 = one round trip per command)."""
+    if not io.get("total_reads_processed") or not io.get("total_writes_processed"):
+        return "n/a"
+    cmds = io["total_commands_processed"]
+    return f"{cmds / io['total_reads_processed']:.1f} commands per read, {cmds / io['total_writes_processed']:.1f} per write"
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds all cores spent not idle (other helpers' load included)."""
     t = psutil.cpu_times()
@@ -322,8 +347,11 @@ def machine_busy_seconds() -> float:
 class Phase:
     """One measured phase: generator children started, timed window, CPU split, summed tallies."""
 
-    def __init__(self, name: str, specs: list[dict], watched: dict[str, int], duration: float, on_window=None):
+    def __init__(self, name: str, specs: list[dict], watched: dict[str, int], duration: float, on_window=None,
+                 valkey_url: str = ""):
         self.name, self.specs, self.watched, self.duration = name, specs, watched, duration
+        self.valkey_url = valkey_url  # for Valkey's own I/O counters over the window
+        self.io: dict[str, int] = {}
         self.on_window = on_window  # called when the measurement window opens (profilers)
         self.children: list[subprocess.Popen] = []
 
@@ -339,9 +367,12 @@ class Phase:
         time.sleep(max(0.0, start_at - time.time()))
         if self.on_window is not None:
             self.on_window()
+        io0 = valkey_io(self.valkey_url)
         cpu0, busy0, t0 = cpu_seconds(watched), machine_busy_seconds(), time.monotonic()
         time.sleep(self.duration)
         cpu1, busy1, elapsed = cpu_seconds(watched), machine_busy_seconds(), time.monotonic() - t0
+        io1 = valkey_io(self.valkey_url)
+        self.io = {k: io1[k] - io0[k] for k in io0.keys() & io1.keys()}
         ops, errors = 0, Counter()
         for child in self.children:
             out, _ = child.communicate(timeout=60)
@@ -475,6 +506,8 @@ class Measured:
         self.http_cpu, self.raw_cpu = http_cpu, raw_cpu
         self.http_errors, self.raw_errors = http_errors, raw_errors
         self.profile_text, self.run_dir = profile_text, run_dir
+        self.http_io: dict[str, int] = {}
+        self.raw_io: dict[str, int] = {}
 
     @property
     def ratio(self) -> float:
@@ -520,14 +553,14 @@ def measure(servers: int = 2, duration: float = 10.0, warmup: float = 2.0, worke
         server_pids = {p.name: p.pid for p in procs}
         http = Phase("http", specs_for("http", generators, workers, time.time() + warmup + 1, duration, **common),
                      {"valkey": valkey.pid, **server_pids}, duration,
-                     on_window=(lambda: profilers.start(server_pids)) if profilers else None)
+                     on_window=(lambda: profilers.start(server_pids)) if profilers else None, valkey_url=valkey.url)
         phases.append(http)
         http_rate, http_cpu, http_errors = http.run()
         profile_text = profilers.summary() if profilers else ""
         for p in procs:  # idle servers would only blur the raw phase's CPU split
             p.stop()
         raw = Phase("raw", specs_for("raw", generators, workers, time.time() + warmup + 1, duration, **common),
-                    {"valkey": valkey.pid}, duration)
+                    {"valkey": valkey.pid}, duration, valkey_url=valkey.url)
         phases.append(raw)
         raw_rate, raw_cpu, raw_errors = raw.run()
     finally:
@@ -539,7 +572,9 @@ def measure(servers: int = 2, duration: float = 10.0, warmup: float = 2.0, worke
             proc.stop()
     if own_tmp and not profile:
         shutil.rmtree(run_dir, ignore_errors=True)
-    return Measured(http_rate, raw_rate, http_cpu, raw_cpu, http_errors, raw_errors, profile_text, run_dir)
+    m = Measured(http_rate, raw_rate, http_cpu, raw_cpu, http_errors, raw_errors, profile_text, run_dir)
+    m.http_io, m.raw_io = http.io, raw.io
+    return m
 
 
 # issue 13, target 3
@@ -613,6 +648,7 @@ def main(ctx, servers, duration, warmup, workers, generators, generator_kind, pi
     click.echo(f"cpu_http: {split(m.http_cpu)}")
     click.echo(f"cpu_raw: {split(m.raw_cpu)}")
     click.echo(f"cpu_us_per_op: http: {per_op(m.http_cpu, m.http_rate)}; raw: {per_op(m.raw_cpu, m.raw_rate)}")
+    click.echo(f"valkey_io: http: {io_line(m.http_io)}; raw: {io_line(m.raw_io)}")
     if m.http_errors or m.raw_errors:
         click.echo(f"not_ok: http={dict(m.http_errors)} raw={dict(m.raw_errors)}")
     if m.profile_text:

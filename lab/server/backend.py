@@ -148,7 +148,7 @@ def run_id_of(info: Any) -> str:
     return m.group(1)
 
 
-def pack_command(args: Sequence[Any]) -> bytes:
+def _pack_command(args: Sequence[Any]) -> bytes:
     """One command in RESP2 (hand-written: redis-py's generic encoder was a tenth of the request CPU)."""
     parts = [b"*%d\r\n" % len(args)]
     for a in args:
@@ -178,6 +178,19 @@ def stamped(cls: type) -> type:
 
 
 RECOVERING_REPLY = ("recovering", "0")  # what a call on a connection to another Valkey incarnation gets, unsent
+
+
+try:  # hiredis's C encoder (hiredis >= 2.1): the same bytes at a third of the CPU of _pack_command
+    from hiredis import pack_command as _hiredis_pack_command
+except ImportError:  # pragma: no cover - older hiredis
+    _hiredis_pack_command = None
+
+
+def pack_command(args: Sequence[Any]) -> bytes:
+    """One command in RESP2: str (UTF-8), bytes and int arguments."""
+    if _hiredis_pack_command is not None:
+        return _hiredis_pack_command(tuple(args))
+    return _pack_command(args)
 
 
 def redis_kwargs(settings: Settings) -> dict[str, Any]:

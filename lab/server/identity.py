@@ -120,7 +120,9 @@ def _check_no_path(field: str, value: str) -> None:
 def normalize_identifier(field: str, value: Any) -> str:
     """Normalize a case-insensitive ASCII identifier component."""
     text = _text(field, value)
-    if any(unicodedata.category(ch) in _FORBIDDEN_CATEGORIES for ch in text):
+    # (printable ASCII has no forbidden category: the per-character scan is for everything else)
+    if not (text.isascii() and text.isprintable()) and \
+            any(unicodedata.category(ch) in _FORBIDDEN_CATEGORIES for ch in text):
         raise IdentityError(field, "must not contain control characters")
     _check_no_path(field, text)
     text = text.lower()
@@ -139,7 +141,8 @@ def normalize_target_id(value: Any) -> str:
     text = _text(field, value)
     if not text:
         raise IdentityError(field, "must not be empty")
-    if any(unicodedata.category(ch) in _FORBIDDEN_CATEGORIES for ch in text):
+    if not (text.isascii() and text.isprintable()) and \
+            any(unicodedata.category(ch) in _FORBIDDEN_CATEGORIES for ch in text):
         raise IdentityError(field, "must not contain control or format characters")
     _check_no_path(field, text)
     if text != text.strip():
