@@ -237,6 +237,7 @@ class _Pipe:
         self.conn = conn
         self.loop = asyncio.get_running_loop()
         self.unsent: list[_Submission] = []
+        self.unsent_calls = 0  # the futures in `unsent`
         self.waiting: collections.deque[asyncio.Future] = collections.deque()
         self.broken = False
         self._on_broken = on_broken
@@ -244,7 +245,7 @@ class _Pipe:
 
     @property
     def in_flight(self) -> int:
-        return len(self.waiting) + sum(len(sub.futures) for sub in self.unsent)
+        return len(self.waiting) + self.unsent_calls
 
     def submit(self, data: bytes, n: int) -> _Submission:
         """Queue `n` packed commands for this turn's write."""
@@ -252,10 +253,11 @@ class _Pipe:
         if not self.unsent:
             self.loop.call_soon(self._flush)
         self.unsent.append(sub)
+        self.unsent_calls += n
         return sub
 
     def _flush(self) -> None:
-        subs, self.unsent = self.unsent, []
+        subs, self.unsent, self.unsent_calls = self.unsent, [], 0
         # a submission whose callers all gave up (deadline, cancellation) before this write is never sent
         subs = [sub for sub in subs if not all(f.done() for f in sub.futures)]
         if not subs:
@@ -300,7 +302,7 @@ class _Pipe:
         self.broken = True
         waiting, self.waiting = list(self.waiting), collections.deque()
         _fail(waiting, _Lost(sent=True))
-        unsent, self.unsent = self.unsent, []
+        unsent, self.unsent, self.unsent_calls = self.unsent, [], 0
         for sub in unsent:
             _fail(sub.futures, _Lost(sent=False))
         if self.reader is not asyncio.current_task():
