@@ -20,9 +20,17 @@ then measures two phases on the same machine, one after the other:
 
 It prints `http_ops_per_s=... raw_ops_per_s=... ratio=...`, how the CPU of
 each window was split between Valkey, the servers, the load generators and
-everything else on the machine (psutil CPU times; 100% = one core), and the
-CPU microseconds each spent per operation, which stay comparable when other
-work shares the machine. `--profile` samples the servers with py-spy during
+everything else on the machine (psutil CPU times; 100% = one core), the
+CPU microseconds each spent per operation (an operation = one acquire or one
+release), which stay comparable when other work shares the machine, and how
+many commands Valkey served per read and per write (its INFO stats, inner
+script calls included: how well the servers' pipelining shares its I/O).
+
+`figures(quick)` returns issue 13's server rows for `make bench`
+(bench/summary.py): Valkey CPU per operation under the HTTP load (target 25
+us), HTTP ops/s as measured and as the 2 cores would give them idle (2 x 1e6
+us over the CPU per operation of Valkey, servers and generator, measured in
+the same window), and the HTTP/raw ratio. `--profile` samples the servers with py-spy during
 the HTTP window and prints where their time went. Everything it starts is
 stopped on exit, Ctrl-C and SIGTERM included.
 
