@@ -677,3 +677,29 @@ async def test_http11_request_framing_and_header_safety():
         LeaseClient("https://lease.test", "k", service_instance_id="w", transport="http11")
     with pytest.raises(ValueError, match="transport must be one of"):
         LeaseClient(url, "k", service_instance_id="w", transport="curl")
+
+
+async def test_an_environment_proxy_is_used_and_no_proxy_is_honoured(monkeypatch):
+    """HTTP_PROXY applies as it did with httpx (trust_env): the request goes to the proxy in absolute form."""
+    seen = []
+
+    async def proxy(reader, writer):
+        seen.append(await read_request(reader))
+        payload = json.dumps(success()).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                     + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+        await writer.drain()
+        writer.close()
+    async with tcp_server(proxy) as proxy_url:
+        monkeypatch.setenv("HTTP_PROXY", proxy_url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.delenv("http_proxy", raising=False)
+        async with LeaseClient("http://lease.test:8080", "k", service_instance_id="w") as client:
+            assert client._pool is None and client._proxy == proxy_url  # aiohttp carries proxied URLs
+            r = await client.acquire(IDENT, ttl_ms=1000)
+        assert r.ok and seen[0].startswith(b"POST http://lease.test:8080/api/v1/target-leases/acquire HTTP/1.1\r\n")
+        monkeypatch.setenv("NO_PROXY", "lease.test")
+        bypass = LeaseClient("http://lease.test:8080", "k", service_instance_id="w")
+        assert bypass._proxy is None and bypass._pool is not None
+        await bypass.aclose()

@@ -31,7 +31,8 @@ import builtins
 import os
 import time
 from typing import Any, Mapping
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 import httpx
 from yarl import URL
@@ -58,9 +59,6 @@ KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so we never 
 
 def _env_proxy(base_url: str) -> str | None:
     """The HTTP(S)_PROXY that applies to `base_url` (NO_PROXY honoured), as httpx's trust_env did."""
-    from urllib.parse import urlsplit
-    from urllib.request import getproxies, proxy_bypass
-
     u = urlsplit(base_url)
     proxies = getproxies()
     proxy = proxies.get(u.scheme) or proxies.get("all")
