@@ -703,3 +703,33 @@ async def test_an_environment_proxy_is_used_and_no_proxy_is_honoured(monkeypatch
         bypass = LeaseClient("http://lease.test:8080", "k", service_instance_id="w")
         assert bypass._proxy is None and bypass._pool is not None
         await bypass.aclose()
+
+
+async def test_deadlines_striking_everywhere_leak_no_pool_slot(transport):
+    """Calls cut off while waiting for a slot, connecting or awaiting a reply give their slots back."""
+    slow = {"on": True}
+    accepted = []
+
+    async def serve(reader, writer):
+        accepted.append(writer)
+        payload = json.dumps(success()).encode()
+        try:
+            while True:
+                await read_request(reader)
+                if slow["on"]:
+                    await asyncio.sleep(10)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+                             + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+    async with tcp_server(serve) as url, \
+            LeaseClient(url, "k", service_instance_id="w", max_connections=2, transport=transport) as client:
+        cut = await asyncio.gather(*(client.acquire(IDENT, ttl_ms=1000, deadline_s=0.2) for _ in range(10)))
+        assert {(r.outcome, r.code) for r in cut} <= {("info", "timeout"), ("fail", "deadline_exceeded")}
+        assert sum(r.outcome == "info" for r in cut) <= 2  # at most one request in flight per connection
+        slow["on"] = False
+        again = await asyncio.gather(*(client.acquire(IDENT, ttl_ms=1000, deadline_s=5) for _ in range(6)))
+        assert [r.outcome for r in again] == ["ok"] * 6
+        if client._pool is not None:
+            assert client._pool.open <= 2 and not client._pool.waiters
