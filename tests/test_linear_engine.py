@@ -248,3 +248,45 @@ def test_identical_determinate_ops_are_tried_earliest_deadline_first():
     si = prepare_partition(pair_history(b.ops), get_model("cas-register"))
     res = search(si)
     assert res.valid is False and res.cache_entries < 30
+
+
+# --------------------------------------------------------------------------- sequential partitions
+
+
+def _sequential(values_read: list) -> HistoryBuilder:
+    """write 1, read, write 2, read, ... one after the other (no overlap); reads return `values_read`."""
+    b = HistoryBuilder()
+    for i, v in enumerate(values_read):
+        b.invoke(0, "write", i + 1).ok(0, i + 1)
+        b.invoke(1, "read").ok(1, v)
+    return b
+
+
+def test_a_sequential_partition_is_replayed_without_a_search():
+    si = prepare_partition(pair_history(_sequential([1, 2, 3, 4]).ops), get_model("cas-register"))
+    res = search(si)
+    assert res.valid is True and res.cache_entries == 0  # replayed in call order: no configuration cached
+
+
+def test_an_illegal_sequential_partition_gets_the_searchs_counterexample():
+    b = _sequential([1, 2, 2, 4])  # the third read returns the value written before the write that preceded it
+    si = prepare_partition(pair_history(b.ops), get_model("cas-register"))
+    res = search(si)
+    assert res.valid is False and res.cache_entries > 0
+    assert [op.index for op in res.prefix] == [0, 2, 4, 6, 8]  # write 1, read 1, write 2, read 2, write 3
+    assert [op.index for op in res.window] == [10]  # the read of 2 after write 3
+    ce = check_history(b.ops, "cas-register")["counterexample"]
+    assert ce["window"] == [10] and ce["final_state"] == "3"
+
+
+def test_overlap_or_an_info_op_leaves_the_replay_to_the_search():
+    b = _sequential([1, 2])
+    b.invoke(0, "write", 9).invoke(1, "read").ok(1, 9).ok(0, 9)  # overlapping write and read
+    res = search(prepare_partition(pair_history(b.ops), get_model("cas-register")))
+    assert res.valid is True and res.cache_entries > 0
+    c = _sequential([1, 2])
+    c.invoke(2, "write", 7).info(2)  # an unanswered write, that a later read observes
+    c.invoke(1, "read").ok(1, 7)
+    res = search(prepare_partition(pair_history(c.ops), get_model("cas-register")))
+    assert res.valid is True and res.cache_entries > 0
+    assert verdict(_sequential([1, 2, 3])) is True and verdict(_sequential([1, 1, 3])) is False
