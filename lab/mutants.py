@@ -122,6 +122,10 @@ def _options(where: str, table: Any) -> dict[str, Any]:
     """Test options, typed by lab.testmap's one schema (as a campaign's); the runner sets the mutant itself."""
     if not isinstance(table, Mapping):
         raise MutantsError(f"{where} must be a table of Test options, not {table!r}")
+    extra = table.get("extra")
+    for key, given in (("mutant", "mutant" in table), ("extra.mutant", isinstance(extra, Mapping) and "mutant" in extra)):
+        if given:
+            raise MutantsError(f"{where}: {key} is set by the runner (the entry's name); remove it")
     try:
         return check_options(dict(table))
     except OptionError as e:

@@ -160,6 +160,7 @@ OPTION_TYPES: dict[str, tuple[Any, str]] = {
     "deadline_s": (float, "a number of seconds (each request's deadline)"),
     "commit_mode": (Literal["fenced", "unfenced"], "\"fenced\" or \"unfenced\""),
     "store_db": (str, "a database name (a string)"),
+    "mutant": (str, "the name of a planted bug (docs/mutants.md)"),
     "extra": (dict[str, Any], "a table of extra test options (e.g. hold_s = 1.0)"),
 }
 OPTIONS: dict[str, str] = {name: what for name, (_t, what) in OPTION_TYPES.items()}

@@ -56,7 +56,7 @@ def test_an_ssh_implementation_names_its_hosts_file(tmp_path):
     spec = parse_spec(_spec(f'implementations = [{{ name = "nodes", sut = "reference", backend = "ssh", '
                             f'hosts = "{hosts}" }}]'), "b.toml")
     tests = [r.to_test() for r in expand(spec)]
-    assert {t.backend for t in tests} == {"ssh"} and {t.extra["hosts_file"] for t in tests} == {str(hosts)}
+    assert {t.backend for t in tests} == {"ssh"} and {t.hosts_file for t in tests} == {str(hosts)}
     with pytest.raises(CampaignError, match="go together"):
         parse_spec(_spec('implementations = [{ name = "x", sut = "reference", backend = "ssh" }]'), "b.toml")
     with pytest.raises(CampaignError, match="go together"):

@@ -97,7 +97,7 @@ def test_analyze_rejudges_a_scenario_run_with_its_own_checker(tmp_path):
     again = analyze(run_dir)
     assert again["valid"] is True and "scenario:changed-body-same-request-id" in again["results"]
     saved = json.loads((run_dir / "test.json").read_text())
-    assert saved["extra"]["scenario"] == "changed-body-same-request-id" and saved["extra"]["key_nonce"]
+    assert saved["scenario"] == "changed-body-same-request-id" and saved["extra"]["key_nonce"]
     assert "--scenario changed-body-same-request-id" in saved["replay"]
 
 
@@ -159,7 +159,7 @@ def test_campaign_specs_take_scenario_options(tmp_path):
                     '[scenarios.race2]\nscenario = "concurrent-acquires"\nconcurrency = 3\n')
     runs = validate_plan(load_spec(spec))
     tests = {r.scenario: r.to_test() for r in runs}
-    assert tests["race"].ttl_ms == 300 and tests["race"].extra["scenario"] == "renew-vs-expiry"
+    assert tests["race"].ttl_ms == 300 and tests["race"].scenario == "renew-vs-expiry"
     assert tests["race2"].concurrency == 3  # the table overrides the named scenario
 
 

@@ -137,12 +137,13 @@ def test_option_tables_are_typed_by_one_schema():
                            ({"commit_mode": "maybe"}, 'commit_mode must be "fenced" or "unfenced", not \'maybe\''),
                            ({"ttl": 3}, "unknown key 'ttl' (did you mean 'ttl_ms'?); known Test options:"),
                            ({"extra": {"deadline_s": "x"}}, "extra.deadline_s must be a number of seconds"),
-                           ({"extra": {"mutant": "x"}}, "extra.mutant is set by the runner")):
+                           ({"extra": {"scenario": "x"}}, "extra.scenario is set by the runner")):
         with pytest.raises(OptionError) as e:
             check_options(table)
         assert message in str(e.value) and "\n" not in str(e.value), (table, str(e.value))
     # an old spec's `extra = {deadline_s = ...}` lands on the field; free keys stay in extra
     assert check_options({"extra": {"deadline_s": 1.5, "hold": 1}}) == {"extra": {"hold": 1}, "deadline_s": 1.5}
+    assert check_options({"extra": {"mutant": "release-any-owner"}}) == {"mutant": "release-any-owner"}
     assert check_options({"time_limit": 2}, allowed=("time_limit",)) == {"time_limit": 2}
     with pytest.raises(OptionError, match="unknown key 'rate'"):
         check_options({"rate": 2}, allowed=("time_limit",))

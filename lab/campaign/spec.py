@@ -491,10 +491,10 @@ class PlannedRun:
         return saved_options(self.to_test().to_json())
 
 
-# the Test fields campaign.json keeps per run (a run whose saved options differ is run again on resume)
-SAVED_FIELDS = ("name", "workload", "time_limit", "concurrency", "rate", "keys", "seed", "ttl_ms", "nemesis",
-                "nemesis_interval", "backend", "sut", "urls", "api_key_file", "servers", "commit_mode", "hosts_file",
-                "scenario", "deadline_s", "store_db", "extra")
+# the Test fields campaign.json keeps per run (a run whose saved options differ is run again on resume): every
+# option; not what a run fills in (its directory, the stack's addresses, its salt)
+UNSAVED_FIELDS = ("run_dir", "nodes", "client_nodes", "lease_servers", "valkey", "store", "credentials_file",
+                  "run_salt")
 
 
 def saved_options(test_json: Mapping[str, Any]) -> dict[str, Any]:
@@ -502,7 +502,7 @@ def saved_options(test_json: Mapping[str, Any]) -> dict[str, Any]:
     test = Test.from_json(dict(test_json))
     if test.servers is None and not test.urls:  # what the lab's own stack starts: saved as the number it is
         test.servers = DEFAULT_SERVERS
-    return {k: v for k, v in test.to_json().items() if k in SAVED_FIELDS}
+    return {k: v for k, v in test.to_json().items() if k not in UNSAVED_FIELDS}
 
 
 def expand(spec: Spec) -> list[PlannedRun]:
