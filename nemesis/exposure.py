@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from lab.testmap import Test
+from lab.testmap import OptionError, Test, check_options
 
 __all__ = ["FaultRow", "FaultsError", "FaultsSpec", "RowResult", "load_spec", "render_markdown", "run_faults",
            "unavailable"]
@@ -94,15 +94,12 @@ class FaultsSpec:
 
 
 def _options(where: str, table: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for k, v in table.items():
-        if k not in TEST_OPTIONS:
-            raise FaultsError(f"{where}: unknown key {k!r}; Test options: {', '.join(TEST_OPTIONS)}")
-        want = TEST_OPTIONS[k]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (want is int and not isinstance(v, int)):
-            raise FaultsError(f"{where}: {k} must be {'an integer' if want is int else 'a number'}, got {v!r}")
-        out[k] = want(v)
-    return out
+    """Test options of a row or [defaults], typed by lab.testmap's one schema (as a campaign's)."""
+    try:
+        opts = check_options(dict(table), allowed=tuple(TEST_OPTIONS))
+    except OptionError as e:
+        raise FaultsError(f"{where}: {e}") from None
+    return {k: TEST_OPTIONS[k](v) for k, v in opts.items()}
 
 
 def parse_spec(data: dict[str, Any], source: str = "<spec>") -> FaultsSpec:
