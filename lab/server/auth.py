@@ -193,6 +193,8 @@ def write_principals_file(records: list[dict[str, Any]], path: str | Path) -> Pa
 
 def load_principals(path: str | Path) -> list[PrincipalRecord]:
     """Read and validate a principals file; PrincipalsError names the offending field."""
+    # hand-written on purpose: the server loads it at start without a schema library (see Settings.validate),
+    # and its checks are the contract's formats (ids, scopes, key hashes), not types a schema would name
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
