@@ -140,3 +140,28 @@ def test_no_false_alarm_on_a_real_run(tmp_path, args):
     assert lin["ops"] > 0
     hist = read_history(next((tmp_path / args[1]).glob("*/history.jsonl")))
     assert check_history(hist, "lease")["valid"] is True
+    # Sensitive on the same run: a later grant that repeats an earlier grant's token (C5: tokens only grow).
+    bad = _token_reused(hist)
+    assert bad is not None, "the run has no two ordered grants on one key"
+    assert linear_result(bad)["valid"] is False
+
+
+def _token_reused(hist: list[dict]) -> list[dict] | None:
+    """The history with the first grant invoked after another grant on its key completed given that grant's token."""
+    done: dict = {}  # key -> token of a grant completed so far
+    invoked: dict = {}  # process -> (position, tokens completed on its key when it was invoked)
+    for pos, op in enumerate(hist):
+        if op.get("f") != "acquire" or op.get("process") == "nemesis":
+            continue
+        if op["type"] == "invoke":
+            invoked[op["process"]] = done.get(op.get("key"))
+        elif op["type"] == "ok":
+            prior = invoked.pop(op["process"], None)
+            if prior is not None and prior != op["value"]["fencing_token"]:
+                out = [dict(o) for o in hist]
+                out[pos]["value"] = {**op["value"], "fencing_token": prior}
+                return out
+            done[op.get("key")] = op["value"]["fencing_token"]
+        else:
+            invoked.pop(op["process"], None)
+    return None
