@@ -708,7 +708,7 @@ async def test_an_environment_proxy_is_used_and_no_proxy_is_honoured(monkeypatch
 async def test_deadlines_striking_everywhere_leak_no_pool_slot(transport):
     """Calls cut off while waiting for a slot, connecting or awaiting a reply give their slots back."""
     slow = {"on": True}
-    accepted = []
+    accepted, read_while_slow = [], []
 
     async def serve(reader, writer):
         accepted.append(writer)
@@ -717,6 +717,7 @@ async def test_deadlines_striking_everywhere_leak_no_pool_slot(transport):
             while True:
                 await read_request(reader)
                 if slow["on"]:
+                    read_while_slow.append(1)
                     await asyncio.sleep(10)
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
                              + str(len(payload)).encode() + b"\r\n\r\n" + payload)
@@ -727,7 +728,8 @@ async def test_deadlines_striking_everywhere_leak_no_pool_slot(transport):
             LeaseClient(url, "k", service_instance_id="w", max_connections=2, transport=transport) as client:
         cut = await asyncio.gather(*(client.acquire(IDENT, ttl_ms=1000, deadline_s=0.2) for _ in range(10)))
         assert {(r.outcome, r.code) for r in cut} <= {("info", "timeout"), ("fail", "deadline_exceeded")}
-        assert sum(r.outcome == "info" for r in cut) <= 2  # at most one request in flight per connection
+        # a `fail` was never sent: every request the server read is one of the `info` calls
+        assert len(read_while_slow) <= sum(r.outcome == "info" for r in cut)
         slow["on"] = False
         again = await asyncio.gather(*(client.acquire(IDENT, ttl_ms=1000, deadline_s=5) for _ in range(6)))
         assert [r.outcome for r in again] == ["ok"] * 6

@@ -39,7 +39,8 @@ class BadEncoding(ValueError):
 
 
 class Reply:
-    """A complete HTTP reply: status, body (decoded), and headers with lower-case names."""
+    """A complete HTTP reply: status, body (decoded), headers (`.get` by lower-case name); what
+    `LeaseClient._decode` reads, whichever transport carried it (httpx's Response has the same three)."""
 
     __slots__ = ("status_code", "content", "headers")
 

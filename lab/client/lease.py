@@ -67,15 +67,6 @@ def _env_proxy(base_url: str) -> str | None:
     return proxy if "://" in proxy else "http://" + proxy
 
 
-class _Reply:
-    """A complete HTTP reply, whichever transport carried it (what `_decode` reads)."""
-
-    __slots__ = ("status_code", "content", "headers")
-
-    def __init__(self, status_code: int, content: bytes, headers: Mapping[str, str]):
-        self.status_code, self.content, self.headers = status_code, content, headers
-
-
 def new_request_id() -> str:
     """A fresh random request id (128 bits, hex)."""
     return os.urandom(16).hex()
@@ -406,14 +397,14 @@ class LeaseClient:
         return http11.request_bytes(call.method, target, self._host_header, block, content)
 
     async def _aiohttp_exchange(self, call: Call, content: bytes | None, params: Mapping[str, Any] | None,
-                                headers: Any, probe: _SendProbe) -> _Reply:
+                                headers: Any, probe: _SendProbe) -> http11.Reply:
         """One request over aiohttp (lab.client.aio, imported by the constructor only for this transport)."""
         # the base URL was normalised once (`_base_url`) and our paths are quoted (`_seg`): no re-parsing per call
         url = URL(self._base_url + call.path, encoded=True)
         if params:
             url = url.update_query({k: str(v) for k, v in params.items()})
         status, body, reply_headers = await self._aio.exchange(self, call.method, url, content, headers, probe)
-        return _Reply(status, body, reply_headers)
+        return http11.Reply(status, body, reply_headers)
 
     def _prepare(self, call: Call, deadline_at_ms: int, remaining_ms: int) -> tuple[Any, Any, Any]:
         """(content, params, headers) of the request on this wire: our API carries `deadline_at` in it."""
