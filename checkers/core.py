@@ -52,6 +52,7 @@ __all__ = [
     "history_end_time",
     "index_leases",
     "lease_index",
+    "successor_index",
     "merge_valid",
     "nemesis_phase",
     "backend_clock_moves",
@@ -210,28 +211,54 @@ def _shared(name: str, history: list[dict], build: Callable[[], Any]) -> Any:
 
 
 class Pair:
-    """One client operation: its invocation, and its completion (None when it never completed)."""
+    """One client operation: its invocation, and its completion (None when it never completed).
 
-    __slots__ = ("inv", "comp", "type", "f", "key", "process", "t0", "t1", "i0", "i1", "result")
+    Besides the op's fields, what every lease checker asks of it is read once here (the hot path of a
+    million-op history): `result` (the completion's value), `sent` (what the client put on the wire, see
+    `sent()`), `rk` (its idempotency key, `request_key()`) and `lid` (the lease it is about, `op_lease_id()`).
+    """
+
+    __slots__ = ("inv", "comp", "type", "f", "key", "process", "t0", "t1", "i0", "i1", "result", "sent", "rk",
+                 "lid")
 
     def __init__(self, inv: dict, comp: dict | None, i0: int, i1: int | None):
         self.inv = inv
         self.comp = comp
-        self.f = inv.get("f")
-        self.key = inv.get("key")
+        f = self.f = inv.get("f")
+        key = self.key = inv.get("key")
         self.process = inv.get("process")
-        self.t0: int = inv.get("time", 0)
+        t0 = self.t0 = inv.get("time", 0)
         self.i0 = i0
+        v = inv.get("value")
+        v = v if v.__class__ is dict else None  # exact-type checks: the hot path (JSON objects are dicts)
         if comp is None:
             self.type = "info"  # an invocation with no completion counts as info
             self.t1: int | None = None
             self.i1: int | None = None
-            self.result: Any = None  # the completion's value (None when it never completed)
+            r = self.result = None  # the completion's value (None when it never completed)
         else:
             self.type = comp["type"]
-            self.t1 = comp.get("time", self.t0)
+            self.t1 = comp.get("time", t0)
             self.i1 = i1
-            self.result = comp.get("value")
+            r = self.result = comp.get("value")
+        s = None
+        if r.__class__ is dict:
+            s = r.get("sent")
+            if s.__class__ is not dict:
+                s = None
+        else:
+            r = None
+        self.sent = s
+        rid = v.get("request_id") if v is not None else None
+        if rid is None and r is not None:
+            rid = r.get("request_id")
+        self.rk = None if rid is None else (f, key, rid)
+        lid = s.get("lease_id") if s is not None else None  # what went on the wire outranks the rest
+        if lid is None and v is not None:
+            lid = v.get("lease_id")
+        if lid is None and r is not None:
+            lid = r.get("lease_id")
+        self.lid = lid
 
     @property
     def value(self) -> Any:
@@ -248,21 +275,33 @@ class Pair:
 
 
 def request_key(p: Pair) -> tuple | None:
-    """(f, key, request_id) of an op: its idempotency key as far as the history shows it."""
-    for v in (p.inv.get("value"), p.comp.get("value") if p.comp is not None else None):
-        if isinstance(v, dict) and v.get("request_id") is not None:
-            return (p.f, p.key, v["request_id"])
-    return None
+    """(f, key, request_id) of an op: its idempotency key as far as the history shows it (the invocation's
+    request_id, else the completion's)."""
+    return p.rk
 
 
 def first_invocations(pairs: list[Pair]) -> dict[tuple, int]:
     """Idempotency key -> the earliest invocation time carrying it: a retry is as old as its first attempt,
-    so the real-time rules exempt replays of requests sent before the event that would make them stale."""
+    so the real-time rules exempt replays of requests sent before the event that would make them stale.
+    Of `pair_ops(history)` inside `analysis(history)`: computed once and shared, do not mutate it."""
+    shared = _SHARED.get()
+    if shared is not None and shared.get("pairs") is pairs:
+        if "first" not in shared:
+            shared["first"] = _first_invocations(pairs)
+        return shared["first"]
+    return _first_invocations(pairs)
+
+
+def _first_invocations(pairs: list[Pair]) -> dict[tuple, int]:
+    """`first_invocations` itself: pairs come in invocation order, so the first seen is the earliest
+    unless a history's times go backwards (then the min is kept)."""
     first: dict[tuple, int] = {}
     for p in pairs:
-        k = request_key(p)
-        if k is not None and (k not in first or p.t0 < first[k]):
-            first[k] = p.t0
+        k = p.rk
+        if k is not None:
+            t = first.get(k)
+            if t is None or p.t0 < t:
+                first[k] = p.t0
     return first
 
 
@@ -272,8 +311,8 @@ def pair_ops(history: list[dict], *, strict: bool = True) -> list[Pair]:
     Nemesis ops are skipped; an invocation that never completes is `info` with `t1 = None`. `strict`
     (what every checker uses): a history that breaks the pairing rules (a second invoke while one is open, an
     invoke after an `info` retired the process, a completion with nothing open, ...) raises `HistoryError`,
-    which `safe_check` / `Compose` turn into `"unknown"` with the error: no checker judges a malformed
-    history. strict=False (renderers) pairs it by `pair`'s lenient rules.
+    which `analyzed` / `safe_check` / `Compose` turn into `"unknown"` with the error: no checker judges a
+    malformed history. strict=False (renderers) pairs it by `pair`'s lenient rules.
     Inside `analysis(history)` the list is computed once and shared: do not mutate it.
     """
     if strict:
@@ -299,8 +338,15 @@ def error_code(op: Mapping | None) -> str | None:
 
 
 def history_end_time(history: list[dict]) -> int:
-    """The latest `time` in the history (0 when empty)."""
-    return max((op.get("time", 0) for op in history), default=0)
+    """The latest `time` in the history (0 when empty); shared inside `analysis(history)`."""
+    return _shared("end", history, lambda: max((op.get("time", 0) for op in history), default=0))
+
+
+def _nemesis_positions(history: list[dict]) -> list[tuple[int, dict]]:
+    """(position, op) of every nemesis op, shared inside `analysis(history)`: the fault helpers below read
+    these few ops, not the whole history, each time."""
+    return _shared("nemesis", history,
+                   lambda: [(pos, op) for pos, op in enumerate(history) if op.get("process") == NEMESIS])
 
 
 _PHASES = {"start": "start", "begin": "start", "stop": "end", "end": "end", "heal": "end"}
@@ -341,9 +387,7 @@ def nemesis_ops(history: list[dict]) -> list[dict]:
     """
     out: list[dict] = []
     opened: int | None = None  # position in `out` of the nemesis op that started the open operation
-    for op in history:
-        if op.get("process") != NEMESIS:
-            continue
+    for _, op in _nemesis_positions(history):
         v = op.get("value")
         phase = v.get("phase") if isinstance(v, dict) else None
         if phase in ("start", "end", "none") and v.get("fault"):
@@ -370,9 +414,9 @@ def backend_clock_moves(history: list[dict]) -> list[int]:
     rules in such a history and say so; their real-time rules still apply.
     """
     moved = []
-    for pos, op in enumerate(history):
+    for pos, op in _nemesis_positions(history):
         v = op.get("value")
-        if op.get("process") != NEMESIS or not isinstance(v, dict) or v.get("fault") != "clock":
+        if not isinstance(v, dict) or v.get("fault") != "clock":
             continue
         targets = set(v.get("targets") or ()) | set(v.get("offsets") or ())
         if v.get("phase") == "start" and "valkey" in targets:
@@ -384,9 +428,7 @@ def clock_segments(history: list[dict]) -> list[int]:
     """Monotonic times of every nemesis op of the clock fault, sorted: the borders of the stretches of a run
     within which backend times stay comparable (the clock moves only while such an op is under way)."""
     bounds = []
-    for op in history:
-        if op.get("process") != NEMESIS:
-            continue
+    for _, op in _nemesis_positions(history):
         v = op.get("value")
         if "clock" in str(op.get("f")) or (isinstance(v, dict) and v.get("fault") == "clock"):
             bounds.append(op.get("time", 0))
@@ -397,8 +439,8 @@ def valkey_losses(history: list[dict]) -> list[tuple[int, int]]:
     """(began, completed) times of the nemesis ops after which Valkey may have lost or rolled back state: a crash,
     a kill of Valkey, a restore from an older snapshot (the contract's backup / restore row)."""
     out, invoked = [], {}
-    for op in history:
-        if op.get("process") != "nemesis" or op.get("type") != "info" or not isinstance(op.get("time"), int):
+    for _, op in _nemesis_positions(history):
+        if op.get("type") != "info" or not isinstance(op.get("time"), int):
             continue
         v = op.get("value")
         if not isinstance(v, dict) or "phase" not in v:  # the invocation (its completion carries the phase)
@@ -420,9 +462,9 @@ def clock_strobe_windows(history: list[dict]) -> list[tuple[int, int]]:
     """(start, end) monotonic times during which a strobe kept flipping a clock with no op of its own: from a
     `strobe-clock` start to the next reset (or the history's end). No two backend times inside one are comparable."""
     windows, start = [], None
-    end_of_history = max((op.get("time", 0) for op in history), default=0)
-    for op in history:
-        if op.get("process") != NEMESIS or op.get("type") != "info":
+    end_of_history = history_end_time(history)
+    for _, op in _nemesis_positions(history):
+        if op.get("type") != "info":
             continue
         v = op.get("value") if isinstance(op.get("value"), dict) else {}
         if op.get("f") == "strobe-clock" and v.get("phase") == "start" and start is None:
@@ -512,7 +554,7 @@ class Lease:
     """What the history says about one lease (by lease_id): its key, token, backend times, ops."""
 
     __slots__ = ("lease_id", "key", "token", "acquired_at_ms", "expires_at_ms", "ended_at_ms",
-                 "acquires", "grants", "ends")
+                 "acquires", "grants", "ends", "granted")
 
     def __init__(self, lease_id: Any, key: Any, token: Any, acquired_at_ms: Any):
         self.lease_id = lease_id
@@ -524,6 +566,7 @@ class Lease:
         self.acquires: list[Pair] = []  # ok acquires that returned this lease (replays included)
         self.grants: list[Pair] = []  # ok acquires and renews of this lease
         self.ends: list[Pair] = []  # release / force-release / revoke that ok'd or may have (info)
+        self.granted: int = 0  # monotonic time of the first ok acquire's completion (min t1 of `acquires`)
 
     @property
     def first(self) -> Pair:
@@ -537,10 +580,7 @@ def sent(p: Pair) -> dict | None:
     docs/history-format.md: every completion of acquire / renew / release / commit carries it; a
     completion without it either sent nothing (`not_held`) or comes from a run that predates it.
     """
-    c = p.comp  # hot path (every op of every lease checker): no property, exact-type checks
-    r = c.get("value") if c is not None else None
-    s = r.get("sent") if r.__class__ is dict else None
-    return s if s.__class__ is dict else None
+    return p.sent
 
 
 def op_lease_id(p: Pair) -> Any:
@@ -550,14 +590,7 @@ def op_lease_id(p: Pair) -> Any:
     For renew / release / commit what was sent is what the op is about: a reply naming another lease
     is the server acting on a lease the client did not name.
     """
-    s = sent(p)
-    if s is not None and s.get("lease_id") is not None:
-        return s["lease_id"]  # what went on the wire outranks what the generator asked for
-    v = p.inv.get("value")
-    if isinstance(v, dict) and v.get("lease_id") is not None:
-        return v["lease_id"]
-    r = p.result
-    return r.get("lease_id") if isinstance(r, dict) else None
+    return p.lid
 
 
 def index_leases(pairs: list[Pair]) -> dict[Any, Lease]:
@@ -573,11 +606,13 @@ def index_leases(pairs: list[Pair]) -> dict[Any, Lease]:
             if lease is None:
                 lease = leases[lid] = Lease(lid, p.key, r.get("fencing_token"), r.get("acquired_at_ms"))
             lease.acquires.append(p)
+            if len(lease.acquires) == 1 or p.t1 < lease.granted:
+                lease.granted = p.t1
     for p in pairs:
         f = p.f
         if f not in LEASE_FS or p.type == "fail" or (p.type == "info" and f not in END_FS):
             continue  # grants count when ok; ends when ok or maybe (info)
-        lease = leases.get(op_lease_id(p))
+        lease = leases.get(p.lid)  # op_lease_id(p)
         if lease is None:
             continue
         r = p.result if p.type == "ok" else None
@@ -599,6 +634,26 @@ def index_leases(pairs: list[Pair]) -> dict[Any, Lease]:
 def lease_index(history: list[dict]) -> dict[Any, Lease]:
     """`index_leases(pair_ops(history))`, shared inside `analysis(history)`: do not mutate it."""
     return _shared("leases", history, lambda: index_leases(pair_ops(history)))
+
+
+def successor_index(history: list[dict]) -> tuple[dict[Any, "PrefixMax"], dict[Any, "PrefixMax"]]:
+    """Per key, the leases of `lease_index(history)` as two PrefixMax of tokens: (by first acquire-ok
+    completion time, by `acquired_at_ms`), the "was a higher-token successor acquired before x" questions
+    of lease-state and stale-commit. Shared inside `analysis(history)`: do not mutate it."""
+    return _shared("successors", history, lambda: _successor_index(lease_index(history)))
+
+
+def _successor_index(leases: dict[Any, Lease]) -> tuple[dict[Any, "PrefixMax"], dict[Any, "PrefixMax"]]:
+    """`successor_index` itself."""
+    realtime: dict[Any, list] = {}
+    backend: dict[Any, list] = {}
+    for lease in leases.values():
+        k = lease.key
+        if k not in realtime:
+            realtime[k], backend[k] = [], []
+        realtime[k].append((lease.granted, lease.token, lease))
+        backend[k].append((lease.acquired_at_ms, lease.token, lease))
+    return ({k: PrefixMax(v) for k, v in realtime.items()}, {k: PrefixMax(v) for k, v in backend.items()})
 
 
 class PrefixMax:

@@ -81,7 +81,7 @@ def _check_unique(key: Any, leases: list[Lease], v: Violations) -> None:
 def _acquisition_span(lease: Lease, first_invoke: dict[tuple, int]) -> tuple[int, int]:
     """Real-time window in which the lease was created: earliest attempt to earliest ok."""
     start = min(first_invoke.get(request_key(p), p.t0) for p in lease.acquires)
-    end = min(p.t1 for p in lease.acquires)
+    end = lease.granted  # min(p.t1 for p in lease.acquires)
     return min(start, end), end
 
 

@@ -39,11 +39,13 @@ from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, op_lease_id, pair_ops
 from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key, sent
+from checkers.core import successor_index
 
 __all__ = ["LeaseStateChecker"]
 
 LEASE_OPS = frozenset(("renew", "release", "force-release", "revoke"))
 TERMINAL = frozenset(("released", "revoked", "expired"))
+JUDGED_FS = LEASE_OPS | {"acquire", "inspect"}
 
 
 class LeaseStateChecker:
@@ -58,16 +60,17 @@ class LeaseStateChecker:
         pairs = pair_ops(history)
         leases = lease_index(history)
         first = first_invocations(pairs)
-        realtime, backend = _successors(leases)
+        realtime, backend = successor_index(history)
         moved = backend_clock_moves(history)
         if moved:
             backend = {}
         v = Violations(self.max_violations)
         checked = judged = 0
+        judged_fs = JUDGED_FS
         for p in pairs:
-            if p.type != "ok" or p.f not in LEASE_OPS and p.f not in ("acquire", "inspect"):
+            if p.type != "ok" or p.f not in judged_fs:
                 continue
-            named = op_lease_id(p)
+            named = p.lid  # op_lease_id(p), read once by the pairing
             if p.f != "acquire":
                 _check_named(p, named, v)
             lease = leases.get(named)
@@ -75,7 +78,7 @@ class LeaseStateChecker:
                 continue
             checked += 1
             judged += p.f != "acquire" or p is not lease.first
-            started = first.get(request_key(p), p.t0)
+            started = first.get(p.rk, p.t0)  # request_key(p)
             if p.f == "inspect":
                 _check_inspect(p, lease, v)
                 continue
@@ -100,7 +103,7 @@ class LeaseStateChecker:
 def _res(p: Pair, field: str) -> Any:
     """A field of the completion's value (None when absent)."""
     r = p.result
-    return r.get(field) if isinstance(r, dict) else None
+    return r.get(field) if r.__class__ is dict else None
 
 
 def _successors(leases: dict[Any, Lease]) -> tuple[dict, dict]:
@@ -108,7 +111,7 @@ def _successors(leases: dict[Any, Lease]) -> tuple[dict, dict]:
     realtime: dict[Any, list] = defaultdict(list)
     backend: dict[Any, list] = defaultdict(list)
     for lease in leases.values():
-        realtime[lease.key].append((min(p.t1 for p in lease.acquires), lease.token, lease))
+        realtime[lease.key].append((lease.granted, lease.token, lease))
         backend[lease.key].append((lease.acquired_at_ms, lease.token, lease))
     return ({k: PrefixMax(v) for k, v in realtime.items()}, {k: PrefixMax(v) for k, v in backend.items()})
 
@@ -180,23 +183,35 @@ def _check_renew_times(lease: Lease, v: Violations, maybe: list[Pair] = ()) -> N
     A renew whose outcome is unknown (`maybe`: info, C19) may have extended the lease unseen, by at most
     one TTL each, so an ok renew is after the expiry only past that too.
     """
-    grants = sorted((g for g in lease.grants if _res(g, "renewed_at_ms") is not None),
-                    key=lambda g: _res(g, "renewed_at_ms"))
+    grants = []  # (renewed_at_ms, expires_at_ms, grant), each read once (the hot path: every grant of every lease)
+    for g in lease.grants:
+        r = g.result
+        if r.__class__ is dict:
+            at = r.get("renewed_at_ms")
+            if at is not None:
+                grants.append((at, r.get("expires_at_ms"), g))
+    if len(grants) > 1:
+        grants.sort(key=_first)
     best: Pair | None = None  # the earlier grant with the latest expiry
-    i = 0
-    while i < len(grants):
-        at = _res(grants[i], "renewed_at_ms")
+    best_exp = None
+    i, n = 0, len(grants)
+    while i < n:
+        at = grants[i][0]
         j = i
-        while j < len(grants) and _res(grants[j], "renewed_at_ms") == at:
+        while j < n and grants[j][0] == at:
             j += 1
-        for p in grants[i:j]:
-            if p.f == "renew":
-                _check_renew_at(p, at, best, lease, v, _unseen_extension(p, best, maybe))
-        for g in grants[i:j]:
-            exp = _res(g, "expires_at_ms")
-            if exp is not None and (best is None or exp > _res(best, "expires_at_ms")):
-                best = g
+        for _, _, p in grants[i:j]:
+            if p.f == "renew" and (best is not None or lease.ended_at_ms is not None):
+                _check_renew_at(p, at, best, lease, v, _unseen_extension(p, best, maybe), best_exp)
+        for _, exp, g in grants[i:j]:
+            if exp is not None and (best is None or exp > best_exp):
+                best, best_exp = g, exp
         i = j
+
+
+def _first(t: tuple) -> Any:
+    """A tuple's first item (a sort key)."""
+    return t[0]
 
 
 def _unseen_extension(p: Pair, best: Pair | None, maybe: list[Pair]) -> int:
@@ -208,10 +223,11 @@ def _unseen_extension(p: Pair, best: Pair | None, maybe: list[Pair]) -> int:
     return n * ttl if isinstance(ttl, int) and ttl > 0 else (0 if not n else 1 << 62)
 
 
-def _check_renew_at(p: Pair, at: int, best: Pair | None, lease: Lease, v: Violations, unseen: int = 0) -> None:
+def _check_renew_at(p: Pair, at: int, best: Pair | None, lease: Lease, v: Violations, unseen: int = 0,
+                    best_exp: Any = None) -> None:
     """One renew at backend time `at` against the expiry in force (plus what unknown renews may have added)."""
-    if best is not None and at >= _res(best, "expires_at_ms") + unseen:
-        exp = _res(best, "expires_at_ms")
+    exp = _res(best, "expires_at_ms") if best is not None and best_exp is None else best_exp
+    if best is not None and at >= exp + unseen:
         v.add("renew-after-expiry", [best.i1, p.i0, p.i1], f"lease {lease.lease_id!r} renewed at {at} ms, "
               f"it had expired at {exp} ms", key=p.key, lease=lease.lease_id, renewed_at_ms=at, expires_at_ms=exp)
     if lease.ended_at_ms is not None and at > lease.ended_at_ms:

@@ -201,7 +201,7 @@ def _check_backend_overlaps(key: Any, leases: list[Lease], v: Violations, excuse
             gone = heapq.heappop(valid)[2]
             held.pop(gone.lease_id, None)
             alive.discard(gone.lease_id)
-        granted = min(p.t1 for p in m.acquires)
+        granted = m.granted  # min(p.t1 for p in m.acquires)
         unexcused = [lease for lease in held.values() if not excused(lease, m)]
         overlapping = unexcused[:MAX_NAMED]
         total = len(unexcused)
@@ -295,7 +295,7 @@ def _unsafe_windows(pairs: list[Pair], leases: dict[Any, Lease], by_key: dict[An
     count, total, longest = 0, 0, 0
     in_windows = {"ok": 0, "fail": 0, "info": 0}
     for key, ls in by_key.items():
-        beliefs = sorted(((min(p.t1 for p in lease.acquires), ends[lease.lease_id], lease)
+        beliefs = sorted(((lease.granted, ends[lease.lease_id], lease)
                           for lease in ls), key=lambda b: b[0])
         open_end, holder = None, None
         for start, end, lease in beliefs:

@@ -42,8 +42,9 @@ import json
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops, sent
-from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key
+from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops
+from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key, successor_index
+from checkers.core import _successor_index
 
 __all__ = ["StaleCommitChecker"]
 
@@ -59,15 +60,16 @@ class StaleCommitChecker:
         """Judge the commits and final reads of a lease history."""
         pairs = pair_ops(history)
         leases = lease_index(history)
-        commits = [Commit(p) for p in pairs if p.f == "commit"]
+        first_invoke = first_invocations(pairs)
+        commits = [Commit(p, first_invoke) for p in pairs if p.f == "commit"]
         reads = _final_reads(pairs)
         v = Violations(self.max_violations)
         accepted = [c for c in commits if c.p.type == "ok"]
-        first_invoke = first_invocations(pairs)
         _check_realtime_order(accepted, v, first_invoke)
         _check_rev_order(accepted, v)
         moved = backend_clock_moves(history)
-        unknown = _check_against_leases(accepted, leases, first_invoke, v, backend_times=not moved)
+        unknown = _check_against_leases(accepted, leases, first_invoke, v, backend_times=not moved,
+                                        successors=successor_index(history))
         for read in reads.values():
             _check_read(read, v)
         _check_lost_and_phantom(commits, reads, v)
@@ -85,23 +87,25 @@ class Commit:
     """A commit op with the fields the rules use, extracted once."""
 
     __slots__ = ("p", "key", "token", "carried", "validated", "rev", "lease_id", "request_id", "doc", "entry",
-                 "returned_lease")
+                 "returned_lease", "start")
 
-    def __init__(self, p: Pair):
-        val = p.inv.get("value")
-        val = val if isinstance(val, dict) else {}
-        res = p.result if p.type == "ok" and isinstance(p.result, dict) else {}
+    def __init__(self, p: Pair, first_invoke: dict | None = None):
+        inv = p.inv.get("value")
+        inv = inv if inv.__class__ is dict else _EMPTY
+        comp = p.result if p.result.__class__ is dict else _EMPTY
+        res = comp if p.type == "ok" else _EMPTY
         # the client may fill in what it sent (its lease, the entry) only in the completion's value; `sent`
-        # (docs/history-format.md) is what went on the wire and outranks the rest of the completion
-        comp = p.comp.get("value") if p.comp is not None and isinstance(p.comp.get("value"), dict) else {}
-        wire = sent(p) or {}
-        val = {**comp, **{k: v for k, v in val.items() if v is not None}, **wire}
-        val.pop("sent", None)
+        # (docs/history-format.md) is what went on the wire and outranks the rest of the completion: a field is
+        # the sent one, else the invocation's (when not None), else the completion's (`_carried`)
+        wire = p.sent or _EMPTY
         # the lease the boundary says it accepted the commit under, when a history with `sent` reports one
         self.returned_lease = res.get("lease_id") if wire else None
         self.p = p
         self.key = p.key
-        self.carried = val.get("fencing_token")
+        # when it may have been accepted from: a replay (a retry with its request_id) from its request's first
+        # invocation
+        self.start = p.t0 if first_invoke is None or p.rk is None else first_invoke.get(p.rk, p.t0)
+        self.carried = _carried("fencing_token", wire, inv, comp)
         accepted = res.get("accepted_token")
         self.token = self.carried if accepted is None else accepted  # what the boundary accepted
         self.validated = res.get("validated_at_ms")
@@ -109,13 +113,25 @@ class Commit:
         # not the one its original write made (the reference server does: lab/server/commit.py already_applied):
         # its place in revision order is unknown, so it is left out of that order (the final read still has it)
         self.rev = None if res.get("replayed") else _rev_number(res.get("rev"))
-        self.lease_id = val.get("lease_id")
-        self.request_id = val.get("request_id")
-        self.doc = val.get("doc", res.get("doc"))
-        e = val.get("entry")
+        self.lease_id = _carried("lease_id", wire, inv, comp)
+        self.request_id = _carried("request_id", wire, inv, comp)
+        self.doc = _carried("doc", wire, inv, comp)
+        e = _carried("entry", wire, inv, comp)
         # the entry as the final read lists it: the [process, token, n] triple itself, when it is one
         self.entry = _hashable(e) if isinstance(e, list | tuple) and len(e) == 3 else (
             p.process, self.carried, _hashable(e))
+
+
+_EMPTY: dict = {}
+
+
+def _carried(field: str, wire: dict, inv: dict, comp: dict) -> Any:
+    """What a commit carried in `field`: what was sent (`value.sent`), else the invocation's value when not
+    None, else the completion's (the merge {**completion, **invocation-without-None, **sent}, one field)."""
+    if field in wire:
+        return wire[field]
+    x = inv.get(field)
+    return x if x is not None else comp.get(field)
 
 
 def _hashable(x: Any) -> Any:
@@ -174,25 +190,31 @@ def _check_realtime_order(accepted: list[Commit], v: Violations, first_invoke: d
     """Per key: a commit accepted after another completed must not carry a lower token.
 
     A replay (a retry with its request_id) starts at its request's first invocation: its acceptance may date
-    from then."""
-    first_invoke = first_invoke or {}
+    from then (`Commit.start`; `first_invoke` for commits built without it)."""
     by_key: dict[Any, list[Commit]] = defaultdict(list)
     for c in accepted:
         if c.token is not None:
             by_key[c.key].append(c)
     for key, cs in by_key.items():
-        by_end = sorted(cs, key=lambda c: c.p.t1)
-        j, best = 0, None
-        for c in sorted(cs, key=lambda c: first_invoke.get(request_key(c.p), c.p.t0)):
-            start = first_invoke.get(request_key(c.p), c.p.t0)
-            while j < len(by_end) and by_end[j].p.t1 < start:
-                if best is None or by_end[j].token > best.token:
-                    best = by_end[j]
+        by_end = sorted([(c.p.t1, c) for c in cs], key=_first)
+        j, n, best, best_token = 0, len(by_end), None, None
+        starts = [(c.start if first_invoke is None else first_invoke.get(request_key(c.p), c.p.t0), c) for c in cs]
+        starts.sort(key=_first)
+        for start, c in starts:
+            while j < n and by_end[j][0] < start:
+                d = by_end[j][1]
+                if best is None or d.token > best_token:
+                    best, best_token = d, d.token
                 j += 1
-            if best is not None and c.token < best.token:
+            if best is not None and c.token < best_token:
                 v.add("token-regression", [best.p.i1, c.p.i0, c.p.i1],
                       f"key {key!r}: commit accepted with token {c.token} after token {best.token} was accepted",
                       key=key, order="realtime", token=c.token, earlier_token=best.token)
+
+
+def _first(t: tuple) -> Any:
+    """A tuple's first item (a sort key: ties keep their order, as sorting by the key alone did)."""
+    return t[0]
 
 
 def _check_rev_order(accepted: list[Commit], v: Violations) -> None:
@@ -215,21 +237,18 @@ def _check_rev_order(accepted: list[Commit], v: Violations) -> None:
 
 def _successor_indexes(leases: dict[Any, Lease]) -> tuple[dict, dict]:
     """Per key: PrefixMax of tokens by acquired_at_ms, and by first acquire-ok completion time."""
-    backend: dict[Any, list] = defaultdict(list)
-    realtime: dict[Any, list] = defaultdict(list)
-    for lease in leases.values():
-        backend[lease.key].append((lease.acquired_at_ms, lease.token, lease))
-        realtime[lease.key].append((min(p.t1 for p in lease.acquires), lease.token, lease))
-    return ({k: PrefixMax(pts) for k, pts in backend.items()},
-            {k: PrefixMax(pts) for k, pts in realtime.items()})
+    realtime, backend = _successor_index(leases)
+    return backend, realtime
 
 
 def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
-                          first_invoke: dict[Any, int], v: Violations, *, backend_times: bool = True) -> int:
+                          first_invoke: dict[Any, int], v: Violations, *, backend_times: bool = True,
+                          successors: tuple[dict, dict] | None = None) -> int:
     """Expiry, release and successor rules for each accepted commit; returns how many had no known lease.
 
-    Without `backend_times` (the backend's clock was moved) only the real-time rules run."""
-    by_backend, by_realtime = _successor_indexes(leases)
+    Without `backend_times` (the backend's clock was moved) only the real-time rules run. `successors`:
+    `successor_index(history)` when the caller has it (shared), else built from `leases`."""
+    by_realtime, by_backend = successors if successors is not None else _successor_index(leases)
     if not backend_times:
         by_backend = {}
     unknown = 0
@@ -245,7 +264,7 @@ def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
         if lease is None:
             unknown += 1
             continue
-        started = first_invoke.get(request_key(p), p.t0)
+        started = first_invoke.get(p.rk, p.t0) if p.rk is not None else p.t0
         if backend_times:
             _check_times(c, lease, v)
         for end in lease.ends:

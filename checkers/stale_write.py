@@ -73,24 +73,38 @@ class _Write:
     __slots__ = ("p", "lease_id", "entry", "doc", "rev")
 
     def __init__(self, p: Pair):
-        inv = p.inv.get("value") if isinstance(p.inv.get("value"), dict) else {}
-        comp = p.result if isinstance(p.result, dict) else {}
-        sent = comp.get("sent") if isinstance(comp.get("sent"), dict) else {}
-        merged = {**comp, **sent, **{k: x for k, x in inv.items() if x is not None}}
+        inv = p.inv.get("value")
+        inv = inv if inv.__class__ is dict else _EMPTY
+        comp = p.result if p.result.__class__ is dict else _EMPTY
+        sent = p.sent or _EMPTY
         self.p = p
-        self.lease_id = merged.get("lease_id")
-        e = merged.get("entry")
+        # each field as {**completion, **sent, **invocation-without-None} has it, one field at a time (hot path)
+        self.lease_id = _field("lease_id", inv, sent, comp)
+        e = _field("entry", inv, sent, comp)
         self.entry = _hashable(e) if isinstance(e, list | tuple) else None
-        self.doc = merged.get("doc")
+        self.doc = _field("doc", inv, sent, comp)
         # a replayed commit may report the document's revision at the retry, not its own write's (as in
         # checkers/stale_commit.py): it is left out of the revision order
         self.rev = None if comp.get("replayed") else _rev_number(comp.get("rev"))
 
 
+_EMPTY: dict = {}
+
+
+def _field(name: str, inv: dict, sent: dict, comp: dict) -> Any:
+    """One field of {**comp, **sent, **{k: x for k, x in inv.items() if x is not None}}."""
+    x = inv.get(name)
+    if x is not None:
+        return x
+    if name in sent:
+        return sent[name]
+    return comp.get(name)
+
+
 def _span(lease: Lease, first: dict) -> tuple[int, int]:
     """(start, end) of a lease's acquisition in real time: earliest invocation, first ok completion."""
     start = min(first.get(request_key(p), p.t0) for p in lease.acquires)
-    end = min(p.t1 for p in lease.acquires)
+    end = lease.granted  # min(p.t1 for p in lease.acquires)
     return start, end
 
 
