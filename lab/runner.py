@@ -28,6 +28,7 @@ from typing import Any
 
 from lab import __version__
 from lab.secrets import redact_secrets, redact_tree, redact_url
+from lab.sut import is_external  # the SUT layer answers it (lab.runner.is_external stays importable)
 from lab.testmap import COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem
 
 
@@ -41,7 +42,7 @@ def validate(test: Test) -> None:
     The one check of a Test: `fencelab test`, campaigns, evidence, mutants, the fault-exposure spec and the
     pytest plugin's `lab_run` all call it (and `run_test` again), so each refuses the same tests the same way.
     """
-    from workloads import get_workload
+    from workloads import get_workload, needs_of
 
     _validate_fields(test)
     try:
@@ -71,7 +72,7 @@ def validate(test: Test) -> None:
     from lab.sut import SutError, validate_test
 
     try:
-        validate_test(test)
+        validate_test(test, needs_of(test.workload))  # what the workload declares it needs, passed down
     except SutError as e:
         raise RunError(str(e)) from None
     if test.scenario:  # a named race scenario (lab.scenarios): known, and applicable here
@@ -81,9 +82,7 @@ def validate(test: Test) -> None:
             validate_scenario(test)
         except ScenarioError as e:
             raise RunError(str(e)) from None
-    from lab.sut.registry import LAB_ONLY_WORKLOADS
-
-    if test.workload in LAB_ONLY_WORKLOADS and test.urls:
+    if needs_of(test.workload).lab_only and test.urls:
         raise RunError(f"workload {test.workload!r} tests the lab's own Valkey (it needs the stack the lab starts), "
                        "not a lease server at a URL: drop --url, or use a lease-API workload (lease, idempotency, "
                        "fenced-append)")
@@ -207,18 +206,6 @@ def probe_external(test: Test) -> None:
         test.extra["probe"] = probe(test, needs_store=_needs_store(test))
     except ProbeError as e:
         raise RunError(str(e)) from None
-
-
-def is_external(test: Test) -> bool:
-    """Is the system under test outside the lab (a reference server at a given URL, or another SUT that brings
-    no processes for the lab to run: lab.sut.processes)?"""
-    if test.urls:
-        return True
-    if test.sut_name() == "reference":
-        return False
-    from lab.sut.processes import declares_processes
-
-    return not declares_processes(test)
 
 
 def check_name(name: str) -> None:

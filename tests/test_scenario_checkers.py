@@ -290,6 +290,22 @@ def test_changed_body_same_request_id():
     assert_violation(changed_body(inspect_expires=2500).check("changed-body-same-request-id"), "mutated")
 
 
+def changed_release(inspect_state="released", inspect_token=1) -> H:
+    """A released lease, its release's request_id resent by another worker, then the inspect of the identity."""
+    h = H()
+    h.op("acq-0", "acquire", "ok", lease("L1", 1))
+    h.op("release-0", "release", "ok", lease("L1", 1, state="released"))
+    h.op("changed-release-0", "release", "fail", {}, "idempotency_conflict", process=1)
+    h.op("inspect-release-0", "inspect", "ok", lease("L1", inspect_token, state=inspect_state))
+    return h
+
+
+def test_changed_body_release_is_inspected_after_the_refusal():
+    """The inspect after a refused changed-body release is judged (it was looked up but never scripted before)."""
+    assert changed_release().check("changed-body-same-request-id")["valid"] is True
+    assert_violation(changed_release(inspect_token=2).check("changed-body-same-request-id"), "mutated")
+
+
 # -- crashes -----------------------------------------------------------------------------------------
 
 

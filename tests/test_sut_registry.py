@@ -12,7 +12,18 @@ from lab.client import Identity, Lease, LeaseClient, Result
 from lab.client.starintel import StarIntelClient
 from lab.sut import SutError, get_sut, open_system, register_sut, sut_names, unregister_sut, validate_test
 from lab.testmap import Test
+from workloads import WORKLOADS, needs_of
 from workloads.common import lease_client
+
+
+def validated(test: Test):
+    """`validate_test` as the runner calls it: with what the test's workload declares it needs."""
+    return validate_test(test, needs_of(test.workload))
+
+
+def opened(test: Test, node: str, instance: str):
+    """`open_system` as a workload calls it: with what the test's workload declares it needs."""
+    return open_system(test, node, instance, needs=needs_of(test.workload))
 
 ID = Identity("t", "p", "ns", "k", "a", "wf")
 GOOD_KEY = "star_sk_v1_cred1_" + "ab" * 32
@@ -69,7 +80,7 @@ def test_builtins_and_unknown_names():
 
 async def test_third_party_results_are_checked(tiny):
     test = Test(workload="lease", extra={"sut": "tiny"})
-    system = open_system(test, "n1", "w-1")
+    system = opened(test, "n1", "w-1")
     assert system.instance == "w-1" and (await system.acquire(ID, ttl_ms=5)).ok
     lease = (await system.acquire(ID, ttl_ms=5)).lease
     with pytest.raises(SutError, match=r"'tiny'.*TinySystem\)\.renew returned ok without a Lease"):
@@ -84,7 +95,7 @@ async def test_third_party_results_are_checked(tiny):
 
 def test_capabilities_are_enforced(tiny):
     with pytest.raises(SutError, match="fenced-append.*needs commit.*'tiny'"):
-        open_system(Test(workload="fenced-append", extra={"sut": "tiny"}), "n", "w")
+        opened(Test(workload="fenced-append", extra={"sut": "tiny"}), "n", "w")
 
     class Liar(TinySystem):
         capabilities = frozenset({"commit"})
@@ -92,7 +103,7 @@ def test_capabilities_are_enforced(tiny):
     register_sut("liar", Liar)
     try:
         with pytest.raises(SutError, match="lacks commit"):
-            open_system(Test(workload="lease", extra={"sut": "liar"}), "n", "w")
+            opened(Test(workload="lease", extra={"sut": "liar"}), "n", "w")
     finally:
         unregister_sut("liar")
 
@@ -104,7 +115,7 @@ def test_factories_must_return_the_system():
     register_sut("async-factory", factory)
     try:
         with pytest.raises(SutError, match="returned an awaitable"):
-            open_system(Test(extra={"sut": "async-factory"}), "n", "w")
+            opened(Test(extra={"sut": "async-factory"}), "n", "w")
     finally:
         unregister_sut("async-factory")
 
@@ -119,7 +130,7 @@ def test_module_factory_specs(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     entry = get_sut("my_lease_lib:Plugged")
     assert entry.capabilities == frozenset() and get_sut("my_lease_lib:Plugged") is entry
-    assert type(open_system(Test(extra={"sut": "my_lease_lib:Plugged"}), "n", "w")._system).__name__ == "Plugged"
+    assert type(opened(Test(extra={"sut": "my_lease_lib:Plugged"}), "n", "w")._system).__name__ == "Plugged"
     with pytest.raises(SutError, match="has no 'Nope'"):
         get_sut("my_lease_lib:Nope")
     with pytest.raises(SutError, match="cannot import 'no_such_module_xyz'"):
@@ -150,12 +161,13 @@ def test_lease_client_goes_through_the_registry(tmp_path, monkeypatch):
     key_file = tmp_path / "key"
     key_file.write_text(GOOD_KEY + "\n")
     test = Test(workload="lease", extra={"sut": "starintel", "api_key_file": str(key_file)})
-    c = lease_client(test, "http://127.0.0.1:9", instance="w-9", timeout_s=1.5)
+    c = lease_client(test, "http://127.0.0.1:9", needs=needs_of("lease"), instance="w-9", timeout_s=1.5)
     assert isinstance(c, StarIntelClient) and (c.service_instance_id, c.timeout_s) == ("w-9", 1.5)
     assert c.findings is test.live["sut_findings"], "one findings log per run"
     creds = tmp_path / "credentials.json"
     creds.write_text('[{"principal_id": "p", "api_key": "ref-key", "capabilities": ["targets:lease"], "scopes": {}}]')
-    ref = lease_client(Test(workload="lease", credentials_file=str(creds)), "http://127.0.0.1:9")
+    ref = lease_client(Test(workload="lease", credentials_file=str(creds)), "http://127.0.0.1:9",
+                       needs=needs_of("lease"))
     assert type(ref) is LeaseClient and ref._headers[0][1] == "Bearer ref-key"
 
 
@@ -163,24 +175,40 @@ def test_api_keys_and_validation_before_anything_starts(tmp_path, monkeypatch):
     monkeypatch.delenv(sut.registry.API_KEY_ENV, raising=False)
     external = dict(workload="lease", lease_servers=["http://10.0.0.1:8080"], nodes=["http://10.0.0.1:8080"])
     with pytest.raises(SutError, match="no API key.*--api-key-file"):
-        validate_test(Test(**external, extra={"sut": "starintel"}))
+        validated(Test(**external, extra={"sut": "starintel"}))
     with pytest.raises(SutError, match="--api-key-file .*missing: cannot read it"):
-        validate_test(Test(**external, extra={"sut": "starintel", "api_key_file": str(tmp_path / "missing")}))
+        validated(Test(**external, extra={"sut": "starintel", "api_key_file": str(tmp_path / "missing")}))
     bad = tmp_path / "bad"
     bad.write_text("sk_live_secret\n")
     with pytest.raises(SutError, match="star_sk_v1_<credential-id>_<hex-secret>") as e:
-        validate_test(Test(**external, extra={"sut": "starintel", "api_key_file": str(bad)}))
+        validated(Test(**external, extra={"sut": "starintel", "api_key_file": str(bad)}))
     assert "sk_live_secret" not in str(e.value)
     with pytest.raises(SutError, match="--url must be an http"):
-        validate_test(Test(workload="lease", lease_servers=["10.0.0.1:8080"], extra={"sut": "starintel"}))
+        validated(Test(workload="lease", lease_servers=["10.0.0.1:8080"], extra={"sut": "starintel"}))
     monkeypatch.setenv(sut.registry.API_KEY_ENV, GOOD_KEY)
-    assert validate_test(Test(**external, extra={"sut": "starintel"})).name == "starintel"
-    assert validate_test(Test(workload="lease")).name == "reference", "a local stack provides URLs and keys later"
+    assert validated(Test(**external, extra={"sut": "starintel"})).name == "starintel"
+    assert validated(Test(workload="lease")).name == "reference", "a local stack provides URLs and keys later"
     with pytest.raises(SutError, match="fenced-append"):
-        validate_test(Test(workload="fenced-append", extra={"sut": "starintel"}))
+        validated(Test(workload="fenced-append", extra={"sut": "starintel"}))
 
 
 def test_lab_only_workloads_need_the_reference_system():
     with pytest.raises(SutError, match="'register' tests the lab's own Valkey.*only with SUT 'reference'"):
-        validate_test(Test(workload="register", extra={"sut": "starintel"}))
-    assert validate_test(Test(workload="register")).name == "reference"
+        validated(Test(workload="register", extra={"sut": "starintel"}))
+    assert validated(Test(workload="register")).name == "reference"
+
+
+def test_workloads_declare_what_they_need_and_the_sut_layer_never_asks_them():
+    """Each workload module declares its NEEDS; the runner passes them down (lab.sut imports no workload)."""
+    assert {name: needs_of(name).workload for name in WORKLOADS} == {name: name for name in WORKLOADS}
+    assert needs_of("fenced-append").capabilities == {"commit"} and not needs_of("fenced-append").lab_only
+    assert needs_of("register").lab_only and needs_of("lease") == sut.WorkloadNeeds("lease")
+    with pytest.raises(ValueError, match="unknown workload 'nope'"):
+        needs_of("nope")
+    # the same system, asked for different needs, is refused or not by what was passed, not by test.workload
+    lease_test = Test(workload="lease", extra={"sut": "starintel"})
+    with pytest.raises(SutError, match="fenced-append.*needs commit"):
+        open_system(lease_test, "http://127.0.0.1:9", "w", needs=needs_of("fenced-append"))
+    with pytest.raises(SutError, match="'register' tests the lab's own Valkey"):
+        sut.registry.require_capabilities(get_sut("starintel"), needs_of("register"))
+    sut.registry.require_capabilities(get_sut("starintel"), needs_of("lease"))  # core operations: fine

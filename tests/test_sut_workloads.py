@@ -19,7 +19,7 @@ from lab.history import HistoryWriter, read_history
 from lab.sut import SutError, get_sut, load_findings, register_sut, unregister_sut
 from lab.testmap import Test
 from test_starintel_fake import FakeCluster
-from workloads import get_workload
+from workloads import get_workload, needs_of
 from workloads.common import lease_client
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "inmemory_sut.py"
@@ -116,7 +116,7 @@ async def test_inmemory_example_semantics():
 async def test_a_workload_needing_commit_is_refused_for_starintel(tmp_path):
     test = Test(workload="fenced-append", lease_servers=["http://127.0.0.1:1"], extra={"sut": "starintel"})
     with pytest.raises(SutError, match="fenced-append.*needs commit.*starintel.*lease, idempotency.*reference"):
-        lease_client(test, "http://127.0.0.1:1")
+        lease_client(test, "http://127.0.0.1:1", needs=needs_of(test.workload))
     assert get_sut("reference").capabilities >= {"commit"}
 
 

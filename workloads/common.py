@@ -9,11 +9,15 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from lab.client import Identity, LeaseClient, Result
-
-WORKLOAD_TENANT = "tenant-a"
-WORKLOAD_PROGRAM = "program-1"
-WORKLOAD_ACTOR = "actor-1"
+from lab.client import Result
+from lab.sut import WorkloadNeeds, open_system
+from lab.sut.principal import (  # noqa: F401 - re-exported: the workloads' principal lives in the SUT layer
+    WORKLOAD_ACTOR,
+    WORKLOAD_PROGRAM,
+    WORKLOAD_TENANT,
+    identity_for,
+    pick_credential,
+)
 
 _instances = itertools.count(1)
 
@@ -23,36 +27,6 @@ def key_names(n: int) -> list[str]:
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"keys must be a positive integer, not {n!r}")
     return [f"k{i}" for i in range(n)]
-
-
-def identity_for(key: str, *, namespace: str = "fencelab", workflow: str = "lab") -> Identity:
-    """The lock identity behind a workload key."""
-    return Identity(tenant_id=WORKLOAD_TENANT, program_id=WORKLOAD_PROGRAM, target_namespace=namespace,
-                    target_id=key, actor_name=WORKLOAD_ACTOR, workflow_name=workflow, operation_class="default")
-
-
-def pick_credential(credentials: list[dict[str, Any]], capability: str = "targets:lease",
-                    tenant: str = WORKLOAD_TENANT, program: str = WORKLOAD_PROGRAM,
-                    actor: str = WORKLOAD_ACTOR) -> dict[str, Any]:
-    """The first credential with `capability` whose scopes allow tenant/program/actor."""
-
-    def scope_allows(scope: dict[str, Any], kind: str, value: str) -> bool:
-        v = scope.get(kind, "*")
-        vals = [v] if isinstance(v, str) else list(v)
-        return "*" in vals or value in vals
-
-    def allows(scopes: Any, wanted: dict[str, str]) -> bool:
-        # the server's principals carry a list of scope objects: one of them must cover the whole identity
-        scopes = [scopes] if isinstance(scopes, dict) else list(scopes or [])
-        return any(isinstance(s, dict) and all(scope_allows(s, k, v) for k, v in wanted.items()) for s in scopes)
-
-    for c in credentials:
-        caps = c.get("capabilities", [])
-        scopes = c.get("scopes", {})
-        if capability in caps and allows(scopes, {"tenant": tenant, "program": program, "actor": actor}):
-            return c
-    raise ValueError(f"no credential with {capability} for {tenant}/{program}/{actor} among "
-                     f"{[c.get('principal_id') for c in credentials]}")
 
 
 def salted(test, ident: str) -> str:
@@ -81,15 +55,14 @@ def completion(result: Result, value: Any, **extra: Any) -> dict[str, Any]:
     return op
 
 
-def lease_client(test, node: str, *, instance: str | None = None, timeout_s: float = 5.0):
+def lease_client(test, node: str, *, needs: WorkloadNeeds, instance: str | None = None, timeout_s: float = 5.0):
     """The system under test's client for one worker against `node` (a `lab.sut.LeaseSystem`).
 
     The system is `test.sut` (default `reference`: a LeaseClient with the
-    stack's credentials); a workload needing an ability the system lacks is refused here.
+    stack's credentials); `needs` is what the calling workload declares (its `NEEDS`): a system lacking one
+    of them is refused here.
     """
-    from lab.sut import open_system
-
-    return open_system(test, node, instance or new_instance_id(test=test), timeout_s=timeout_s)
+    return open_system(test, node, instance or new_instance_id(test=test), needs=needs, timeout_s=timeout_s)
 
 
 # -- what the client sent (docs/history-format.md: `value.sent`) ------------------------------------------

@@ -39,11 +39,13 @@ import math
 from typing import Any
 
 from lab.client import new_request_id
+from lab.sut import WorkloadNeeds
 from workloads.common import (acquire_until_held, completion, identity_for, request_id, sent, session_id,
                               session_start, stall)
 from workloads.lease import LeaseWorkloadClient
 
 DOC = __doc__
+NEEDS = WorkloadNeeds("fenced-append", capabilities=frozenset({"commit"}))  # commits through the fenced boundary
 DB = "fencelab"
 
 
@@ -59,6 +61,8 @@ def doc_id(key: str) -> str:
 
 class FencedAppendClient(LeaseWorkloadClient):
     """The lease workload client plus fenced commits and final reads of the store."""
+
+    NEEDS = NEEDS
 
     def __init__(self, *args: Any, store_db: dict | None = None, counter: Any = None, **kw: Any):
         super().__init__(*args, **kw)

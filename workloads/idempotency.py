@@ -20,11 +20,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from lab.sut import WorkloadNeeds
+
 from workloads.common import (SOLO_STALL, TAKEOVER_STALL, acquire_until_held, pick_kind, seeded_request_id,
                               session_key, stall, time_for)
 from workloads.lease import LeaseWorkloadClient
 
 DOC = __doc__
+NEEDS = WorkloadNeeds("idempotency")  # the core operations only: any system under test
 
 
 class IdempotencyClient(LeaseWorkloadClient):
@@ -33,6 +36,8 @@ class IdempotencyClient(LeaseWorkloadClient):
     A retry after an `info` runs in the thread's next process: the session (its lease, and its service instance,
     which is part of the owner and so of the idempotency digest) is shared by every opened client.
     """
+
+    NEEDS = NEEDS
 
 
 def _body(value: dict[str, Any]) -> dict[str, Any]:

@@ -31,14 +31,18 @@ from __future__ import annotations
 from typing import Any
 
 from lab.client import Lease, new_request_id
+from lab.sut import WorkloadNeeds
 from workloads.common import (Session, Sessions, acquire_until_held, completion, identity_for, lease_client,
                               request_id, sent, session_id, session_start, stall)
 
 DOC = __doc__
+NEEDS = WorkloadNeeds("lease")  # the core operations only: any system under test
 
 
 class LeaseWorkloadClient:
     """A worker's lease API client; a session's lease and service instance are shared by every opened client."""
+
+    NEEDS = NEEDS  # what it asks of the system (a subclass for another workload declares its own)
 
     def __init__(self, ttl_ms: int = 2000, deadline_s: float = 2.0, node: str | None = None, api=None,
                  sessions: Sessions | None = None):
@@ -52,8 +56,8 @@ class LeaseWorkloadClient:
 
     async def open(self, test, node: str) -> "LeaseWorkloadClient":
         """A fresh client bound to lease server `node` (ops without a session use its own service instance)."""
-        return type(self)(self.ttl_ms, self.deadline_s, node, lease_client(test, node), sessions=self.sessions,
-                          **self._shared())
+        return type(self)(self.ttl_ms, self.deadline_s, node, lease_client(test, node, needs=self.NEEDS),
+                          sessions=self.sessions, **self._shared())
 
     def _shared(self) -> dict[str, Any]:
         """Keyword arguments a subclass's opened clients share with their prototype."""

@@ -16,7 +16,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from lab.sut import WorkloadNeeds
+
 DOC = __doc__
+NEEDS = WorkloadNeeds("register", lab_only=True)  # it tests the lab's own Valkey, not a lease system
 
 CAS_SCRIPT = """
 local cur = redis.call('GET', KEYS[1])

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lab.testmap import DEFAULT_SERVERS, OPTIONS, OptionError, Test, check_options, merge_options as _merge_options
+from workloads import needs_of
 
 __all__ = ["CampaignError", "Implementation", "PlannedRun", "Scenario", "Spec", "expand", "load_spec",
            "parse_spec", "validate_plan"]
@@ -537,7 +538,7 @@ def validate_plan(spec: Spec, runs: list[PlannedRun] | None = None) -> list[Plan
             test = run.to_test()
             validate(test)
             if registry is not None and callable(getattr(registry, "validate_test", None)):
-                registry.validate_test(test)
+                registry.validate_test(test, needs_of(test.workload))
         except (RunError, ValueError) as e:
             msg = re.sub(r"--([a-z-]+)", lambda m: m.group(1).replace("-", "_"), str(e))
             raise CampaignError(f"{spec.source}: run {run.id}: {msg} (fix it in [defaults] or the scenario)") from None

@@ -37,7 +37,8 @@ import time
 from typing import Any
 
 from lab.client import Identity, Lease, Result, new_request_id
-from workloads.common import WORKLOAD_ACTOR, WORKLOAD_PROGRAM, WORKLOAD_TENANT
+from lab.sut import WorkloadNeeds, open_system
+from lab.sut.principal import WORKLOAD_ACTOR, WORKLOAD_PROGRAM, WORKLOAD_TENANT
 
 DB = "fencelab"
 # the demo principals a probe may act as (lab.server.auth.DEMO_PRINCIPALS), by the role a script names
@@ -74,9 +75,10 @@ class Shared:
 class ScenarioClient:
     """A worker bound to one lease server; see the module docstring for the op vocabulary."""
 
-    def __init__(self, shared: Shared, node: str | None = None, *, needs_store: bool = False,
+    def __init__(self, shared: Shared, needs: WorkloadNeeds, node: str | None = None, *, needs_store: bool = False,
                  deadline_s: float = 2.0):
         self.shared = shared
+        self.needs = needs  # what the scenario's workload asks of the system (passed to open_system)
         self.node = node
         self.needs_store = needs_store
         self.deadline_s = deadline_s
@@ -84,7 +86,7 @@ class ScenarioClient:
 
     async def open(self, test, node: str) -> "ScenarioClient":
         """A client for `node` sharing this run's slots."""
-        return ScenarioClient(self.shared, node, needs_store=self.needs_store, deadline_s=self.deadline_s)
+        return ScenarioClient(self.shared, self.needs, node, needs_store=self.needs_store, deadline_s=self.deadline_s)
 
     async def setup(self, test) -> None:
         """Create the store database with the lab's fence guard when the scenario commits, in a store the lab owns.
@@ -117,9 +119,7 @@ class ScenarioClient:
         if key not in self.systems:
             instance = f"{owner}-{test.extra.get('key_nonce', 'x')}"
             if principal is None:
-                from lab.sut import open_system
-
-                self.systems[key] = open_system(test, self.node, instance)
+                self.systems[key] = open_system(test, self.node, instance, needs=self.needs)
             else:
                 from lab.client import LeaseClient
 

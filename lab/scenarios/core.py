@@ -49,6 +49,8 @@ from typing import Any
 
 import lab.generator as gen
 from checkers.core import Compose, Pair, Violations, analyzed, error_code, nemesis_windows, pair_ops
+from lab.sut import is_external, sut_of
+from workloads import needs_of
 from workloads.base import Workload
 
 MUTATIONS = frozenset(("acquire", "renew", "release", "force-release", "revoke", "commit"))
@@ -423,13 +425,6 @@ def scenario_of(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
     return registry[name]
 
 
-def is_external(test: Any) -> bool:
-    """Does the run use a system the lab does not start (so stack faults and backend reads are impossible)?"""
-    from lab.runner import is_external as external
-
-    return external(test)
-
-
 def validate_scenario(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
     """Check a Test naming a scenario before anything starts; ScenarioError says what to change."""
     sc = scenario_of(test, registry)
@@ -452,9 +447,7 @@ def validate_scenario(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
             validate_names(list(sc.nemeses))
         except ValueError as e:
             raise ScenarioError(f"--scenario {sc.name}: {e}") from None
-    from lab.sut import needed_capabilities, sut_of
-
-    missing = sorted(needed_capabilities(sc.workload) - sut_of(test).capabilities)
+    missing = sorted(needs_of(sc.workload).capabilities - sut_of(test).capabilities)
     if missing:
         raise ScenarioError(f"--scenario {sc.name} needs {', '.join(missing)}, which SUT {sut_of(test).name!r} "
                             "does not have")
@@ -502,7 +495,8 @@ def scenario_workload(test: Any, registry: Mapping[str, Scenario]) -> ScenarioWo
         """The run's composed nemesis (built once the stack is up) and the script to run beside it."""
         return build_nemesis(t, sc, shared.identity_for), body
 
-    return ScenarioWorkload(name=f"scenario:{sc.name}", client=ScenarioClient(shared, needs_store=sc.needs_store),
+    return ScenarioWorkload(name=f"scenario:{sc.name}",
+                            client=ScenarioClient(shared, needs_of(sc.workload), needs_store=sc.needs_store),
                             generator=None, checker=ScenarioCompose(checkers, f"scenario:{sc.name}"), final_generator=final,
                             needs_store=sc.needs_store, doc=sc.setup, build_nemesis=faults_and_script, scenario=sc)
 

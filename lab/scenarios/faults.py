@@ -20,7 +20,9 @@ import json
 import random
 from typing import Any
 
-from nemesis.core import completion, compose
+from lab.sut import is_external
+from nemesis import process
+from nemesis.core import NemesisUnavailable, completion, compose
 
 KEY_PREFIX = "starintel:target-lease:v1:"
 IDENTITY_ORDER = ("tenant_id", "program_id", "target_namespace", "target_id", "actor_name", "workflow_name",
@@ -63,8 +65,6 @@ class ValkeyPoke:
         import redis.asyncio as aioredis
 
         if not getattr(test, "valkey", None):
-            from nemesis.core import NemesisUnavailable
-
             raise NemesisUnavailable("the valkey-poke fault writes into the lab's own Valkey: the run has none")
         self.client = aioredis.Redis.from_url(test.valkey, socket_timeout=3.0)
 
@@ -151,10 +151,6 @@ def build_nemesis(test: Any, scenario: Any, identity_for) -> Any:
 
     Always a nemesis (possibly with no member), so scripts can time steps on the nemesis thread.
     """
-    from nemesis import process
-
-    from lab.scenarios.core import is_external
-
     members: list[Any] = []
     if scenario.nemeses and not is_external(test):
         from nemesis.registry import build

@@ -633,7 +633,8 @@ def changed_body_script(s: Script) -> Any:
                   s.on(0, s.op("inspect", k, f"inspect-acquire-{r}")),
                   s.on(0, ren), s.on(1, s.again(ren, f"changed-renew-{r}", ttl_ms=2500)),
                   s.on(0, s.op("inspect", k, f"inspect-renew-{r}")),
-                  s.on(0, rel), s.on(1, s.again(rel, f"changed-release-{r}", owner=f"x{r}"))]
+                  s.on(0, rel), s.on(1, s.again(rel, f"changed-release-{r}", owner=f"x{r}")),
+                  s.on(0, s.op("inspect", k, f"inspect-release-{r}"))]
         if s.local:
             parts.append(s.on(0, s.op("observe-backend", k, f"counter-{r}")))
     return s.steps(*parts)
@@ -672,11 +673,12 @@ def changed_body_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any
 
 CHANGED_BODY = Scenario(
     name="changed-body-same-request-id", race="same request_id, changed body",
-    tags=("acq", "changed-acquire", "changed-release", "changed-renew", "counter", "inspect-acquire", "inspect-renew", "release", "renew"),
+    tags=("acq", "changed-acquire", "changed-release", "changed-renew", "counter", "inspect-acquire", "inspect-renew",
+          "inspect-release", "release", "renew"),
     requires="idempotency_conflict, nothing mutated", rules=("C16", "C17"),
     setup="Rounds: acquire, renew and release each succeed, and each request_id is then sent again through the "
           "other server with a changed body (another ttl_ms; for the release another worker); inspects after the "
-          "acquire and the renew, and the counter from Valkey.",
+          "acquire, the renew and the release, and the counter from Valkey.",
     checks="Every changed-body request is refused with idempotency_conflict; the inspect after it shows exactly the "
            "original result (lease_id, token, expires_at); the counter shows one token per acquisition.",
     script=changed_body_script, check=changed_body_check,

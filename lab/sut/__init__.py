@@ -10,6 +10,7 @@ docs/plugging-in-a-system.md. Built in: `reference` and `starintel`.
 """
 
 from lab.sut.findings import Finding, FindingsLog, load_findings, static_records
+from lab.sut.processes import is_external
 from lab.sut.protocol import (
     OPTIONAL_CAPABILITIES,
     FencedCommit,
@@ -25,9 +26,9 @@ from lab.sut.registry import (
     ENTRY_POINT_GROUP,
     CheckedSystem,
     SutEntry,
+    WorkloadNeeds,
     api_key_for,
     get_sut,
-    needed_capabilities,
     open_system,
     register_sut,
     sut_names,
@@ -39,6 +40,6 @@ from lab.sut.registry import (
 __all__ = [
     "DEFAULT_SUT", "ENTRY_POINT_GROUP", "OPTIONAL_CAPABILITIES", "CheckedSystem", "FencedCommit", "Finding",
     "FindingsLog", "ForceRelease", "LeaseSystem", "Revoke", "SutEntry", "SutError", "api_key_for", "check_result",
-    "check_system", "get_sut", "load_findings", "needed_capabilities", "open_system", "register_sut",
-    "static_records", "sut_names", "sut_of", "unregister_sut", "validate_test",
+    "check_system", "get_sut", "is_external", "load_findings", "open_system", "register_sut",
+    "static_records", "sut_names", "sut_of", "unregister_sut", "validate_test", "WorkloadNeeds",
 ]

@@ -32,6 +32,9 @@ from urllib.parse import quote
 import httpx
 
 from lab.secrets import redact_url
+from lab.sut.principal import identity_for
+from lab.sut.processes import is_external
+from lab.sut.registry import WorkloadNeeds, open_system
 
 PASSING_CODES = ("lease_inspected", "lease_not_found")
 
@@ -76,11 +79,9 @@ async def _health(http: httpx.AsyncClient, test: Any, url: str) -> None:
 
 async def _auth(test: Any, url: str, timeout_s: float) -> None:
     """One inspect of a fresh lab identity through the system's own client, with the run's key."""
-    from lab.sut.registry import open_system
-    from workloads.common import identity_for
-
     shown = redact_url(url)
-    system = open_system(test, url, f"fencelab-probe-{secrets.token_hex(3)}")
+    # the probe asks only an inspect: the core operations, which every system has
+    system = open_system(test, url, f"fencelab-probe-{secrets.token_hex(3)}", needs=WorkloadNeeds("probe"))
     try:
         r = await system.inspect(identity_for(f"probe-{secrets.token_hex(4)}"), deadline_s=timeout_s)
     finally:
@@ -144,8 +145,6 @@ def lab_owns_store(test: Any) -> bool:
     """
     if test.lab_owns_store:
         return True
-    from lab.runner import is_external
-
     return not is_external(test) and not test.store_url
 
 

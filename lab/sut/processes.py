@@ -213,6 +213,16 @@ def declares_processes(test: Any) -> bool:
         return False
 
 
+def is_external(test: Any) -> bool:
+    """Is the system under test outside the lab (a server at a given --url, or a system that brings no processes
+    for the lab to run), so that the lab can neither fault its processes nor read its backend?"""
+    if getattr(test, "urls", None):
+        return True
+    if test.sut_name() == "reference":
+        return False
+    return not declares_processes(test)
+
+
 def check_test(test: Any) -> None:
     """Before anything starts: the system's binaries are installed, and every nemesis asked can apply to it."""
     from lab.sut.protocol import SutError

@@ -15,6 +15,9 @@ system a run uses (default `reference`).
 A factory declares the optional abilities it has (`capabilities`, a subset
 of `commit`, `force_release`, `revoke`) as an attribute or at registration;
 a workload that needs one the system lacks refuses before anything starts.
+The SUT layer never imports the workloads: each workload declares its
+`WorkloadNeeds` (`workloads.needs_of(name)`), and the runner passes them in
+(`validate_test(test, needs)`, `open_system(..., needs=...)`).
 Systems from outside the lab are wrapped so that every result is checked
 (`check_result`): a malformed one is an error naming the method.
 """
@@ -29,16 +32,22 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from lab.sut.principal import pick_credential
 from lab.sut.protocol import OPTIONAL_CAPABILITIES, SutError, check_capabilities, check_result, check_system
 
 ENTRY_POINT_GROUP = "fencelab.suts"
 DEFAULT_SUT = "reference"
 API_KEY_ENV = "FENCELAB_API_KEY"
-# what each workload needs beyond the core operations (a workload module may also declare NEEDS_CAPABILITIES)
-WORKLOAD_NEEDS: dict[str, frozenset[str]] = {"fenced-append": frozenset({"commit"})}
-# workloads that test the lab's own stack (Valkey itself), not a lease system: reference SUT only
-LAB_ONLY_WORKLOADS = frozenset({"register"})
 _CHECKED_OPS = frozenset({"acquire", "renew", "release", "inspect", "commit", "force_release", "revoke"})
+
+
+@dataclass(frozen=True)
+class WorkloadNeeds:
+    """What a workload needs from the system under test (each workload module declares its `NEEDS`)."""
+
+    workload: str
+    capabilities: frozenset[str] = frozenset()  # optional abilities beyond the core operations (e.g. commit)
+    lab_only: bool = False  # it tests the lab's own stack (Valkey itself), not a lease system: reference only
 
 
 @dataclass(frozen=True)
@@ -151,23 +160,13 @@ def get_sut(name: str) -> SutEntry:
                    f"(or name a factory as module.path:Factory)")
 
 
-def needed_capabilities(workload: str) -> frozenset[str]:
-    """The optional abilities a workload needs from the system under test."""
-    try:
-        from workloads import WORKLOADS
-
-        declared = getattr(WORKLOADS.get(workload), "NEEDS_CAPABILITIES", None)
-    except ImportError:  # pragma: no cover - the lab without its workloads package
-        declared = None
-    return frozenset(declared) if declared is not None else WORKLOAD_NEEDS.get(workload, frozenset())
-
-
-def require_capabilities(entry: SutEntry, workload: str) -> None:
+def require_capabilities(entry: SutEntry, needs: WorkloadNeeds) -> None:
     """Refuse a workload that needs an ability the system lacks, saying what to do instead."""
-    if workload in LAB_ONLY_WORKLOADS and entry.name != DEFAULT_SUT:
+    workload = needs.workload
+    if needs.lab_only and entry.name != DEFAULT_SUT:
         raise SutError(f"workload {workload!r} tests the lab's own Valkey, not a lease system: it runs only with "
                        f"SUT {DEFAULT_SUT!r}; use a lease-API workload (lease, idempotency) with SUT {entry.name!r}")
-    missing = sorted(needed_capabilities(workload) - entry.capabilities)
+    missing = sorted(needs.capabilities - entry.capabilities)
     if missing:
         able = [n for n in sut_names() if n in _REGISTRY and not set(missing) - _REGISTRY[n].capabilities]
         raise SutError(f"workload {workload!r} needs {', '.join(missing)}, which SUT {entry.name!r} does not "
@@ -181,10 +180,13 @@ def sut_of(test: Any) -> SutEntry:
     return get_sut(getattr(test, "sut", None) or DEFAULT_SUT)
 
 
-def validate_test(test: Any) -> SutEntry:
-    """Check, before anything starts, that the test's system exists, can run its workload and has what it needs."""
+def validate_test(test: Any, needs: WorkloadNeeds) -> SutEntry:
+    """Check, before anything starts, that the test's system exists, can run its workload and has what it needs.
+
+    `needs`: what the test's workload declares (`workloads.needs_of(test.workload)`), passed in by the runner.
+    """
     entry = sut_of(test)
-    require_capabilities(entry, test.workload)
+    require_capabilities(entry, needs)
     if entry.check is not None:
         entry.check(test)
     if entry.processes is not None:  # its binaries are installed, and every nemesis asked can apply to it
@@ -197,10 +199,14 @@ def validate_test(test: Any) -> SutEntry:
     return entry
 
 
-def open_system(test: Any, node: Any, service_instance_id: str, *, timeout_s: float | None = None) -> Any:
-    """A fresh system client for one worker: the test's SUT factory called as (test, node, service_instance_id)."""
+def open_system(test: Any, node: Any, service_instance_id: str, *, needs: WorkloadNeeds,
+                timeout_s: float | None = None) -> Any:
+    """A fresh system for one worker: the test's SUT factory called as (test, node, service_instance_id).
+
+    `needs`: what the caller (a workload, a scenario, a probe) will ask of it; a system lacking one is refused.
+    """
     entry = sut_of(test)
-    require_capabilities(entry, test.workload)
+    require_capabilities(entry, needs)
     kwargs = {"timeout_s": timeout_s} if timeout_s is not None and entry.accepts_timeout else {}
     system = entry.factory(test, node, service_instance_id, **kwargs)
     if inspect.isawaitable(system):
@@ -257,8 +263,6 @@ def api_key_for(test: Any, capability: str = "targets:lease") -> str:
         if not key or "\n" in key:
             raise SutError(f"--api-key-file {path}: it must hold exactly one API key on one line")
     elif test.credentials_file:
-        from workloads.common import pick_credential
-
         try:
             key = pick_credential(test.credentials(), capability)["api_key"]
         except (ValueError, KeyError, OSError) as e:
