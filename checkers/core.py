@@ -224,13 +224,12 @@ class Pair:
     def __init__(self, inv: dict, comp: dict | None, i0: int, i1: int | None):
         self.inv = inv
         self.comp = comp
-        f = self.f = inv.get("f")
+        f = self.f = inv["f"]  # `pair` saw to f, process and type
         key = self.key = inv.get("key")
-        self.process = inv.get("process")
+        self.process = inv["process"]
         t0 = self.t0 = inv.get("time", 0)
         self.i0 = i0
         v = inv.get("value")
-        v = v if v.__class__ is dict else None  # exact-type checks: the hot path (JSON objects are dicts)
         if comp is None:
             self.type = "info"  # an invocation with no completion counts as info
             self.t1: int | None = None
@@ -241,23 +240,27 @@ class Pair:
             self.t1 = comp.get("time", t0)
             self.i1 = i1
             r = self.result = comp.get("value")
-        s = None
+        # exact-type checks (JSON objects are dicts): the hot path of every lease checker
+        rid = lid = s = None
         if r.__class__ is dict:
             s = r.get("sent")
-            if s.__class__ is not dict:
+            if s.__class__ is dict:
+                lid = s.get("lease_id")  # what went on the wire outranks the rest
+            else:
                 s = None
         else:
             r = None
         self.sent = s
-        rid = v.get("request_id") if v is not None else None
-        if rid is None and r is not None:
-            rid = r.get("request_id")
+        if v.__class__ is dict:
+            rid = v.get("request_id")
+            if lid is None:
+                lid = v.get("lease_id")
+        if r is not None:
+            if rid is None:
+                rid = r.get("request_id")
+            if lid is None:
+                lid = r.get("lease_id")
         self.rk = None if rid is None else (f, key, rid)
-        lid = s.get("lease_id") if s is not None else None  # what went on the wire outranks the rest
-        if lid is None and v is not None:
-            lid = v.get("lease_id")
-        if lid is None and r is not None:
-            lid = r.get("lease_id")
         self.lid = lid
 
     @property

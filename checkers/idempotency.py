@@ -35,7 +35,6 @@ from __future__ import annotations
 import bisect
 
 import json
-from collections import defaultdict
 from typing import Callable, Mapping
 
 from checkers.core import Pair, Violations, analyzed, error_code, pair_ops, sent, valkey_losses
@@ -65,25 +64,42 @@ class IdempotencyChecker:
     @analyzed
     def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
         """Judge every idempotency key that was used more than once, and every conflict."""
-        groups: dict[tuple, list[Pair]] = defaultdict(list)
+        # idempotency key -> its one op, or the list of them when used more than once: most request_ids are
+        # used once, and a list for each would cost more than the rest of the checker (1M-op histories)
+        groups: dict[tuple, Pair | list[Pair]] = {}
+        fs = IDEMPOTENT_FS
         for p in pair_ops(history):
-            if p.f in IDEMPOTENT_FS:
+            if p.f in fs:
                 val = p.inv.get("value")
                 rid = val.get("request_id") if isinstance(val, dict) else None
                 if rid is not None:
-                    groups[(p.f, p.key, rid)].append(p)
+                    gkey = (p.f, p.key, rid)
+                    g = groups.get(gkey)
+                    if g is None:
+                        groups[gkey] = p
+                    elif g.__class__ is list:
+                        g.append(p)
+                    else:
+                        groups[gkey] = [g, p]
         v = Violations(self.max_violations)
         records: list[bool] = []  # whether the history records `sent` at all, found out when first needed
 
         def records_sent() -> bool:
             if not records:
-                records.append(any(sent(p) is not None for ops in groups.values() for p in ops))
+                records.append(any(p.sent is not None for g in groups.values()
+                                   for p in (g if g.__class__ is list else (g,))))
             return records[0]
 
         retried = judged = 0
         losses = sorted(done for _, done in valkey_losses(history))
         excused: list[int] = []
         for gkey, ops in groups.items():
+            if ops.__class__ is not list:  # used once: only a conflict can be judged (false-conflict)
+                if (ops.type == "fail" and error_code(ops.comp) == CONFLICT
+                        and not _nothing_sent(ops, records_sent)):
+                    judged += 1
+                    _false_conflict(gkey, ops, v)
+                continue
             if any(p.type == "fail" for p in ops):
                 ops = [p for p in ops if not _nothing_sent(p, records_sent)]
             if len(ops) > 1:
