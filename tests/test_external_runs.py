@@ -286,14 +286,14 @@ def test_proxy_urls_put_the_labs_toxiproxy_between_clients_and_the_servers(tmp_p
 async def test_the_lab_installs_its_fence_guard_only_in_a_store_it_owns(store):
     """fenced-append and the commit scenarios set up the store only when it is the lab's (or the user says so)."""
     from lab.couch import CouchClient
-    from lab.scenarios.client import ScenarioClient, Shared
+    from lab.scenarios.driver import ScenarioDriver, Shared
     from workloads import needs_of
-    from workloads.fenced_append import FencedAppendClient
+    from workloads.fenced_append import FencedAppendDriver
 
     async with CouchClient(store.url) as couch:
         for db in ("theirs", "scratch"):
             await couch.http.put(f"{store.url}/{db}")
-        for client in (FencedAppendClient(), ScenarioClient(Shared({}), needs_of("fenced-append"), needs_store=True)):
+        for client in (FencedAppendDriver(), ScenarioDriver(Shared({}), needs_of("fenced-append"), needs_store=True)):
             theirs = Test(extra={"urls": ["http://127.0.0.1:9"], "store_url": store.url, "store_db": "theirs"})
             theirs.live["store_url"] = store.url
             await client.setup(theirs)

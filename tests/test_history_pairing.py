@@ -19,7 +19,7 @@ from checkers.linear import Linearizable, pair_history
 from lab.history import NEMESIS, HistoryError, HistoryWarning, pair
 from lab.history import pair_ops as history_pair_ops
 from lab.scenarios import SCENARIOS
-from lab.scenarios.core import ScenarioChecker
+from lab.scenarios.scenario import ScenarioChecker
 
 _spec = importlib.util.spec_from_file_location(
     "bench_checker_domain", Path(__file__).resolve().parents[1] / "bench" / "checker_domain.py")

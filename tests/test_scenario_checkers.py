@@ -13,7 +13,7 @@ import itertools
 import pytest
 
 from lab.scenarios import SCENARIOS
-from lab.scenarios.core import ScenarioChecker
+from lab.scenarios.scenario import ScenarioChecker
 from lab.scenarios.faults import contract_lock_key
 from lab.scenarios.races import LIMIT
 

@@ -65,7 +65,7 @@ def test_every_scenario_runs_live_and_the_reference_server_holds(tmp_path, name)
 
 def test_a_scenario_run_is_judged_by_its_row():
     """A domain checker with nothing to compare does not make the row's verdict unknown; anything else does."""
-    from lab.scenarios.core import ScenarioCompose
+    from lab.scenarios.scenario import ScenarioCompose
 
     class Fixed:
         def __init__(self, res):

@@ -12,7 +12,7 @@ import pytest
 
 from checkers.core import safe_check
 from lab.scenarios import SCENARIOS
-from lab.scenarios.core import Scenario, ScenarioChecker, Script, Tagged, Tags, TagError, ok
+from lab.scenarios.scenario import Scenario, ScenarioChecker, Script, Tagged, Tags, TagError, ok
 
 
 def _script(s: Script):

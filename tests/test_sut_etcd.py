@@ -219,14 +219,14 @@ def test_paused_client_sends_nothing_while_its_lease_runs_out(cluster):
     held at its gate sends no request at all (no keep-alive either) while etcd expires its lease and a
     successor takes the lock; resumed, its renew learns the lease is gone."""
     from nemesis.process import ClientPauses
-    from workloads.fenced_append import FencedAppendClient
+    from workloads.fenced_append import FencedAppendDriver
 
     test = Test(workload="fenced-append", extra={"sut": "etcd"}, concurrency=2)
     pauses = test.live["client_pauses"] = ClientPauses(2)
     ident = identity_for("k2")
 
     async def scenario():
-        holder = FencedAppendClient(ttl_ms=2000, deadline_s=3.0)
+        holder = FencedAppendDriver(ttl_ms=2000, deadline_s=3.0)
         holder.api = client(cluster, 1, 1)
         successor = client(cluster, 2, 2)
         try:

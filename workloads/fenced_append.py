@@ -42,7 +42,7 @@ from lab.client import new_request_id
 from lab.sut import WorkloadNeeds
 from workloads.common import (acquire_until_held, completion, identity_for, request_id, sent, session_id,
                               session_start, stall)
-from workloads.lease import LeaseWorkloadClient
+from workloads.lease import LeaseDriver
 
 DOC = __doc__
 NEEDS = WorkloadNeeds("fenced-append", capabilities=frozenset({"commit"}))  # commits through the fenced boundary
@@ -59,8 +59,8 @@ def doc_id(key: str) -> str:
     return f"doc-{key}"
 
 
-class FencedAppendClient(LeaseWorkloadClient):
-    """The lease workload client plus fenced commits and final reads of the store."""
+class FencedAppendDriver(LeaseDriver):
+    """The lease workload's driver plus fenced commits and final reads of the store."""
 
     NEEDS = NEEDS
 
@@ -218,7 +218,7 @@ def workload(test):
     written: set[str] = set()  # every key the generator sent a commit for (burst and solo keys too)
     return Workload(
         name="fenced-append",
-        client=FencedAppendClient(ttl_ms=test.ttl_ms, deadline_s=float(test.deadline_s or 2.0)),
+        client=FencedAppendDriver(ttl_ms=test.ttl_ms, deadline_s=float(test.deadline_s or 2.0)),
         generator=exercise(test, recording_commits(session(keys), written), recording_commits(burst, written)),
         # read back every document a commit was sent to: no acknowledged commit may be missing from any of them
         final_generator=gen.bind(lambda test, ctx: [{"f": "read", "key": k, "value": {"doc": doc_id(k)}}

@@ -24,14 +24,14 @@ from lab.sut import WorkloadNeeds
 
 from workloads.common import (SOLO_STALL, TAKEOVER_STALL, acquire_until_held, pick_kind, seeded_request_id,
                               session_key, stall, time_for)
-from workloads.lease import LeaseWorkloadClient
+from workloads.lease import LeaseDriver
 
 DOC = __doc__
 NEEDS = WorkloadNeeds("idempotency")  # the core operations only: any system under test
 
 
-class IdempotencyClient(LeaseWorkloadClient):
-    """The lease workload's client: it honours each op's request_id, ttl, deadline and session.
+class IdempotencyDriver(LeaseDriver):
+    """The lease workload's driver: it honours each op's request_id, ttl, deadline and session.
 
     A retry after an `info` runs in the thread's next process: the session (its lease, and its service instance,
     which is part of the owner and so of the idempotency digest) is shared by every opened client.
@@ -108,7 +108,7 @@ def workload(test):
     keys = key_names(test.keys)
     return Workload(
         name="idempotency",
-        client=IdempotencyClient(ttl_ms=test.ttl_ms, deadline_s=float(test.deadline_s or 2.0)),
+        client=IdempotencyDriver(ttl_ms=test.ttl_ms, deadline_s=float(test.deadline_s or 2.0)),
         generator=exercise(test, session(keys), burst),
         checker=compose({name: get_checker(name) for name in ("idempotency", "fencing", "lease-state",
                                                                 "mutual-exclusion")}),

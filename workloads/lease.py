@@ -39,8 +39,9 @@ DOC = __doc__
 NEEDS = WorkloadNeeds("lease")  # the core operations only: any system under test
 
 
-class LeaseWorkloadClient:
-    """A worker's lease API client; a session's lease and service instance are shared by every opened client."""
+class LeaseDriver:
+    """A worker's driver of the lease workload (over a lab.sut system); a session's lease and service instance are
+    shared by every opened driver."""
 
     NEEDS = NEEDS  # what it asks of the system (a subclass for another workload declares its own)
 
@@ -54,8 +55,8 @@ class LeaseWorkloadClient:
         self.sessions = Sessions() if sessions is None else sessions
         self.own: dict[str, Session] = {}  # ops without a session: this client's own holder per key
 
-    async def open(self, test, node: str) -> "LeaseWorkloadClient":
-        """A fresh client bound to lease server `node` (ops without a session use its own service instance)."""
+    async def open(self, test, node: str) -> "LeaseDriver":
+        """A fresh driver bound to lease server `node` (ops without a session use its own service instance)."""
         return type(self)(self.ttl_ms, self.deadline_s, node, lease_client(test, node, needs=self.NEEDS),
                           sessions=self.sessions, **self._shared())
 
@@ -214,7 +215,7 @@ def workload(test):
     ttl_ms = int(test.ttl_ms)
     return Workload(
         name="lease",
-        client=LeaseWorkloadClient(ttl_ms=ttl_ms, deadline_s=float(test.deadline_s or 2.0)),
+        client=LeaseDriver(ttl_ms=ttl_ms, deadline_s=float(test.deadline_s or 2.0)),
         generator=exercise(test, session(keys), burst),
         checker=lease_checker(test),
         doc=DOC,

@@ -40,7 +40,7 @@ def valkey_client(url: str, timeout_s: float = 1.0) -> aioredis.Redis:
                                    decode_responses=True)
 
 
-class RegisterClient:
+class RegisterDriver:
     """A worker's Valkey connection for register ops."""
 
     def __init__(self, timeout_s: float = 1.0, conn: aioredis.Redis | None = None, prefix: str = "fencelab:reg:"):
@@ -48,8 +48,8 @@ class RegisterClient:
         self.conn = conn
         self.prefix = prefix
 
-    async def open(self, test, node: str) -> "RegisterClient":
-        return RegisterClient(self.timeout_s, valkey_client(test.valkey, self.timeout_s), self.prefix)
+    async def open(self, test, node: str) -> "RegisterDriver":
+        return RegisterDriver(self.timeout_s, valkey_client(test.valkey, self.timeout_s), self.prefix)
 
     async def setup(self, test) -> None:
         return None
@@ -106,7 +106,7 @@ def workload(test):
 
     return Workload(
         name="register",
-        client=RegisterClient(timeout_s=float(test.deadline_s or 1.0)),
+        client=RegisterDriver(timeout_s=float(test.deadline_s or 1.0)),
         generator=gen.stagger(1.0 / test.rate, one),
         checker=compose({"linearizable": get_checker("linearizable", model="cas-register"),
                          "availability": get_checker("availability")}),

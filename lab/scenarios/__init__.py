@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab.scenarios import core
-from lab.scenarios.core import Scenario, ScenarioError, ScenarioWorkload
+from lab.scenarios import scenario as _scenario
+from lab.scenarios.scenario import Scenario, ScenarioError, ScenarioWorkload
 from lab.scenarios.probes import PROBES
 from lab.scenarios.races import RACES
 
@@ -34,14 +34,14 @@ def get_scenario(name: str) -> Scenario:
 
 def validate_scenario(test: Any) -> Scenario:
     """Check a Test naming a scenario before anything starts (ScenarioError: one line saying what to change)."""
-    return core.validate_scenario(test, SCENARIOS)
+    return _scenario.validate_scenario(test, SCENARIOS)
 
 
 def apply_scenario(test: Any, given: Any = frozenset()) -> None:
     """Give a Test its scenario's workload, name and options, except the options in `given` (the user's)."""
-    core.apply_scenario(test, SCENARIOS, frozenset(given))
+    _scenario.apply_scenario(test, SCENARIOS, frozenset(given))
 
 
 def scenario_workload(test: Any, base: Any = None) -> ScenarioWorkload:
     """The workload that runs the Test's scenario (`base`, the workload the runner built, is replaced)."""
-    return core.scenario_workload(test, SCENARIOS)
+    return _scenario.scenario_workload(test, SCENARIOS)

@@ -8,7 +8,7 @@ rules, set-up, checks, faults and options come from its `Scenario` record
 from __future__ import annotations
 
 from lab.scenarios import PROBE_SCENARIOS, RACE_SCENARIOS, SCENARIOS
-from lab.scenarios.core import Scenario
+from lab.scenarios.scenario import Scenario
 
 INTRO = """\
 # Named race scenarios
@@ -60,7 +60,7 @@ A `lab.scenarios.Scenario` holds:
   race was not hit (no response was lost, the renew never reached the TTL
   boundary, ...): a race that did not happen is not evidence.
 
-The scenario client (`lab.scenarios.client.ScenarioClient`) names leases by
+The scenario driver (`lab.scenarios.driver.ScenarioDriver`) names leases by
 `slot` and workers by `owner` (the owner is the principal plus the worker's
 `service_instance_id`, so the same owner name is the same worker from any
 thread or server). Completions add `sent_at_ms` (the client's wall clock when

@@ -1,13 +1,13 @@
-"""The scenario client: one worker of a scripted race, whose ops name leases by slot and owners by name.
+"""The scenario driver: one worker of a scripted race, whose ops name leases by slot and owners by name.
 
 A race scenario is a script: "A acquires k0, B acquires k0 at the same
 instant, A renews at its expiry, the paused A commits after B took over...".
-The workload clients of `workloads/` pick leases implicitly (the one this
+The workload drivers of `workloads/` pick leases implicitly (the one this
 process holds); a script must be explicit, across processes and retries, so
 every op here names:
 
 - `slot`: the lease it is about (`"A"`, `"B2"`, ...). An ok acquire stores its
-  lease under the slot, shared by every client of the run (a retry after an
+  lease under the slot, shared by every driver of the run (a retry after an
   `info` runs in a fresh process and must find it);
 - `owner`: the worker (`service_instance_id`) sending it, default the slot;
   the owner of a lease is the principal plus this instance (C12), so the same
@@ -72,7 +72,7 @@ class Shared:
         return Identity(**fields)
 
 
-class ScenarioClient:
+class ScenarioDriver:
     """A worker bound to one lease server; see the module docstring for the op vocabulary."""
 
     def __init__(self, shared: Shared, needs: WorkloadNeeds, node: str | None = None, *, needs_store: bool = False,
@@ -84,9 +84,9 @@ class ScenarioClient:
         self.deadline_s = deadline_s
         self.systems: dict[tuple[str, str], Any] = {}
 
-    async def open(self, test, node: str) -> "ScenarioClient":
+    async def open(self, test, node: str) -> "ScenarioDriver":
         """A client for `node` sharing this run's slots."""
-        return ScenarioClient(self.shared, self.needs, node, needs_store=self.needs_store, deadline_s=self.deadline_s)
+        return ScenarioDriver(self.shared, self.needs, node, needs_store=self.needs_store, deadline_s=self.deadline_s)
 
     async def setup(self, test) -> None:
         """Create the store database with the lab's fence guard when the scenario commits, in a store the lab owns.
@@ -452,11 +452,11 @@ def _default_key(test) -> str:
 
 
 _HANDLERS = {
-    "acquire": ScenarioClient._acquire, "renew": ScenarioClient._lease_op, "release": ScenarioClient._lease_op,
-    "force-release": ScenarioClient._lease_op, "revoke": ScenarioClient._lease_op, "commit": ScenarioClient._commit,
-    "inspect": ScenarioClient._inspect, "list": ScenarioClient._list, "read": ScenarioClient._read,
-    "observe-backend": ScenarioClient._observe_backend, "observe-audit": ScenarioClient._observe_audit,
-    "raw": ScenarioClient._raw,
+    "acquire": ScenarioDriver._acquire, "renew": ScenarioDriver._lease_op, "release": ScenarioDriver._lease_op,
+    "force-release": ScenarioDriver._lease_op, "revoke": ScenarioDriver._lease_op, "commit": ScenarioDriver._commit,
+    "inspect": ScenarioDriver._inspect, "list": ScenarioDriver._list, "read": ScenarioDriver._read,
+    "observe-backend": ScenarioDriver._observe_backend, "observe-audit": ScenarioDriver._observe_audit,
+    "raw": ScenarioDriver._raw,
 }
 
-__all__ = ["DB", "PRINCIPALS", "ScenarioClient", "Shared"]
+__all__ = ["DB", "PRINCIPALS", "ScenarioDriver", "Shared"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from checkers.core import Violations
-from lab.scenarios.core import Scenario, Script, Tagged, code, describe, idx, ok, val
+from lab.scenarios.scenario import Scenario, Script, Tagged, code, describe, idx, ok, val
 from lab.scenarios.faults import contract_lock_key
 
 LOST = "lease_lost"

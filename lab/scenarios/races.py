@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import lab.generator as gen
 from checkers.core import Violations
-from lab.scenarios.core import Scenario, Script, Tagged, code, describe, idx, ok, val
+from lab.scenarios.scenario import Scenario, Script, Tagged, code, describe, idx, ok, val
 
 # the reference server's largest token on a fresh stack: its recovery gate issues epoch 0's tokens, up to
 # ((0 + 1) << 32) - 1, and refuses acquisitions past them (fence_max, 2^53-1, bounds only the last epoch)

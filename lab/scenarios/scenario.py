@@ -474,7 +474,7 @@ def apply_scenario(test: Any, registry: Mapping[str, Scenario], given: frozenset
 def scenario_workload(test: Any, registry: Mapping[str, Scenario]) -> ScenarioWorkload:
     """The workload a scenario run executes: its client, script, faults, final phase and checkers."""
     from checkers.core import get_checker
-    from lab.scenarios.client import ScenarioClient, Shared
+    from lab.scenarios.driver import ScenarioDriver, Shared
     from lab.scenarios.faults import build_nemesis
 
     sc = scenario_of(test, registry)
@@ -496,7 +496,7 @@ def scenario_workload(test: Any, registry: Mapping[str, Scenario]) -> ScenarioWo
         return build_nemesis(t, sc, shared.identity_for), body
 
     return ScenarioWorkload(name=f"scenario:{sc.name}",
-                            client=ScenarioClient(shared, needs_of(sc.workload), needs_store=sc.needs_store),
+                            client=ScenarioDriver(shared, needs_of(sc.workload), needs_store=sc.needs_store),
                             generator=None, checker=ScenarioCompose(checkers, f"scenario:{sc.name}"), final_generator=final,
                             needs_store=sc.needs_store, doc=sc.setup, build_nemesis=faults_and_script, scenario=sc)
 
