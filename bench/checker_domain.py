@@ -29,6 +29,7 @@ from collections.abc import Generator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/figures.py
 
 from checkers.core import DOMAIN_CHECKERS, compose, get_checker  # noqa: E402
 
@@ -266,6 +267,74 @@ def generate_history(n_ops: int, n_keys: int = 1000, n_workers: int = 64, seed: 
     return Simulation(n_ops, n_keys, n_workers, seed, server).run()
 
 
+TARGET_CPU_S = 5.0  # issue 13 target 4: the 1,000,000-op history composed in under 5 s of CPU on one core
+
+
+def composed_breakdown(history: list[dict]) -> tuple[dict, dict[str, float]]:
+    """Every domain checker composed (one shared analysis), with CPU seconds per part: the shared pairing and
+    lease index, then each checker on top of them, then releasing the shared analysis. Returns (the composed
+    result, {part: CPU s}); the parts add up to the composed run's CPU."""
+    from checkers.core import analysis, first_invocations, gc_paused, lease_index, pair_ops, successor_index
+
+    parts: dict[str, float] = {}
+    checkers = {name: get_checker(name) for name in DOMAIN_CHECKERS}
+    t = time.process_time()
+    with analysis(history), gc_paused():
+        pairs = pair_ops(history)
+        parts["pairing (lab.history.pair)"] = time.process_time() - t
+        t = time.process_time()
+        lease_index(history)
+        first_invocations(pairs)
+        successor_index(history)
+        parts["lease index"] = time.process_time() - t
+        res = compose(checkers)
+        t = time.process_time()
+        out = res.check({}, history, {})  # shares the analysis above
+        parts["checkers"] = time.process_time() - t
+        t = time.process_time()
+    parts["releasing the analysis"] = time.process_time() - t
+    return out, parts
+
+
+def per_checker(history: list[dict]) -> dict[str, float]:
+    """CPU seconds of each domain checker on top of the shared analysis (pairing and lease index done once)."""
+    from checkers.core import analysis, first_invocations, gc_paused, lease_index, pair_ops, successor_index
+
+    cpu: dict[str, float] = {}
+    with analysis(history), gc_paused():
+        lease_index(history)
+        first_invocations(pair_ops(history))
+        successor_index(history)
+        for name in DOMAIN_CHECKERS:
+            c = get_checker(name)
+            t = time.process_time()
+            c.check({}, history, {})
+            cpu[name] = time.process_time() - t
+    return cpu
+
+
+def figures(quick: bool = False) -> list:
+    """Issue 13 target 4 (domain checkers): CPU seconds to judge a 1,000,000-op lease history with every domain
+    checker composed. quick: a 250,000-op history, its CPU scaled to 1M ops (the checkers are O(n log n) at
+    worst, linear in practice), and no per-checker breakdown."""
+    from figures import Figure  # bench/figures.py (bench/ is on the path when run from summary or as a script)
+
+    n = 250_000 if quick else 1_000_000
+    history = generate_history(n, seed=1)
+    res, parts = composed_breakdown(history)
+    cpu = sum(parts.values())
+    scaled = cpu * 1_000_000 / len(history)
+    verdicts = "every checker valid" if res["valid"] is True else f"composed verdict {res['valid']} (expected True)"
+    note = (f"{len(history):,} simulated ops (bench/checker_domain.py, seed 1), process CPU time on one core of a "
+            f"shared 2-core machine{', scaled to 1M ops' if quick else ''}; {verdicts}; "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in parts.items()))
+    if not quick:
+        note += "; per checker on the shared analysis: " + ", ".join(
+            f"{k} {v:.2f} s" for k, v in per_checker(history).items())
+    return [Figure("domain checkers", "1M-op lease history, all domain checkers composed", round(scaled, 2), "s CPU",
+                   f"< {TARGET_CPU_S:g} s", scaled < TARGET_CPU_S and res["valid"] is True, note)]
+
+
 def timed(checker, history: list[dict]) -> tuple[dict, float, float]:
     """Run a checker: its result, CPU seconds (what one core spent) and wall seconds."""
     c0, w0 = time.process_time(), time.perf_counter()
@@ -298,7 +367,11 @@ def main() -> None:
         print(f"{name:18s} {cpu:7.2f} {wall:7.2f} {len(history) / cpu:12,.0f}  valid={res['valid']}{extra}")
     print(f"{'sum of the above':18s} {total:7.2f} {'':7s} {len(history) / total:12,.0f}")
     res, cpu, wall = timed(compose({name: get_checker(name) for name in DOMAIN_CHECKERS}), history)
-    print(f"{'composed (shared)':18s} {cpu:7.2f} {wall:7.2f} {len(history) / cpu:12,.0f}  valid={res['valid']}")
+    print(f"{'composed (shared)':18s} {cpu:7.2f} {wall:7.2f} {len(history) / cpu:12,.0f}  valid={res['valid']}"
+          f"  (target < {TARGET_CPU_S:g} s CPU at 1M ops)")
+    _, parts = composed_breakdown(history)
+    print("composed, by part:  " + ", ".join(f"{k} {v:.2f} s" for k, v in parts.items()))
+    print("on the shared analysis: " + ", ".join(f"{k} {v:.2f} s" for k, v in per_checker(history).items()))
     windows = res["results"]["mutual-exclusion"]["unsafe_windows"]
     print(f"unsafe windows: {windows['count']:,} ({windows['total_ms']:,.0f} ms in all), commits by the older "
           f"holder inside them: {windows['commits_by_older_holder']}")

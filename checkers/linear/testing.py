@@ -130,21 +130,8 @@ def simulate(model_name: str, rng: random.Random, n_ops: int, n_procs: int, *,
              crash: float = 0.15, open_end: float = 0.1, keys: int = 1) -> list[dict]:
     """A linearizable-by-construction history of `model_name` with crashes and open ops."""
     exe, init, gen_op = EXECUTORS[model_name]
-    planned: list[PlannedOp] = []
-    clocks = [0] * n_procs
-    procs = list(range(n_procs))
-    for _ in range(n_ops):
-        t = rng.randrange(n_procs)
-        start = clocks[t] + rng.randrange(3)
-        lat = 1 + rng.randrange(6)
-        f, value = gen_op(rng)
-        op = PlannedOp(procs[t], f, value, start, start + rng.randrange(lat + 1), start + lat,
-                       crash=rng.random() < crash, key=rng.randrange(keys) if keys > 1 else None)
-        op.applied = not op.crash or rng.random() < 0.5
-        planned.append(op)
-        clocks[t] = start + lat + 1
-        if op.crash:
-            procs[t] += n_procs  # the crashed process is retired
+    planned = _plan(rng, n_ops, n_procs, crash, gen_op,
+                    (lambda r, t: r.randrange(keys)) if keys > 1 else (lambda r, t: None))
     states: dict[Any, Any] = {}
     for op in sorted(planned, key=lambda o: (o.lin, rng.random())):
         st = states.get(op.key, init)
@@ -154,17 +141,51 @@ def simulate(model_name: str, rng: random.Random, n_ops: int, n_procs: int, *,
             states[op.key] = new
         if op.crash:
             op.type = "info"
+
+    def base(op: PlannedOp) -> dict:
+        return {"process": op.process, "f": op.f, **({"key": op.key} if op.key is not None else {})}
+
+    return _emit(planned, rng, base, lambda op: {"type": op.type, "value": None if op.type == "info" else op.result},
+                 open_end)
+
+
+def _plan(rng: random.Random, n_ops: int, n_procs: int, crash: float,
+          draw_op: Callable[[random.Random], tuple[str, Any]] | None,
+          draw_key: Callable[[random.Random, int], Any]) -> list[PlannedOp]:
+    """The one planner of this module's simulators: `n_procs` client threads, each op an invocation, a
+    linearization point inside its interval and a completion; a crashed op (`info`, applied or not at random)
+    retires its process (the thread goes on as process + n_procs, as docs/history-format.md says).
+    `draw_op(rng)` gives (f, value) now, or None to decide at execution time; `draw_key(rng, thread)` the key."""
+    planned: list[PlannedOp] = []
+    clocks = [0] * n_procs
+    procs = list(range(n_procs))
+    for _ in range(n_ops):
+        t = rng.randrange(n_procs)
+        start = clocks[t] + rng.randrange(3)
+        lat = 1 + rng.randrange(6)
+        f, value = draw_op(rng) if draw_op is not None else ("", None)
+        op = PlannedOp(procs[t], f, value, start, start + rng.randrange(lat + 1), start + lat,
+                       crash=rng.random() < crash)
+        op.key = draw_key(rng, t)
+        op.applied = not op.crash or rng.random() < 0.5
+        planned.append(op)
+        clocks[t] = start + lat + 1
+        if op.crash:
+            procs[t] += n_procs  # the crashed process is retired
+    return planned
+
+
+def _emit(planned: list[PlannedOp], rng: random.Random, base: Callable[[PlannedOp], dict],
+          completion: Callable[[PlannedOp], dict], open_end: float | None = None) -> list[dict]:
+    """The history of planned ops, events in time order (invocations before completions at equal times:
+    closed intervals overlap); with `open_end`, that share of crashed ops never completes."""
     events: list[tuple[float, float, dict]] = []
     for op in planned:
-        base = {"process": op.process, "f": op.f}
-        if op.key is not None:
-            base["key"] = op.key
-        # invocations sort before completions at equal times (closed intervals overlap)
-        events.append((op.invoke, 0 + rng.random() * 0.5, {**base, "type": "invoke", "value": op.value}))
-        if op.type == "info" and rng.random() < open_end:
+        b = base(op)
+        events.append((op.invoke, rng.random() * 0.5, {**b, "type": "invoke", "value": op.value}))
+        if open_end is not None and op.type == "info" and rng.random() < open_end:
             continue  # never completed
-        events.append((op.done, 0.5 + rng.random() * 0.5,
-                       {**base, "type": op.type, "value": None if op.type == "info" else op.result}))
+        events.append((op.done, 0.5 + rng.random() * 0.5, {**b, **completion(op)}))
     events.sort(key=lambda e: (e[0], e[1]))
     return [{"index": i, "time": int(t * 1000), **rec} for i, (t, _, rec) in enumerate(events)]
 
@@ -258,21 +279,7 @@ def simulate_lease(rng: random.Random, n_ops: int, n_procs: int, *, crash: float
     backend time is the op's linearization point (in ms), TTLs are short so
     leases expire mid-run, and crashed ops take effect or not at random.
     """
-    planned: list[PlannedOp] = []
-    clocks = [0] * n_procs
-    procs = list(range(n_procs))
-    for _ in range(n_ops):
-        t = rng.randrange(n_procs)
-        start = clocks[t] + rng.randrange(3)
-        lat = 1 + rng.randrange(6)
-        op = PlannedOp(procs[t], "", None, start, start + rng.randrange(lat + 1), start + lat,
-                       crash=rng.random() < crash)
-        op.applied = not op.crash or rng.random() < 0.5
-        op.key = t  # the client thread, to decide its op at execution time
-        planned.append(op)
-        clocks[t] = start + lat + 1
-        if op.crash:
-            procs[t] += n_procs
+    planned = _plan(rng, n_ops, n_procs, crash, None, lambda r, t: t)  # key: the thread, to decide its op later
     server = _LeaseServer()
     held: dict[int, dict] = {}  # thread -> the lease it believes it holds
     rid = 0
@@ -298,16 +305,14 @@ def simulate_lease(rng: random.Random, n_ops: int, n_procs: int, *, crash: float
             held.pop(op.key, None)
         if op.crash:
             held.pop(op.key, None)  # the retired process's successor starts afresh
-    events: list[tuple[float, float, dict]] = []
-    for op in planned:
-        base = {"process": op.process, "f": op.f, "key": "k"}
-        events.append((op.invoke, rng.random() * 0.5, {**base, "type": "invoke", "value": op.value}))
-        comp = {**base, "type": op.type, "value": op.result if op.type == "ok" else None}
+
+    def completion(op: PlannedOp) -> dict:
+        comp = {"type": op.type, "value": op.result if op.type == "ok" else None}
         if op.type == "fail":
             comp["error"] = op.result
-        events.append((op.done, 0.5 + rng.random() * 0.5, comp))
-    events.sort(key=lambda e: (e[0], e[1]))
-    return [{"index": i, "time": int(t * 1000), **rec} for i, (t, _, rec) in enumerate(events)]
+        return comp
+
+    return _emit(planned, rng, lambda op: {"process": op.process, "f": op.f, "key": "k"}, completion)
 
 
 def mutate_lease(history: list[dict], rng: random.Random) -> list[dict]:
