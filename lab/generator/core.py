@@ -36,7 +36,7 @@ import reprlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
-from lab.generator.context import NEMESIS_THREAD, Context
+from lab.generator.context import NEMESIS_THREAD, Context, ThreadFilter
 
 __all__ = [
     "PENDING",
@@ -858,26 +858,29 @@ def _thread_pred(threads: Any) -> Callable[[Any], bool]:
 class OnThreads(Generator):
     """gen sees only the threads matching pred, and only their updates."""
 
-    __slots__ = ("pred", "gen")
+    __slots__ = ("pred", "gen", "_view")
 
-    def __init__(self, pred: Callable[[Any], bool], gen: Any) -> None:
+    def __init__(self, pred: Callable[[Any], bool], gen: Any, view: ThreadFilter | None = None) -> None:
         self.pred, self.gen = pred, gen
+        self._view = ThreadFilter(pred) if view is None else view  # shared by every state of this generator
 
     def op(self, test, ctx):
-        r = op(self.gen, test, ctx.restrict(self.pred))
+        r = op(self.gen, test, self._view(ctx))
         if r is None or r is PENDING:
             return r
-        return r[0], OnThreads(self.pred, r[1])
+        return r[0], OnThreads(self.pred, r[1], self._view)
 
     def update(self, test, ctx, event):
         thread = ctx.thread_of(event.get("process"))
         if thread is None or not self.pred(thread):
             return self
-        return OnThreads(self.pred, update(self.gen, test, ctx.restrict(self.pred), event))
+        g = update(self.gen, test, self._view(ctx), event)
+        return self if g is self.gen else OnThreads(self.pred, g, self._view)
 
 
 def on_threads(threads: Any, gen: Any) -> Any:
-    """Restrict gen to some threads: a predicate on threads, or a collection of them."""
+    """Restrict gen to some threads: a predicate on threads (pure: evaluated once per set of threads, as in
+    Jepsen's make-thread-filter), or a collection of them."""
     gen = as_generator(gen)
     return OnThreads(_thread_pred(threads), gen) if gen is not None else None
 
@@ -901,11 +904,18 @@ def nemesis(gen: Any, client_gen: Any = None) -> Any:
 _UNSEEN = object()
 
 
+def _assoc(d: dict, k: Any, v: Any) -> dict:
+    """A copy of d with d[k] = v (dict.copy is a block copy: cheaper than {**d, k: v})."""
+    d = d.copy()
+    d[k] = v
+    return d
+
+
 def _per_thread_op(test, ctx: Context, pick: Callable[[Any], Any]) -> tuple[dict, Any, Any] | _Pending | None:
     """Ask each free thread's generator (in a one-thread view) for an op; the soonest wins."""
     candidates, pending = [], False
     for thread in ctx.free_threads():
-        r = op(pick(thread), test, ctx.restrict((thread,)))
+        r = op(pick(thread), test, ctx.only(thread))
         if r is PENDING:
             pending = True
         elif r is not None:
@@ -934,14 +944,17 @@ class EachThread(Generator):
         if r is None or r is PENDING:
             return r
         o, nxt, thread = r
-        return o, EachThread(self.fresh, {**self.gens, thread: nxt})
+        return o, EachThread(self.fresh, _assoc(self.gens, thread, nxt))
 
     def update(self, test, ctx, event):
         thread = ctx.thread_of(event.get("process"))
         if thread is None:
             return self
-        g = update(self._gen(thread), test, ctx.restrict((thread,)), event)
-        return EachThread(self.fresh, {**self.gens, thread: g})
+        before = self._gen(thread)
+        g = update(before, test, ctx.only(thread), event)
+        if g is before and thread in self.gens:
+            return self
+        return EachThread(self.fresh, _assoc(self.gens, thread, g))
 
 
 def each_thread(gen: Any) -> Any:
@@ -967,14 +980,14 @@ class EachProcess(Generator):
         if r is None or r is PENDING:
             return r
         o, nxt, thread = r
-        return o, EachProcess(self.fresh, {**self.gens, thread: nxt}, {**self.procs, thread: ctx.process_of(thread)})
+        return o, EachProcess(self.fresh, _assoc(self.gens, thread, nxt), _assoc(self.procs, thread, ctx.process_of(thread)))
 
     def update(self, test, ctx, event):
         thread = ctx.thread_of(event.get("process"))
         if thread is None or self.procs.get(thread, _UNSEEN) != event.get("process"):
             return self
-        g = update(self.gens[thread], test, ctx.restrict((thread,)), event)
-        return EachProcess(self.fresh, {**self.gens, thread: g}, self.procs)
+        g = update(self.gens[thread], test, ctx.only(thread), event)
+        return self if g is self.gens[thread] else EachProcess(self.fresh, _assoc(self.gens, thread, g), self.procs)
 
 
 def each_process(gen: Any) -> Any:
@@ -986,10 +999,16 @@ def each_process(gen: Any) -> Any:
 class Reserve(Generator):
     """Dedicated threads per generator: the first n1 threads run g1, the next n2 run g2, the rest the default."""
 
-    __slots__ = ("counts", "gens", "ranges")
+    __slots__ = ("counts", "gens", "ranges", "_views")
 
-    def __init__(self, counts: tuple, gens: tuple, ranges: tuple | None) -> None:
+    def __init__(self, counts: tuple, gens: tuple, ranges: tuple | None, views: tuple | None = None) -> None:
         self.counts, self.gens, self.ranges = counts, gens, ranges
+        if views is None and ranges is not None:
+            views = tuple(ThreadFilter(r) for r in ranges)
+        self._views = views  # one ThreadFilter per range, shared by every state once the ranges are known
+
+    def _filters(self, ranges: tuple) -> tuple:
+        return self._views if ranges is self.ranges else tuple(ThreadFilter(r) for r in ranges)
 
     def _resolve(self, ctx: Context) -> tuple:
         """The thread ranges: computed from the first context seen, then carried in the next state."""
@@ -1010,9 +1029,10 @@ class Reserve(Generator):
 
     def op(self, test, ctx):
         ranges = self._resolve(ctx)
+        views = self._filters(ranges)
         candidates, pending = [], False
         for i, (threads, g) in enumerate(zip(ranges, self.gens)):
-            r = op(g, test, ctx.restrict(threads))
+            r = op(g, test, views[i](ctx))
             if r is PENDING:
                 pending = True
             elif r is not None:
@@ -1021,15 +1041,18 @@ class Reserve(Generator):
         if best is None:
             return PENDING if pending else None
         o, nxt, i = best
-        return o, Reserve(self.counts, self.gens[:i] + (nxt,) + self.gens[i + 1 :], ranges)
+        return o, Reserve(self.counts, self.gens[:i] + (nxt,) + self.gens[i + 1 :], ranges, views)
 
     def update(self, test, ctx, event):
         ranges = self._resolve(ctx)
         thread = ctx.thread_of(event.get("process"))
         for i, threads in enumerate(ranges):
             if thread in threads:
-                g = update(self.gens[i], test, ctx.restrict(threads), event)
-                return Reserve(self.counts, self.gens[:i] + (g,) + self.gens[i + 1 :], ranges)
+                views = self._filters(ranges)
+                g = update(self.gens[i], test, views[i](ctx), event)
+                if g is self.gens[i] and ranges is self.ranges:
+                    return self
+                return Reserve(self.counts, self.gens[:i] + (g,) + self.gens[i + 1 :], ranges, views)
         return self
 
 
