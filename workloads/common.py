@@ -9,15 +9,11 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import lab.generator as gen
 from lab.client import Result
 from lab.sut import WorkloadNeeds, open_system
 from lab.sut.principal import (  # noqa: F401 - re-exported: the workloads' principal lives in the SUT layer
-    WORKLOAD_ACTOR,
-    WORKLOAD_PROGRAM,
-    WORKLOAD_TENANT,
-    identity_for,
-    pick_credential,
-)
+    WORKLOAD_ACTOR, WORKLOAD_PROGRAM, WORKLOAD_TENANT, identity_for, pick_credential)
 
 _instances = itertools.count(1)
 
@@ -129,8 +125,6 @@ def stall_s(test: Any, ctx: Any, span: tuple[float, float]) -> float:
 def stall(span: tuple[float, float], end_ns: int | None = None) -> Any:
     """A holder's stall of `span` x the TTL between two steps (a GC pause, a slow disk): the thread idles and
     nothing is recorded. Drawn when reached, and cut to the main phase's time left, so the run ends on time."""
-    import lab.generator as gen
-
     def pause(test, ctx):
         s = min(stall_s(test, ctx, span), remaining_s(test, ctx, end_ns) - 0.2)
         return gen.sleep(s) if s > 0 else None
@@ -141,8 +135,6 @@ def stall(span: tuple[float, float], end_ns: int | None = None) -> Any:
 def acquire_until_held(key: str, value: Any, attempts: int = 50) -> Any:
     """Acquire `key` until one attempt succeeds (at most `attempts`): a holder polling for a busy key, so it
     takes over the moment the key is free. `value(test, ctx)` gives each attempt's invoke value."""
-    import lab.generator as gen
-
     return gen.until_ok(gen.limit(attempts, lambda test, ctx: {"f": "acquire", "key": key,
                                                                 "value": value(test, ctx)}))
 
@@ -223,16 +215,12 @@ def exercise(test: Any, session: Any, burst: Any, *, burst_every_s: float = BURS
     `session(test, ctx, kind, end_ns)` returns one session's ops (kind: plain, stalled, solo, or None: draw
     one; end_ns: when the main phase ends, on the generator's clock).
     """
-    import lab.generator as gen
-
     return gen.bind(lambda test, ctx: _lanes(test, session, burst, burst_every_s,
                                              ctx.time + int(float(test.time_limit) * 1e9)))
 
 
 def _lanes(test: Any, session: Any, burst: Any, burst_every_s: float, end_ns: int) -> Any:
     """`exercise`'s lanes, once the main phase's first op is asked for (its time limit starts then)."""
-    import lab.generator as gen
-
     def one_burst(test, ctx):
         key = burst_key(test, ctx)
         # each thread draws its own request ids and session: only the key is shared

@@ -38,10 +38,17 @@ import itertools
 import math
 from typing import Any
 
+import lab.generator as gen
+from checkers.core import compose, get_checker
+from checkers.linear import lease_linearizable
+from checkers.stale_write import StaleWriteChecker
 from lab.client import new_request_id
+from lab.couch import CouchClient, CouchError
 from lab.sut import WorkloadNeeds
-from workloads.common import (acquire_until_held, completion, identity_for, request_id, sent, session_id,
-                              session_start, stall)
+from lab.sut.probe import lab_owns_store, store_db
+from workloads.base import Workload
+from workloads.common import (acquire_until_held, completion, exercise, identity_for, key_names, request_id, sent,
+                              session_id, session_start, stall)
 from workloads.lease import LeaseDriver
 
 DOC = __doc__
@@ -79,9 +86,6 @@ class FencedAppendDriver(LeaseDriver):
         The guard (validate_doc_update) is protection the lab would be supplying: in the system's own store
         (--store-url, not --lab-owns-store) nothing is installed and the database is the server's (--store-db).
         """
-        from lab.couch import CouchClient
-        from lab.sut.probe import lab_owns_store, store_db
-
         self.store_db["db"] = store_db(test)
         if not lab_owns_store(test):
             return
@@ -123,8 +127,6 @@ class FencedAppendDriver(LeaseDriver):
 
     async def _read(self, test, key: str) -> dict[str, Any]:
         """Read the key's document straight from the store (a read: an error is a definite `fail`)."""
-        from lab.couch import CouchClient, CouchError
-
         try:
             async with CouchClient(store_url(test)) as couch:
                 d = await couch.get(self.store_db["db"], doc_id(key))
@@ -206,14 +208,6 @@ class CommitsExercised:
 
 def workload(test):
     """Fenced appends (plain, stalled, solo sessions, bursts), then a final read of every document committed to."""
-    from checkers.core import compose, get_checker
-    from checkers.linear import lease_linearizable
-    from checkers.stale_write import StaleWriteChecker
-    from workloads.base import Workload
-    from workloads.common import exercise, key_names
-
-    import lab.generator as gen
-
     keys = key_names(test.keys)
     written: set[str] = set()  # every key the generator sent a commit for (burst and solo keys too)
     return Workload(

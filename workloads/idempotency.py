@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from checkers.core import compose, get_checker
 from lab.sut import WorkloadNeeds
-
-from workloads.common import (SOLO_STALL, TAKEOVER_STALL, acquire_until_held, pick_kind, seeded_request_id,
-                              session_key, stall, time_for)
+from workloads.base import Workload
+from workloads.common import (SOLO_STALL, TAKEOVER_STALL, acquire_until_held, exercise, key_names, pick_kind,
+                              seeded_request_id, session_key, stall, time_for)
 from workloads.lease import LeaseDriver
 
 DOC = __doc__
@@ -101,10 +102,6 @@ def burst(test, ctx, key: str) -> list[dict[str, Any]]:
 
 def workload(test):
     """Retry sessions (plain, stalled, solo) on `test.keys` keys, with a burst every second."""
-    from checkers.core import compose, get_checker
-    from workloads.base import Workload
-    from workloads.common import exercise, key_names
-
     keys = key_names(test.keys)
     return Workload(
         name="idempotency",

@@ -30,10 +30,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from checkers.core import compose, get_checker
+from checkers.linear import lease_linearizable
 from lab.client import Lease, new_request_id
 from lab.sut import WorkloadNeeds
-from workloads.common import (Session, Sessions, acquire_until_held, completion, identity_for, lease_client,
-                              request_id, sent, session_id, session_start, stall)
+from workloads.base import Workload
+from workloads.common import (Session, Sessions, acquire_until_held, completion, exercise, identity_for, key_names,
+                              lease_client, request_id, sent, session_id, session_start, stall)
 
 DOC = __doc__
 NEEDS = WorkloadNeeds("lease")  # the core operations only: any system under test
@@ -198,9 +201,6 @@ def burst(test, ctx, key: str) -> list[dict[str, Any]]:
 def lease_checker(test):
     """The lease workload's checkers: fencing, mutual exclusion, lease state, idempotency, availability, and
     lease linearizability (the `lease` model over the whole history, `checkers.linear.lease_linearizable`)."""
-    from checkers.core import compose, get_checker
-    from checkers.linear import lease_linearizable
-
     return compose({**{name: get_checker(name) for name in
                        ("fencing", "mutual-exclusion", "lease-state", "idempotency", "availability")},
                     "linearizable": lease_linearizable()})
@@ -208,9 +208,6 @@ def lease_checker(test):
 
 def workload(test):
     """Sessions (plain, stalled, solo) on `test.keys` keys at `test.rate` ops/s in total, a burst every second."""
-    from workloads.base import Workload
-    from workloads.common import exercise, key_names
-
     keys = key_names(test.keys)
     ttl_ms = int(test.ttl_ms)
     return Workload(

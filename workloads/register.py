@@ -13,10 +13,15 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+import lab.generator as gen
+from checkers.core import compose, get_checker
 from lab.sut import WorkloadNeeds
+from workloads.base import Workload
+from workloads.common import key_names
 
 DOC = __doc__
 NEEDS = WorkloadNeeds("register", lab_only=True)  # it tests the lab's own Valkey, not a lease system
@@ -89,11 +94,6 @@ class RegisterDriver:
 
 def workload(test):
     """Random reads, writes and cas on `test.keys` registers, checked for linearizability per key."""
-    import lab.generator as gen
-    from checkers.core import compose, get_checker
-    from workloads.base import Workload
-    from workloads.common import key_names
-
     keys = key_names(test.keys)
 
     def one(test_, ctx):
