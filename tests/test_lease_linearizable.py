@@ -165,3 +165,19 @@ def _token_reused(hist: list[dict]) -> list[dict] | None:
         else:
             invoked.pop(op["process"], None)
     return None
+
+
+@pytest.mark.parametrize("sut", ["valkey-lock", "valkey-lock-fenced", "etcd"])
+def test_systems_without_request_ids_or_backend_times_do_not_claim_it(sut):
+    """The lease model's premises (retries by request id, backend wall-clock lease times, tokens) are the contract's;
+    a third-party lock that lacks them is not judged by it (not run, listed under not_claimed with the reason)."""
+    from types import SimpleNamespace
+
+    from lab.sut.registry import claimed_checker, get_sut
+    from workloads.lease import lease_checker as checker_of
+
+    assert "linearizable" in get_sut(sut).not_claimed
+    kept = claimed_checker(SimpleNamespace(sut=sut, extra={}), checker_of(None))
+    assert "linearizable" not in kept.checker.checkers and "lease-state" in kept.checker.checkers
+    ref = claimed_checker(SimpleNamespace(sut="reference", extra={}), checker_of(None))
+    assert "linearizable" in ref.checkers  # the reference server claims the whole contract

@@ -331,7 +331,7 @@ def test_fencelab_test_runs_and_judges_etcd_under_pause_partition_kill(tmp_path)
     run = tmp_path / "store" / "etcd-faults" / "latest"
     results = json.loads((run / "results.json").read_text())
     assert results["valid"] is True, {k: v.get("violation_counts") for k, v in results["results"].items()}
-    assert set(results["not_claimed"]) == {"idempotency", "mutual-exclusion"}
+    assert set(results["not_claimed"]) == {"idempotency", "mutual-exclusion", "linearizable"}
     history = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
     started = {o["value"]["fault"] for o in history if o["process"] == "nemesis" and o.get("type") == "info"
                and isinstance(o.get("value"), dict) and o["value"].get("phase") == "start"}

@@ -96,6 +96,8 @@ NOT_CLAIMED = {
                         "clock and is extended on a leader change), so exclusion in backend time has nothing to "
                         "compare; its lock's order is the revision order, judged through the tokens (fencing) "
                         "and the store's accepted writes (stale-commit)",
+    "linearizable": "the lease model judges expiry in the backend's wall-clock lease times and merges retries by "
+                    "request id; etcd has neither",
 }
 CLOCK_NOTE = ("etcd is a Go binary: it reads the clock through the vDSO, not libc, so libfaketime cannot move it")
 

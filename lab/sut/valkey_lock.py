@@ -456,6 +456,8 @@ _STORE_FENCE = ("the store checks a write's token only against the highest it ha
                 "first write is accepted by design")
 NOT_CLAIMED = {"idempotency": "redis-py's Lock never sees a request id: retries by request id are not a feature it "
                               "claims",
+               "linearizable": "the lease model holds retries sharing a request id to one operation (C17) and "
+                               "grants to increasing tokens; redis-py's Lock never sees a request id",
                "stale-commit.commit-after-successor": _STORE_FENCE,
                "stale-commit.commit-after-release": _STORE_FENCE}
 NOT_CLAIMED_UNFENCED = {**NOT_CLAIMED, "fencing": "valkey-lock hands out no fencing token"}
