@@ -32,13 +32,24 @@ Valkey or the store directly: evidence "against a real backend" (matrix row
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from typing import Any
 
-from lab.client import Identity, Lease, Result, new_request_id
+import httpx
+import redis.asyncio as aioredis
+
+from lab.client import Identity, Lease, LeaseClient, Result, new_request_id
+from lab.client.results import IDENTITY_FIELDS
+from lab.couch import CouchClient
+from lab.scenarios.faults import valkey_keys
+from lab.server.audit import event_from_stream
+from lab.server.backend import AUDIT_STREAM
 from lab.sut import WorkloadNeeds, open_system
 from lab.sut.principal import WORKLOAD_ACTOR, WORKLOAD_PROGRAM, WORKLOAD_TENANT
+from lab.sut.probe import lab_owns_store, store_db
+from lab.sut.registry import api_key_for
 
 DB = "fencelab"
 # the demo principals a probe may act as (lab.server.auth.DEMO_PRINCIPALS), by the role a script names
@@ -94,12 +105,8 @@ class ScenarioDriver:
         Never in the system's own store (--store-url without --lab-owns-store): the guard is protection the lab
         would be supplying to the system it tests.
         """
-        from lab.sut.probe import lab_owns_store, store_db
-
         self.shared.store_db = store_db(test)
         if self.needs_store and _store_url(test) and lab_owns_store(test):
-            from lab.couch import CouchClient
-
             async with CouchClient(_store_url(test)) as couch:
                 await couch.ensure_db(self.shared.store_db)
 
@@ -121,8 +128,6 @@ class ScenarioDriver:
             if principal is None:
                 self.systems[key] = open_system(test, self.node, instance, needs=self.needs)
             else:
-                from lab.client import LeaseClient
-
                 self.systems[key] = LeaseClient(self.node, _api_key_of(test, PRINCIPALS[principal]),
                                                 service_instance_id=instance, max_connections=8)
         return self.systems[key]
@@ -276,8 +281,6 @@ class ScenarioDriver:
 
     async def _read(self, test, op, value) -> dict[str, Any]:
         """The slot's document straight from the store (final phase; a read: an error is a definite fail)."""
-        from lab.couch import CouchClient
-
         doc = value.get("doc") or _doc_id(test, op["key"])
         if not _store_url(test):
             return {"type": "fail", "value": {"doc": doc}, "error": {
@@ -293,11 +296,8 @@ class ScenarioDriver:
 
     async def _observe_backend(self, test, op, value) -> dict[str, Any]:
         """The identity's fencing counter, high-water mark and record straight from Valkey (lab stack only)."""
-        from lab.scenarios.faults import valkey_keys
-
         if not test.valkey:
             return {"type": "fail", "value": None, "error": "no_backend_access"}
-        import redis.asyncio as aioredis
 
         k = valkey_keys(self.shared.identity_for(op["key"]))
         client = aioredis.Redis.from_url(test.valkey, socket_timeout=2.0)
@@ -314,13 +314,9 @@ class ScenarioDriver:
 
     async def _observe_audit(self, test, op, value) -> dict[str, Any]:
         """Audit events of one lease from the Valkey stream (lab stack only): durable audit, C15."""
-        from lab.server.audit import event_from_stream
-        from lab.server.backend import AUDIT_STREAM
-
         lease = self.shared.slots.get(value.get("slot", "A"))
         if not test.valkey or lease is None:
             return {"type": "fail", "value": None, "error": "no_backend_access"}
-        import redis.asyncio as aioredis
 
         client = aioredis.Redis.from_url(test.valkey, socket_timeout=2.0)
         try:
@@ -346,8 +342,6 @@ class ScenarioDriver:
         The body is the identity of `key`, a request id, a service instance, the slot's token
         (`with_lease`), `body`'s fields, and `deadline_at` unless `deadline` is `omit` (or `past`).
         """
-        import httpx
-
         lease = self.shared.slots.get(value.get("slot", "A"))
         body: dict[str, Any] = dict(self.shared.identity_for(op["key"]).as_dict(),
                                     request_id=value.get("request_id") or new_request_id(),
@@ -400,8 +394,6 @@ def _completion(r: Result, base: dict[str, Any]) -> dict[str, Any]:
 
 def _stored_identity(lease: Lease) -> dict[str, str] | None:
     """The identity tuple the record carries (C4), as the system reported it; None when it reports none."""
-    from lab.client.results import IDENTITY_FIELDS
-
     got = {n: getattr(lease, n) for n in IDENTITY_FIELDS if getattr(lease, n, None) is not None}
     return got or None
 
@@ -410,7 +402,6 @@ def _variant(lease: Lease, changes: dict[str, Any] | None) -> Lease:
     """The lease as a probe presents it: a wrong token or lease id (C12: every field must match)."""
     if not changes:
         return lease
-    import dataclasses
 
     changes = dict(changes)
     if "fencing_token_delta" in changes:
@@ -446,8 +437,6 @@ def _api_key_of(test, principal_id: str) -> str:
 
 def _default_key(test) -> str:
     """The run's own API key (the SUT's key file, the stack's credentials, or the environment)."""
-    from lab.sut.registry import api_key_for
-
     return api_key_for(test)
 
 

@@ -20,9 +20,12 @@ import json
 import random
 from typing import Any
 
+import redis.asyncio as aioredis
+
 from lab.sut import is_external
 from nemesis import process
 from nemesis.core import NemesisUnavailable, completion, compose
+from nemesis.registry import build
 
 KEY_PREFIX = "starintel:target-lease:v1:"
 IDENTITY_ORDER = ("tenant_id", "program_id", "target_namespace", "target_id", "actor_name", "workflow_name",
@@ -62,8 +65,6 @@ class ValkeyPoke:
 
     async def setup(self, test: Any) -> None:
         """Connect to the run's own Valkey (test.valkey)."""
-        import redis.asyncio as aioredis
-
         if not getattr(test, "valkey", None):
             raise NemesisUnavailable("the valkey-poke fault writes into the lab's own Valkey: the run has none")
         self.client = aioredis.Redis.from_url(test.valkey, socket_timeout=3.0)
@@ -153,8 +154,6 @@ def build_nemesis(test: Any, scenario: Any, identity_for) -> Any:
     """
     members: list[Any] = []
     if scenario.nemeses and not is_external(test):
-        from nemesis.registry import build
-
         registered, _random_lane = build(test, list(scenario.nemeses), interval_s=1.0, seed=test.seed)
         members.append(registered)
     if scenario.client_pause:

@@ -11,11 +11,13 @@ checked against the contract's formula computed independently
 
 from __future__ import annotations
 
+import json
+import unicodedata
 from typing import Any, Mapping
 
 from checkers.core import Violations
+from lab.scenarios.faults import IDENTITY_ORDER, contract_lock_key
 from lab.scenarios.scenario import Scenario, Script, Tagged, code, describe, idx, ok, val
-from lab.scenarios.faults import contract_lock_key
 
 LOST = "lease_lost"
 API = "/api/v1/target-leases"
@@ -96,8 +98,6 @@ def identity_script(s: Script) -> Any:
 
 def _fold(text: str) -> str:
     """A component up to case, Unicode form and surrounding whitespace: what any documented rule may change."""
-    import unicodedata
-
     return unicodedata.normalize("NFKC", str(text)).strip().casefold()
 
 
@@ -106,7 +106,6 @@ def _key_matches_tuple(v: Violations, p, what: str) -> bool:
     stored, key = val(p, "stored_identity"), val(p, "lock_key")
     if not isinstance(stored, dict) or key is None:
         return False
-    from lab.scenarios.faults import IDENTITY_ORDER
 
     if any(n not in stored for n in IDENTITY_ORDER):
         v.add("tuple-incomplete", idx(p), f"{what}: the stored tuple lacks {[n for n in IDENTITY_ORDER if n not in stored]}"
@@ -219,8 +218,6 @@ def identity_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
 
 def json_key(d: Any) -> str | None:
     """A hashable form of a reported tuple (None when none was reported)."""
-    import json
-
     return json.dumps(d, sort_keys=True) if isinstance(d, dict) else None
 
 

@@ -48,8 +48,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import lab.generator as gen
-from checkers.core import Compose, Pair, Violations, analyzed, error_code, nemesis_windows, pair_ops
+from checkers.core import Compose, Pair, Violations, analyzed, error_code, get_checker, nemesis_windows, pair_ops
+from lab.scenarios.driver import ScenarioDriver, Shared
+from lab.scenarios.faults import build_nemesis
 from lab.sut import is_external, sut_of
+from nemesis.registry import validate_names
 from workloads import needs_of
 from workloads.base import Workload
 
@@ -441,8 +444,6 @@ def validate_scenario(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
         raise ScenarioError(f"--scenario {sc.name} needs {sc.min_servers} lease servers: --servers must be "
                             f">= {sc.min_servers}, not {servers}")
     if sc.nemeses and not is_external(test):
-        from nemesis.registry import validate_names
-
         try:
             validate_names(list(sc.nemeses))
         except ValueError as e:
@@ -473,10 +474,6 @@ def apply_scenario(test: Any, registry: Mapping[str, Scenario], given: frozenset
 
 def scenario_workload(test: Any, registry: Mapping[str, Scenario]) -> ScenarioWorkload:
     """The workload a scenario run executes: its client, script, faults, final phase and checkers."""
-    from checkers.core import get_checker
-    from lab.scenarios.driver import ScenarioDriver, Shared
-    from lab.scenarios.faults import build_nemesis
-
     sc = scenario_of(test, registry)
     # run-unique identities, request ids and instances (external systems persist): the run's salt, if it has one
     test.extra.setdefault("key_nonce", getattr(test, "run_salt", "") or secrets.token_hex(3))
