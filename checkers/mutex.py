@@ -156,7 +156,7 @@ class _RollbackExcuse:
             # a replayed commit is the original result of one validated earlier: no sign the lease lived on
             replayed = isinstance(p.result, dict) and p.result.get("replayed") is True
             if p.type == "ok" and p.f in self.SUCCESS_FS and not replayed:
-                lid = op_lease_id(p)
+                lid = p.lid  # op_lease_id(p)
                 if lid is not None:
                     self.last_success[lid] = max(self.last_success.get(lid, p.t0), p.t0)
         self.count = 0
@@ -254,7 +254,7 @@ def _belief_ends(pairs: list[Pair], leases: dict[Any, Lease]) -> dict[Any, int]:
     stopped: dict[Any, int] = {}  # release invoked, or loss seen
     last_use: dict[Any, int] = {}
     for p in pairs:
-        lid = op_lease_id(p)
+        lid = p.lid  # op_lease_id(p)
         if lid not in leases:
             continue
         t = p.t1 if p.t1 is not None else p.t0
@@ -289,7 +289,7 @@ def _unsafe_windows(pairs: list[Pair], leases: dict[Any, Lease], by_key: dict[An
     commits: dict[Any, list[Pair]] = defaultdict(list)
     for p in pairs:
         if p.f == "commit":
-            commits[op_lease_id(p)].append(p)  # pairs come in invocation order: sorted by t0
+            commits[p.lid].append(p)  # pairs come in invocation order: sorted by t0
     commit_times: dict[Any, list[int]] = {}
     found: list[dict] = []
     count, total, longest = 0, 0, 0

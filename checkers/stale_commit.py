@@ -39,14 +39,15 @@ completion. With no accepted commit nothing was judged: "unknown" with the reaso
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops
 from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key, successor_index
-from checkers.core import _successor_index
+from checkers.core import _shared, _successor_index
 
-__all__ = ["StaleCommitChecker"]
+__all__ = ["StaleCommitChecker", "commits_of"]
 
 
 class StaleCommitChecker:
@@ -61,11 +62,11 @@ class StaleCommitChecker:
         pairs = pair_ops(history)
         leases = lease_index(history)
         first_invoke = first_invocations(pairs)
-        commits = [Commit(p, first_invoke) for p in pairs if p.f == "commit"]
+        commits = commits_of(history)
         reads = _final_reads(pairs)
         v = Violations(self.max_violations)
         accepted = [c for c in commits if c.p.type == "ok"]
-        _check_realtime_order(accepted, v, first_invoke)
+        _check_realtime_order(accepted, v)  # each Commit knows its start (first_invoke)
         _check_rev_order(accepted, v)
         moved = backend_clock_moves(history)
         unknown = _check_against_leases(accepted, leases, first_invoke, v, backend_times=not moved,
@@ -87,7 +88,7 @@ class Commit:
     """A commit op with the fields the rules use, extracted once."""
 
     __slots__ = ("p", "key", "token", "carried", "validated", "rev", "lease_id", "request_id", "doc", "entry",
-                 "returned_lease", "start")
+                 "returned_lease", "start", "written")
 
     def __init__(self, p: Pair, first_invoke: dict | None = None):
         inv = p.inv.get("value")
@@ -120,6 +121,16 @@ class Commit:
         # the entry as the final read lists it: the [process, token, n] triple itself, when it is one
         self.entry = _hashable(e) if isinstance(e, list | tuple) and len(e) == 3 else (
             p.process, self.carried, _hashable(e))
+        # stale-write reads the same fields with the invocation first ({**completion, **sent, **invocation
+        # without None}): (lease_id, entry, doc) as it reads them, computed here once for both checkers
+        if inv:
+            lid, e2, doc = inv.get("lease_id"), inv.get("entry"), inv.get("doc")
+            lid = lid if lid is not None else self.lease_id if "lease_id" in wire else comp.get("lease_id")
+            e2 = e2 if e2 is not None else e if "entry" in wire else comp.get("entry")
+            doc = doc if doc is not None else self.doc if "doc" in wire else comp.get("doc")
+        else:
+            lid, e2, doc = self.lease_id, e, self.doc
+        self.written = (lid, _hashable(e2) if isinstance(e2, list | tuple) else None, doc)
 
 
 _EMPTY: dict = {}
@@ -132,6 +143,17 @@ def _carried(field: str, wire: dict, inv: dict, comp: dict) -> Any:
         return wire[field]
     x = inv.get(field)
     return x if x is not None else comp.get(field)
+
+
+def commits_of(history: list[dict]) -> list[Commit]:
+    """The commit ops of `history` as `Commit`s (in invocation order), shared inside `analysis(history)` by
+    stale-commit and stale-write: do not mutate them."""
+    def build() -> list[Commit]:
+        pairs = pair_ops(history)
+        first = first_invocations(pairs)
+        return [Commit(p, first) for p in pairs if p.f == "commit"]
+
+    return _shared("commits", history, build)
 
 
 def _hashable(x: Any) -> Any:
@@ -265,16 +287,31 @@ def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
             unknown += 1
             continue
         started = first_invoke.get(p.rk, p.t0) if p.rk is not None else p.t0
-        if backend_times:
-            _check_times(c, lease, v)
+        at = c.validated
+        if backend_times and at is not None and (
+                (lease.expires_at_ms is not None and at >= lease.expires_at_ms)
+                or (lease.ended_at_ms is not None and at >= lease.ended_at_ms)):
+            _check_times(c, lease, v)  # only where a rule is broken (the hot path: 1M-op histories)
         for end in lease.ends:
             if end.type == "ok" and end.t1 < started:
                 v.add("commit-after-release", [end.i1, p.i0, p.i1],
                       f"commit on lease {lease.lease_id!r} accepted after its {end.f} completed",
                       key=c.key, lease=lease.lease_id)
                 break
-        if c.token is not None:
-            _check_successor(c, started, by_backend.get(c.key), by_realtime.get(c.key), v)
+        tok = c.token
+        if tok is None:
+            continue
+        # _check_successor's question, asked inline: a higher token among leases of the key acquired before
+        backend, realtime = by_backend.get(c.key), by_realtime.get(c.key)
+        if backend is not None and at is not None:
+            i = bisect_left(backend.xs, at)
+            if i and backend.best[i - 1][0] > tok:
+                _check_successor(c, started, backend, realtime, v)
+                continue
+        if realtime is not None:
+            i = bisect_left(realtime.xs, started)
+            if i and realtime.best[i - 1][0] > tok:
+                _check_successor(c, started, backend, realtime, v)
     return unknown
 
 

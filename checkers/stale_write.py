@@ -26,7 +26,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, Violations, analyzed, first_invocations, lease_index, pair_ops, request_key
-from checkers.stale_commit import _hashable, _rev_number  # one reading of entries and CouchDB revisions
+from checkers.stale_commit import _hashable, _rev_number, commits_of  # one reading of entries and revisions
 
 __all__ = ["StaleWriteChecker"]
 
@@ -43,7 +43,7 @@ class StaleWriteChecker:
         leases = lease_index(history)
         first = first_invocations(pairs)
         spans = {lid: _span(lease, first) for lid, lease in leases.items()}
-        commits = [_Write(p) for p in pairs if p.f == "commit" and p.type == "ok"]
+        commits = [_Write.of(c) for c in commits_of(history) if c.p.type == "ok"]
         known = [w for w in commits if w.lease_id in spans]
         by_entry = {w.entry: w for w in known if w.entry is not None}
         v = Violations(self.max_violations)
@@ -71,6 +71,16 @@ class _Write:
     """An accepted commit: its lease, entry, document and revision."""
 
     __slots__ = ("p", "lease_id", "entry", "doc", "rev")
+
+    @classmethod
+    def of(cls, c: Any) -> "_Write":
+        """From stale-commit's `Commit` of the same op (its fields read once for both checkers): what
+        `_Write(c.p)` would read."""
+        w = cls.__new__(cls)
+        w.p = c.p
+        w.lease_id, w.entry, w.doc = c.written
+        w.rev = c.rev  # both: None for a replayed commit, else the revision as an int (ok commits only here)
+        return w
 
     def __init__(self, p: Pair):
         inv = p.inv.get("value")
