@@ -205,10 +205,15 @@ def _dict_op(d: dict, ctx: Context) -> tuple[dict, None] | _Pending:
         return PENDING
     if type_ is None:
         type_ = "info" if process == NEMESIS_THREAD else "invoke"
-    out = {"type": type_, "process": process, "time": d.get("time", ctx.time), "f": d.get("f"), "value": d.get("value")}
-    for k, v in d.items():
-        if k not in out:
-            out[k] = v
+        if "type" in d:  # an explicit None: the filled-in type must stay
+            out = {"type": type_, "process": process, "time": d.get("time", ctx.time), "f": d.get("f"),
+                   "value": d.get("value")}
+            for k, v in d.items():
+                if k not in out:
+                    out[k] = v
+            return out, None
+    out = {"type": type_, "process": process, "time": ctx.time, "f": None, "value": None}
+    out.update(d)  # d's own type/process/time/f/value are the ones above; its other fields follow, in its order
     return out, None
 
 
@@ -282,7 +287,16 @@ class Seq(Generator):
             if r is not None:
                 o, nxt = r
                 return (o, Seq(nxt, tail) if tail is not None else nxt)
-            if tail is None or tail.empty():
+            if tail is None:
+                return None
+            if type(tail) is _ListCursor:  # the common case, inlined: empty(), first(), rest()
+                items, i = tail.items, tail.i
+                if i >= len(items):
+                    return None
+                head = as_generator(items[i], allow_iterator=False)
+                tail = _ListCursor(items, i + 1) if i + 1 < len(items) else None
+                continue
+            if tail.empty():
                 return None
             head, tail = tail.first(), tail.rest()
 
@@ -940,11 +954,19 @@ class EachThread(Generator):
         return self.gens.get(thread, self.fresh)
 
     def op(self, test, ctx):
-        r = _per_thread_op(test, ctx, self._gen)
-        if r is None or r is PENDING:
-            return r
-        o, nxt, thread = r
-        return o, EachThread(self.fresh, _assoc(self.gens, thread, nxt))
+        # _per_thread_op, inlined (the hot loop of a run: one ask per free thread per op)
+        gens, fresh, candidates, pending = self.gens, self.fresh, [], False
+        for thread in ctx.free_threads():
+            r = op(gens.get(thread, fresh), test, ctx.only(thread))
+            if r is PENDING:
+                pending = True
+            elif r is not None:
+                candidates.append((r[0], r[1], thread, 1))
+        best = _soonest(candidates, ctx.rng)
+        if best is None:
+            return PENDING if pending or ctx.free_thread_count() != ctx.all_thread_count() else None
+        o, nxt, thread = best
+        return o, EachThread(fresh, _assoc(gens, thread, nxt))
 
     def update(self, test, ctx, event):
         thread = ctx.thread_of(event.get("process"))
