@@ -52,6 +52,7 @@ __all__ = [
     "history_end_time",
     "index_leases",
     "lease_index",
+    "acquisition_start",
     "successor_index",
     "merge_valid",
     "nemesis_phase",
@@ -324,9 +325,14 @@ def pair_ops(history: list[dict], *, strict: bool = True) -> list[Pair]:
 
 
 def _pair_ops(history: list[dict], strict: bool) -> list[Pair]:
-    """The pairing itself (see `pair_ops`): `lab.history.pair`, as Pairs with history indices."""
+    """The pairing itself (see `pair_ops`): `lab.history.pair`, as Pairs with history indices. The nemesis
+    ops it found are kept for `_nemesis_positions` (no second scan of the history)."""
+    pairing = pair(history, strict=strict)
+    shared = _SHARED.get()
+    if shared is not None and shared["history"] is history and "nemesis" not in shared:
+        shared["nemesis"] = [(pos, history[pos]) for pos in pairing.nemesis]
     return [Pair(inv, comp, inv.get("index", ipos), None if comp is None else comp.get("index", cpos))
-            for inv, comp, ipos, cpos in pair(history, strict=strict).pairs]
+            for inv, comp, ipos, cpos in pairing.pairs]
 
 
 def error_code(op: Mapping | None) -> str | None:
@@ -557,7 +563,7 @@ class Lease:
     """What the history says about one lease (by lease_id): its key, token, backend times, ops."""
 
     __slots__ = ("lease_id", "key", "token", "acquired_at_ms", "expires_at_ms", "ended_at_ms",
-                 "acquires", "grants", "ends", "granted")
+                 "acquires", "grants", "ends", "granted", "started")
 
     def __init__(self, lease_id: Any, key: Any, token: Any, acquired_at_ms: Any):
         self.lease_id = lease_id
@@ -570,6 +576,7 @@ class Lease:
         self.grants: list[Pair] = []  # ok acquires and renews of this lease
         self.ends: list[Pair] = []  # release / force-release / revoke that ok'd or may have (info)
         self.granted: int = 0  # monotonic time of the first ok acquire's completion (min t1 of `acquires`)
+        self.started: int | None = None  # `acquisition_start`, once asked
 
     @property
     def first(self) -> Pair:
@@ -632,6 +639,15 @@ def index_leases(pairs: list[Pair]) -> dict[Any, Lease]:
                     if t is not None and (lease.ended_at_ms is None or t < lease.ended_at_ms):
                         lease.ended_at_ms = t
     return leases
+
+
+def acquisition_start(lease: Lease, first: dict[tuple, int]) -> int:
+    """When the lease's acquisition began in real time: the earliest invocation of any request that returned
+    it (`first`: `first_invocations` of the pairs the lease was indexed from; computed once per lease)."""
+    s = lease.started
+    if s is None:
+        s = lease.started = min(first.get(p.rk, p.t0) if p.rk is not None else p.t0 for p in lease.acquires)
+    return s
 
 
 def lease_index(history: list[dict]) -> dict[Any, Lease]:

@@ -23,7 +23,7 @@ from collections import defaultdict
 from typing import Any, Mapping
 
 from checkers.core import Lease, Violations, analyzed, lease_index, pair_ops
-from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key
+from checkers.core import acquisition_start, backend_clock_moves, backend_rules_note, first_invocations
 
 __all__ = ["FencingChecker"]
 
@@ -80,7 +80,7 @@ def _check_unique(key: Any, leases: list[Lease], v: Violations) -> None:
 
 def _acquisition_span(lease: Lease, first_invoke: dict[tuple, int]) -> tuple[int, int]:
     """Real-time window in which the lease was created: earliest attempt to earliest ok."""
-    start = min(first_invoke.get(request_key(p), p.t0) for p in lease.acquires)
+    start = acquisition_start(lease, first_invoke)
     end = lease.granted  # min(p.t1 for p in lease.acquires)
     return min(start, end), end
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Pair, Violations, analyzed, first_invocations, lease_index, pair_ops, request_key
+from checkers.core import Lease, Pair, Violations, acquisition_start, analyzed, first_invocations, lease_index
+from checkers.core import pair_ops
 from checkers.stale_commit import _hashable, _rev_number, commits_of  # one reading of entries and revisions
 
 __all__ = ["StaleWriteChecker"]
@@ -113,7 +114,7 @@ def _field(name: str, inv: dict, sent: dict, comp: dict) -> Any:
 
 def _span(lease: Lease, first: dict) -> tuple[int, int]:
     """(start, end) of a lease's acquisition in real time: earliest invocation, first ok completion."""
-    start = min(first.get(request_key(p), p.t0) for p in lease.acquires)
+    start = acquisition_start(lease, first)
     end = lease.granted  # min(p.t1 for p in lease.acquires)
     return start, end
 

@@ -124,7 +124,7 @@ def test_every_checker_treats_a_malformed_history_alike(history, malform):
     assert composed["valid"] == "unknown" and composed["reason"] == f"malformed history: {problem}"
     assert all(r["error"] == f"HistoryError: {problem}" for r in composed["results"].values())
     # the lenient pairing finds the same first problem and goes on
-    pairs, problems = pair(bad, strict=False)
+    pairs, problems, _ = pair(bad, strict=False)
     assert problems and problems[0] == problem and pairs
 
 
@@ -155,7 +155,8 @@ def test_lenient_pairing_rules():
         {"index": 7, "type": "invoke", "f": "read"},  # no process: dropped
         _op(8, "invoke", process=2),
     ]
-    pairs, problems = pair(ops, strict=False)
+    pairs, problems, nemesis_at = pair(ops, strict=False)
+    assert nemesis_at == []
     assert [(a["index"], b and b["index"]) for a, b, _, _ in pairs] == [(0, None), (1, 2), (4, 5), (8, None)]
     assert [p[2:] for p in pairs] == [(0, None), (1, 2), (4, 5), (8, None)]
     expected = ["is still open", "with no open invocation", "invoked again after its info completion",
@@ -180,6 +181,7 @@ def test_nemesis_pairing_only_when_asked():
     assert [p[2:] for p in pair(ops, strict=True).pairs] == [(2, None)]  # nemesis ops skipped
     with pytest.raises(HistoryError, match="nemesis invoke while|nemesis ok"):
         pair([_op(0, "ok", NEMESIS, "x")], strict=True, nemesis=True)
-    pairs, problems = pair([_op(0, "info", NEMESIS, "a"), _op(1, "invoke", NEMESIS, "b"),
+    assert pair(ops, strict=True).nemesis == [0, 1]
+    pairs, problems, _ = pair([_op(0, "info", NEMESIS, "a"), _op(1, "invoke", NEMESIS, "b"),
                             _op(2, "info", NEMESIS, "b")], strict=False, nemesis=True)
     assert [p[2:] for p in pairs] == [(0, None), (1, 2)] and "still open" in problems[0]

@@ -105,12 +105,13 @@ class Pairing(NamedTuple):
 
     pairs: list[tuple[dict, dict | None, int, int | None]]  # (invocation, completion, its line, its line)
     problems: list[str]
+    nemesis: list[int]  # the positions of the nemesis's ops (for readers of fault windows: no second scan)
 
 
 def pair(ops: Iterable[dict], *, strict: bool, nemesis: bool = False) -> Pairing:
     """THE pairing of docs/history-format.md: each invocation with the next completion of its process.
 
-    Returns `Pairing(pairs, problems)`: `pairs` in invocation order, each `(invocation, completion, inv_pos,
+    Returns `Pairing(pairs, problems, nemesis)`: `pairs` in invocation order, each `(invocation, completion, inv_pos,
     comp_pos)` with positions in `ops` (completion and comp_pos None for an operation never completed).
     Client processes alternate invoke / completion; a process that got an `info` is retired and must not
     invoke again. With `nemesis=True` the nemesis's operations are paired too (Jepsen's convention: an
@@ -134,6 +135,7 @@ def pair(ops: Iterable[dict], *, strict: bool, nemesis: bool = False) -> Pairing
         problems.append(msg)
 
     slots: list[Any] = []  # in invocation order: the pair, or [invocation, inv_pos] while open
+    nemesis_at: list[int] = []
     open_: dict[Any, int] = {}  # process -> its open slot
     retired: dict[Any, tuple] = {}  # process -> (index, position) of the info that retired it
     for pos, op in enumerate(ops):
@@ -148,10 +150,13 @@ def pair(ops: Iterable[dict], *, strict: bool, nemesis: bool = False) -> Pairing
             continue
         if proc.__class__ is not int:
             if proc == NEMESIS:
+                nemesis_at.append(pos)
                 if nemesis:
                     _pair_nemesis(pos, op, typ, slots, open_, bad)
                 continue
-            if not isinstance(proc, int) or isinstance(proc, bool):
+            # any other string is a synthetic process (a model's recovery ops, checkers.models); files cannot
+            # hold one (validate_op)
+            if not isinstance(proc, int | str) or isinstance(proc, bool):
                 bad(f"{where(pos, op)} has process {proc!r}; expected an integer or \"nemesis\"")
                 continue
         if typ == "invoke":
@@ -188,7 +193,7 @@ def pair(ops: Iterable[dict], *, strict: bool, nemesis: bool = False) -> Pairing
     for i in open_.values():  # never completed
         inv, ipos = slots[i]
         slots[i] = (inv, None, ipos, None)
-    return Pairing(slots, problems)
+    return Pairing(slots, problems, nemesis_at)
 
 
 def _pair_nemesis(pos: int, op: dict, typ: Any, slots: list, open_: dict, bad: Callable[[str], None]) -> None:
@@ -215,7 +220,7 @@ def pair_ops(ops: Iterable[dict], *, strict: bool = True) -> Iterator[tuple[dict
     """`pair` (nemesis included) as (invocation, completion) in completion order, then (invocation, None)
     for operations never completed, in invocation order. Lenient (strict=False): each problem is a
     HistoryWarning."""
-    pairs, problems = pair(ops, strict=strict, nemesis=True)
+    pairs, problems, _ = pair(ops, strict=strict, nemesis=True)
     for problem in problems:
         warnings.warn(problem, HistoryWarning, stacklevel=2)
     done = sorted((p for p in pairs if p[3] is not None), key=lambda p: p[3])
