@@ -511,6 +511,9 @@ KV = Model(
 
 PENDING = "<pending>"
 _ACTIVE, _RELEASED, _REVOKED, _EXPIRED = "active", "released", "revoked", "expired"
+# Ended by a backend failure's recovery (`lease_faults`): the identity's records may have been rolled back, so
+# inspect may report any terminal record of a lease allocated so far (section 8: restored leases are invalid).
+_ROLLED_BACK = "rolled back"
 # the record states inspect may report (C6's `state`), and the model status each one needs
 _INSPECT_STATES = {_ACTIVE: _ACTIVE, _RELEASED: _RELEASED, _REVOKED: _REVOKED, _EXPIRED: _EXPIRED}
 _LEASE_REF_OPS = ("renew", "release", "force-release", "revoke", "commit")
@@ -708,6 +711,11 @@ def _lease_inspect(inp: Input, out: Output) -> Callable[[Any], Any] | None:
     - an inspect by `lease_id` may also report a superseded lease, whose record
       is then terminal (one lease per identity is ever active) and whose token
       was allocated before.
+    - after a backend failure ended the current lease (`lease_faults`: the
+      records may have been rolled back to a snapshot), any inspect may report
+      the terminal record (released, revoked or expired) of the current lease
+      or of a lease allocated before: the restore rule makes every restored
+      lease invalid, and which record the rollback kept is not in the history.
 
     `null` carries no backend time, so the model cannot tell an expired lease
     from a live one and accepts it (the op is dropped).
@@ -727,10 +735,13 @@ def _lease_inspect(inp: Input, out: Output) -> Callable[[Any], Any] | None:
     def step(s: tuple) -> Any:
         b = _bind(s, ref, orphan)
         if b is None:  # not the current lease: only an inspect by id may see a superseded lease's terminal record
-            mx = s[4]
-            ok = by_id and reported != _ACTIVE and s[0] != ref.lease_id and mx is not None and ref.token <= mx
+            mx = s[4]  # (or any inspect once a rollback may have brought an older record back)
+            ok = ((by_id or s[3] == _ROLLED_BACK) and reported != _ACTIVE and s[0] != ref.lease_id and mx is not None
+                  and ref.token <= mx)
             return s if ok else ILLEGAL
         lid, tok, exp, st, mx, hw = b
+        if st == _ROLLED_BACK:  # ended by the recovery: any terminal record, the state unchanged
+            return b if reported != _ACTIVE else ILLEGAL
         if reported == _EXPIRED:
             return (lid, tok, exp, _EXPIRED, mx, hw) if st in (_ACTIVE, _EXPIRED) else ILLEGAL
         return b if st == ended else ILLEGAL
@@ -774,11 +785,13 @@ def _lease_read(inp: Input, out: Output) -> Callable[[Any], Any] | None:
 
 
 def _lease_invalidate(s: tuple) -> Any:
-    """A backend failure's recovery may end the current lease (see `lease_faults`): it becomes revoked."""
+    """A backend failure's recovery may end the current lease (see `lease_faults`): it is then rolled back,
+    ended for every op (no renew, release or commit of it succeeds), and inspect may report any terminal record
+    of it or of an earlier lease (the rollback may have restored one)."""
     lid, tok, exp, st, mx, hw = s
-    if lid is None or st != _ACTIVE:
+    if lid is None or st == _ROLLED_BACK:
         return ILLEGAL  # nothing to end: the op need not take effect
-    return (lid, tok, exp, _REVOKED, mx, hw)
+    return (lid, tok, exp, _ROLLED_BACK, mx, hw)
 
 
 # Faults after which the backend's lease records may be lost or rolled back (value.fault of the nemesis op;

@@ -181,3 +181,34 @@ def test_systems_without_request_ids_or_backend_times_do_not_claim_it(sut):
     assert "linearizable" not in kept.checker.checkers and "lease-state" in kept.checker.checkers
     ref = claimed_checker(SimpleNamespace(sut="reference", extra={}), checker_of(None))
     assert "linearizable" in ref.checkers  # the reference server claims the whole contract
+
+
+def test_after_a_restore_inspect_may_report_an_older_terminal_record():
+    """A real run (valkey-restore on the reference server): the restore brought back the snapshot's record of an
+    earlier lease, and inspect reported it, expired. Section 8 allows it (restored leases are invalid); the same
+    inspect without a fault, or reporting that older lease active, is not linearizable."""
+
+    def history(fault: bool, state: str) -> list[dict]:
+        b = acq(HistoryBuilder(), 0, "r1", lease("L2", 2, 1000, 3000))
+        b = acq(b, 1, "r2", lease("L3", 3, 3100, 5100))  # after L2 expired
+        if fault:
+            b.nemesis("start-valkey-restore", {"fault": "valkey-restore", "phase": "start"})
+        b.invoke(2, "inspect", None, key="k").ok(2, lease("L2", 2, 1000, 3000, state))
+        return b.ops
+
+    assert linear_result(history(True, "expired"))["valid"] is True
+    assert linear_result(history(False, "expired"))["valid"] is False  # no rollback: the record is L3's
+    assert linear_result(history(True, "active"))["valid"] is False  # a restored lease is never active
+    b = acq(HistoryBuilder(), 0, "r1", lease("L2", 2, 1000, 3000))
+    b.nemesis("start-valkey-restore", {"fault": "valkey-restore", "phase": "start"})
+    b.invoke(2, "inspect", None, key="k").ok(2, lease("L9", 9, 1000, 3000, "expired"))
+    assert linear_result(b.ops)["valid"] is False  # a token never allocated
+    after = acq(HistoryBuilder(), 0, "r1", lease("L2", 2, 1000, 9000))
+    after.nemesis("start-valkey-restore", {"fault": "valkey-restore", "phase": "start"})
+    after.invoke(0, "renew", {"request_id": "r3", "lease_id": "L2", "fencing_token": 2}, key="k")
+    after.ok(0, {**lease("L2", 2, 1000, 9500), "renewed_at_ms": 2000})
+    after.invoke(2, "inspect", None, key="k").ok(2, lease("L2", 2, 1000, 9500, "revoked"))
+    assert linear_result(after.ops)["valid"] is True  # renewed before the recovery ended it
+    after.invoke(0, "renew", {"request_id": "r4", "lease_id": "L2", "fencing_token": 2}, key="k")
+    after.ok(0, {**lease("L2", 2, 1000, 9800), "renewed_at_ms": 2500})
+    assert linear_result(after.ops)["valid"] is False  # renewed after it was seen ended: never revived
