@@ -189,11 +189,13 @@ def _columns(pairs: list[Pair]) -> dict:
     names = sorted({str(p.f) for p in pairs})
     fid = {f: i for i, f in enumerate(names)}
     tid = {t: i for i, t in enumerate(TYPES)}
-    t0 = np.fromiter((p.t0 for p in pairs), dtype=np.int64, count=len(pairs))
-    lat = np.fromiter(((p.t1 - p.t0) / 1e6 if p.t1 is not None else np.nan for p in pairs),
-                      dtype=np.float64, count=len(pairs))
-    typ = np.fromiter((tid[p.type] for p in pairs), dtype=np.int8, count=len(pairs))
-    f = np.fromiter((fid[str(p.f)] for p in pairs), dtype=np.int32, count=len(pairs))
+    n = len(pairs)
+    t0 = np.fromiter([p.t0 for p in pairs], dtype=np.int64, count=n)
+    # completion times with NaN for the never completed, the latency then computed on the arrays
+    t1 = np.fromiter([p.t1 if p.t1 is not None else np.nan for p in pairs], dtype=np.float64, count=n)
+    lat = (t1 - t0) / 1e6
+    typ = np.fromiter([tid[p.type] for p in pairs], dtype=np.int8, count=n)
+    f = np.fromiter([fid[p.f] if p.f.__class__ is str else fid[str(p.f)] for p in pairs], dtype=np.int32, count=n)
     return {"names": names, "t0": t0, "lat": lat, "typ": typ, "f": f}
 
 

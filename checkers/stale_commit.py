@@ -74,7 +74,9 @@ class StaleCommitChecker:
         for read in reads.values():
             _check_read(read, v)
         _check_lost_and_phantom(commits, reads, v)
-        counts = {t: sum(1 for c in commits if c.p.type == t) for t in ("ok", "fail", "info")}
+        counts = {"ok": 0, "fail": 0, "info": 0}
+        for c in commits:
+            counts[c.p.type] += 1
         unjudged = None
         if not commits:
             unjudged = "no commit"
@@ -374,19 +376,28 @@ def _show(entry: Any) -> str:
 def _check_lost_and_phantom(commits: list[Commit], reads: dict[tuple, FinalRead], v: Violations) -> None:
     """Acknowledged commits are in the final read; failed ones are not."""
     present = {k: set(r.entries) for k, r in reads.items()}
-    maybe_applied = {c.entry for c in commits if c.p.type != "fail"}  # a retry may carry the same entry
+    maybe: list[set] = []  # entries of commits that did not fail: a retry may carry the same entry (when needed)
+
+    def maybe_applied() -> set:
+        if not maybe:
+            maybe.append({c.entry for c in commits if c.p.type != "fail"})
+        return maybe[0]
+
     for c in commits:
         p = c.p
         if p.type == "info":
             continue
-        k = (c.key, c.doc) if (c.key, c.doc) in reads else (None, c.doc)
+        k = (c.key, c.doc)
         read = reads.get(k)
         if read is None:
-            continue
+            k = (None, c.doc)
+            read = reads.get(k)
+            if read is None:
+                continue
         entries = present[k]
         if p.type == "ok" and p.t1 < read.p.t0 and c.entry not in entries:
             v.add("lost-commit", [p.i0, p.i1, read.p.i1], f"acknowledged commit {_show(c.entry)} missing from the "
                   f"final read of doc {c.doc!r}", key=c.key, doc=c.doc, entry=c.entry)
-        elif p.type == "fail" and c.entry in entries and c.entry not in maybe_applied:
+        elif p.type == "fail" and c.entry in entries and c.entry not in maybe_applied():
             v.add("failed-commit-visible", [p.i0, p.i1, read.p.i1], f"failed commit {_show(c.entry)} appears in "
                   f"the final read of doc {c.doc!r}", key=c.key, doc=c.doc, entry=c.entry)
