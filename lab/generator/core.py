@@ -281,7 +281,13 @@ class Seq(Generator):
     def op(self, test, ctx):
         head, tail = self.head, self.tail
         while True:
-            r = op(head, test, ctx)
+            # op(head, ...), with its two common cases inlined (this is the innermost loop of a run)
+            if isinstance(head, Generator):
+                r = head.op(test, ctx)
+            elif type(head) is dict:
+                r = _dict_op(head, ctx)
+            else:
+                r = op(head, test, ctx)
             if r is PENDING:
                 return PENDING
             if r is not None:
@@ -601,7 +607,8 @@ class Cycle(Generator):
     def op(self, test, ctx):
         if self.remaining == 0:
             return None
-        r = op(self.gen, test, ctx)
+        g = self.gen
+        r = g.op(test, ctx) if isinstance(g, Generator) else op(g, test, ctx)
         if r is PENDING:
             return PENDING
         if r is not None:
@@ -957,7 +964,8 @@ class EachThread(Generator):
         # _per_thread_op, inlined (the hot loop of a run: one ask per free thread per op)
         gens, fresh, candidates, pending = self.gens, self.fresh, [], False
         for thread in ctx.free_threads():
-            r = op(gens.get(thread, fresh), test, ctx.only(thread))
+            g = gens.get(thread, fresh)
+            r = g.op(test, ctx.only(thread)) if isinstance(g, Generator) else op(g, test, ctx.only(thread))
             if r is PENDING:
                 pending = True
             elif r is not None:
