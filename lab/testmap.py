@@ -97,8 +97,10 @@ class Test:
         return test
 
     def to_json(self) -> dict[str, Any]:
-        """Everything but `live`, JSON-able (paths as strings)."""
-        d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "live"}
+        """Everything but `live`, JSON-able (paths as strings); an option left unset (at its default) is left out,
+        as the old `extra` left it out: test.json names what the run was given (`from_json` restores the rest)."""
+        d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)
+             if f.name != "live" and not (f.name in _UNSET_OMITTED and getattr(self, f.name) == _DEFAULTS[f.name])}
         d["run_dir"] = str(self.run_dir) if self.run_dir else None
         return d
 
@@ -119,6 +121,11 @@ class Test:
                 raise ValueError("the test has no credentials file (is the stack up?)")
             self.live["credentials"] = json.loads(Path(self.credentials_file).read_text())
         return self.live["credentials"]
+
+
+# the option fields test.json leaves out while unset (every first-class option but ttl_ms, which always was a field)
+_UNSET_OMITTED = frozenset(FIRST_CLASS) - {"ttl_ms"}
+_DEFAULTS = {f.name: (f.default_factory() if callable(f.default_factory) else f.default) for f in fields(Test)}
 
 
 def lift_legacy(extra: dict[str, Any], target: Any) -> dict[str, Any]:
