@@ -28,7 +28,7 @@ which changes nothing). Transport failures follow `LeaseClient`.
 
 Every difference from the contract is a `Finding` (`FINDINGS`, the static
 list) and is reported with an example the first time a run meets it
-(`StarIntelClient.findings`, a `lab.sut.findings.FindingsLog`).
+(`StarIntelClient.findings`, a `lab.findings.FindingsLog`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from lab.client import results as R
 from lab.client.lease import (API, DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT_S, LeaseClient, _dumps,
                               _seg, now_ms)
 from lab.client.results import IDENTITY_FIELDS, Call, Identity, Lease, LeaseProtocolError, Result
-from lab.sut.findings import Finding, FindingsLog, static_records
+from lab.findings import Finding, FindingsLog, static_records
 
 UNSUPPORTED = "unsupported"  # fail: the dialect has no such operation, nothing was sent
 CAPABILITIES = frozenset({"revoke"})

@@ -9,33 +9,26 @@ optional `commit` / `force_release` / `revoke` it declares in
 docs/plugging-in-a-system.md. Built in: `reference` and `starintel`.
 """
 
-from lab.sut.findings import Finding, FindingsLog, load_findings, static_records
+from lab.findings import Finding, FindingsLog, load_findings, static_records
+from lab.sut import etcd, valkey_lock  # the built-in adapters, registered below
 from lab.sut.processes import is_external
-from lab.sut.protocol import (
-    OPTIONAL_CAPABILITIES,
-    FencedCommit,
-    ForceRelease,
-    LeaseSystem,
-    Revoke,
-    SutError,
-    check_result,
-    check_system,
-)
-from lab.sut.registry import (
-    DEFAULT_SUT,
-    ENTRY_POINT_GROUP,
-    CheckedSystem,
-    SutEntry,
-    WorkloadNeeds,
-    api_key_for,
-    get_sut,
-    open_system,
-    register_sut,
-    sut_names,
-    sut_of,
-    unregister_sut,
-    validate_test,
-)
+from lab.sut.protocol import (OPTIONAL_CAPABILITIES, FencedCommit, ForceRelease, LeaseSystem, Revoke, SutError,
+                              check_result, check_system)
+from lab.sut.registry import (DEFAULT_SUT, ENTRY_POINT_GROUP, CheckedSystem, SutEntry, WorkloadNeeds, api_key_for,
+                              get_sut, open_system, register_sut, sut_names, sut_of, unregister_sut)
+from lab.sut.validate import validate_test
+
+# the built-in systems beyond `reference` and `starintel` (lab.sut.registry): registered here, at the top of the
+# SUT layer, because their modules build on lab.sut.processes, which builds on the registry
+register_sut("etcd", etcd.etcd_system, capabilities={"commit"}, check=etcd.check_etcd,
+             processes=etcd.etcd_processes, not_claimed=etcd.NOT_CLAIMED, _trusted=True)
+# trusted built-ins: `valkey-lock`'s leases carry no fencing token (null), which the result check would refuse
+register_sut("valkey-lock", valkey_lock.valkey_lock_system, capabilities={"commit"},
+             check=valkey_lock.check_valkey_lock, processes=valkey_lock.valkey_processes,
+             not_claimed=valkey_lock.NOT_CLAIMED_UNFENCED, _trusted=True)
+register_sut("valkey-lock-fenced", valkey_lock.fenced_valkey_lock_system, capabilities={"commit"},
+             check=valkey_lock.check_valkey_lock, processes=valkey_lock.valkey_processes,
+             not_claimed=valkey_lock.NOT_CLAIMED, _trusted=True)
 
 __all__ = [
     "DEFAULT_SUT", "ENTRY_POINT_GROUP", "OPTIONAL_CAPABILITIES", "CheckedSystem", "FencedCommit", "Finding",

@@ -74,6 +74,7 @@ import asyncio
 import base64
 import json
 import math
+import os
 import secrets
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -81,7 +82,12 @@ from urllib.parse import quote
 
 import httpx
 
+from lab import paths
+from lab.client.lease import _SendProbe
 from lab.client.results import CONNECT_ERROR, CONNECTION_LOST, TIMEOUT, Identity, Lease, Result
+from lab.sut.processes import CLIENTS, LinkSpec, ProcessSpec, SystemProcesses, member_processes_of, store_url_for
+from lab.sut.protocol import SutError
+from lab.sut.valkey_lock import COMMIT_MODES, ValkeyLockSystem, commit_mode_of
 
 ETCD_VERSION = "3.6.16"
 MEMBERS = 3
@@ -104,10 +110,6 @@ CLOCK_NOTE = ("etcd is a Go binary: it reads the clock through the vDSO, not lib
 
 def etcd_binary() -> Path:
     """`.tools/bin/etcd` (or $FENCELAB_ETCD); MissingTool naming the install step when absent."""
-    import os
-
-    from lab import paths
-
     override = os.environ.get("FENCELAB_ETCD")
     path = Path(override) if override else paths.TOOLS / "bin" / "etcd"
     if not path.exists():
@@ -132,8 +134,6 @@ def member_names(n: int = MEMBERS) -> list[str]:
 
 def etcd_processes(test: Any):
     """Three etcd members on loopback; clients dial each member's client port, members each other's peer port."""
-    from lab.sut.processes import CLIENTS, LinkSpec, ProcessSpec, SystemProcesses
-
     names = member_names()
     token = f"fencelab-{secrets.token_hex(4)}"  # a fresh cluster per run
 
@@ -175,8 +175,6 @@ def _answers(proc) -> bool:
 
 def _cluster_ready(stack) -> bool:
     """Every member reports itself healthy (it has a leader and serves reads)."""
-    from lab.sut.processes import member_processes_of
-
     for proc in member_processes_of(stack).values():
         r = httpx.get(f"http://127.0.0.1:{proc.ports['client']}/health", timeout=1.0)
         if r.status_code != 200 or r.json().get("health") != "true":
@@ -187,8 +185,6 @@ def _cluster_ready(stack) -> bool:
 def leader_of(stack) -> str | None:
     """The member that leads now, by its own report (`Maintenance.Status` on its real client port, the lab's
     instrument: never through a faulted link); None when no answering member names a leader it also is."""
-    from lab.sut.processes import member_processes_of
-
     for name, proc in member_processes_of(stack).items():
         if not proc.alive():
             continue
@@ -241,8 +237,6 @@ class EtcdLockSystem:
 
     def __init__(self, node: str, store_url: str | None = None, *, service_instance_id: str = "",
                  timeout_s: float = 5.0, commit_mode: str = "fenced"):
-        from lab.sut.valkey_lock import COMMIT_MODES
-
         if commit_mode not in COMMIT_MODES:
             raise ValueError(f"commit_mode must be one of {', '.join(COMMIT_MODES)}, not {commit_mode!r}")
         self.node = node.rstrip("/")
@@ -267,8 +261,6 @@ class EtcdLockSystem:
     # -- the wire ----------------------------------------------------------------------------------------------
     async def _post(self, path: str, body: dict, deadline_s: float | None) -> _Reply:
         """One POST to the gateway under the caller's deadline; _Unsent / _Broken when no answer came."""
-        from lab.client.lease import _SendProbe
-
         await self._gate()
         probe = _SendProbe()
         req = self.http.build_request("POST", path, content=json.dumps(body).encode(),
@@ -436,8 +428,6 @@ class EtcdLockSystem:
         """Append to `doc` in the store. Fenced: first a linearizable read of the lock key in etcd (this lease's
         key, create revision = our token: etcd's `IsOwner` comparison), then the write through the store's
         token guard. Unfenced: the write alone, on belief."""
-        from lab.sut.valkey_lock import ValkeyLockSystem
-
         if self.commit_mode == "fenced":
             t0, paused0 = asyncio.get_running_loop().time(), self._paused_s
             lost = await self._still_owner(lease, identity, deadline_s)
@@ -471,8 +461,6 @@ class EtcdLockSystem:
         return None
 
     async def _write(self, *args: Any, **kw: Any) -> Result:
-        from lab.sut.valkey_lock import ValkeyLockSystem
-
         return await ValkeyLockSystem._write(self, *args, **kw)
 
     async def _deadline(self, coro, deadline_s: float | None):
@@ -497,18 +485,12 @@ def _identity_of(lease: Lease) -> Identity | None:
 # -- registry glue ------------------------------------------------------------------------------------------------
 def etcd_system(test: Any, node: str, service_instance_id: str, *, timeout_s: float = 5.0) -> EtcdLockSystem:
     """etcd's lease + lock key (3-member cluster the lab runs); fenced commits by default."""
-    from lab.sut.processes import store_url_for
-    from lab.sut.valkey_lock import commit_mode_of
-
     return EtcdLockSystem(node, store_url_for(test, node), service_instance_id=service_instance_id,
                           timeout_s=timeout_s, commit_mode=commit_mode_of(test, "fenced"))
 
 
 def check_etcd(test: Any) -> None:
     """Before anything starts: a known commit mode; with --url, http(s) URLs of etcd members."""
-    from lab.sut.protocol import SutError
-    from lab.sut.valkey_lock import COMMIT_MODES
-
     mode = getattr(test, "commit_mode", None)
     if mode is not None and mode not in COMMIT_MODES:
         raise SutError(f"--commit-mode must be one of {', '.join(COMMIT_MODES)}, not {mode!r}")

@@ -42,16 +42,29 @@ the system and the missing ability. Systems the lab cannot own stay behind `--ur
 
 from __future__ import annotations
 
+import asyncio
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.secrets import redact_url
 from lab.stack.base import StackFiles
 from lab.stack.clock import faketime_env
 from lab.stack.errors import StackError
+from lab.stack.local import ExternalStore
 from lab.stack.process import ManagedProcess, ProcessError, free_port
+from lab.stack.store import PouchDBProcess
+from lab.stack.toxiproxy import ToxiproxyProcess
+from lab.sut.protocol import SutError
+from lab.sut.registry import sut_of
+from nemesis.core import completion
+from nemesis.process import PauseNemesis
+from nemesis.registry import NEMESES, _split
+from nemesis.topology import Link, Topology, _check_endpoint, link_name, role
+from nemesis.toxiproxy import ToxiproxyClient, ToxiproxyError
 
 CLIENTS = "clients"  # the `frm` of a link every client group dials (one proxy per group: c1_<to>, c2_<to>, ...)
 STORE = "store"  # the lab's CouchDB-API store, as a link's `to`
@@ -75,8 +88,6 @@ class ProcessSpec:
     @property
     def member(self) -> bool:
         """A member the clients dial: named `<word>-<n>` (a "server" to the partition grudges)."""
-        from nemesis.topology import role
-
         return role(self.name) == "server"
 
 
@@ -108,9 +119,6 @@ class SystemProcesses:
 
     def validate(self) -> None:
         """Names, ports and links are consistent (SutError naming the problem)."""
-        from lab.sut.protocol import SutError
-        from nemesis.topology import _check_endpoint
-
         names = [p.name for p in self.processes]
         if not names:
             raise SutError(f"SUT {self.system!r} declares no process")
@@ -151,8 +159,6 @@ class SystemProcesses:
 
     def lacks(self, names: list[str]) -> list[tuple[str, str]]:
         """(nemesis, why it cannot apply to this system) for each of `names` that cannot."""
-        from nemesis.registry import NEMESES
-
         out = []
         for n in names:
             spec = NEMESES.get(n)
@@ -184,8 +190,6 @@ class SystemProcesses:
 
 def declared_processes(test: Any) -> SystemProcesses | None:
     """The processes the test's system declares, or None (the reference stack, or a system behind --url)."""
-    from lab.sut.registry import sut_of
-
     if getattr(test, "urls", None):
         return None
     entry = sut_of(test)
@@ -193,8 +197,6 @@ def declared_processes(test: Any) -> SystemProcesses | None:
         return None
     decl = entry.processes(test)
     if not isinstance(decl, SystemProcesses):
-        from lab.sut.protocol import SutError
-
         raise SutError(f"{entry.where}: its processes function returned {type(decl).__name__}, "
                        "not a lab.sut.processes.SystemProcesses")
     return decl
@@ -202,9 +204,6 @@ def declared_processes(test: Any) -> SystemProcesses | None:
 
 def declares_processes(test: Any) -> bool:
     """Does the test's system bring processes the lab runs (and no --url was given)?"""
-    from lab.sut.protocol import SutError
-    from lab.sut.registry import sut_of
-
     if getattr(test, "urls", None):
         return False
     try:
@@ -225,8 +224,6 @@ def is_external(test: Any) -> bool:
 
 def check_test(test: Any) -> None:
     """Before anything starts: the system's binaries are installed, and every nemesis asked can apply to it."""
-    from lab.sut.protocol import SutError
-
     decl = declared_processes(test)
     if decl is None:
         return
@@ -251,9 +248,6 @@ def check_test(test: Any) -> None:
 
 def check_nemeses(decl: SystemProcesses, names: Any) -> None:
     """SutError naming the system and the missing ability when a nemesis cannot apply to it."""
-    from lab.sut.protocol import SutError
-    from nemesis.registry import _split
-
     problems = decl.lacks([n for n in _split(names) if n])
     if problems:
         n, why = problems[0]
@@ -369,10 +363,6 @@ class SutStack(StackFiles):
         """Start the store (if asked), Toxiproxy with a proxy per declared link (if asked), then the system's
         processes (all spawned, then each waited for: a cluster needs its peers to come up); on any failure
         everything started is stopped and the error raised."""
-        from lab.secrets import redact_url
-        from lab.stack.local import ExternalStore
-        from lab.stack.store import PouchDBProcess
-
         opts.validate()
         if getattr(opts, "netns", False):
             raise StackError(f"SUT {self.decl.system!r}: its processes run on loopback; network namespaces "
@@ -434,12 +424,6 @@ class SutStack(StackFiles):
     def _build_topology(self, placement: Placement) -> None:
         """Start Toxiproxy and one proxy per declared link (listening on ports chosen now, so the command lines
         can advertise them); the description goes into info["topology"] for the network nemeses."""
-        import asyncio
-
-        from lab.stack.toxiproxy import ToxiproxyProcess
-        from nemesis.topology import Link, Topology, link_name
-        from nemesis.toxiproxy import ToxiproxyClient, ToxiproxyError
-
         tp = self._start(ToxiproxyProcess(self.dir))
         self.info["toxiproxy"] = tp.url
         body, links = [], []
@@ -463,8 +447,6 @@ class SutStack(StackFiles):
 
     def _describe(self, placement: Placement, store: Any) -> None:
         """info: the members' URLs, the client nodes (group g -> member m through its proxy) and each node's store."""
-        from lab.stack.store import PouchDBProcess
-
         members = self.decl.members()
         url = self.decl.client_url
         self.info["members"] = {m: url(placement.real(m)) for m in members}
@@ -538,8 +520,6 @@ class SutStack(StackFiles):
     def _drop_scratch_data(self) -> None:
         """Remove the data directories the system marks as scratch (`keep_data=False`: e.g. etcd's 64 MB
         preallocated WAL files per member), once every process is stopped; the logs and the history stay."""
-        import shutil
-
         if self.placement is None:
             return
         for spec in self.decl.processes:
@@ -575,16 +555,10 @@ def member_processes_of(stack: "SutStack") -> dict[str, ManagedProcess]:
 def leader_pause(stack: "SutStack", *, rng: Any):
     """SIGSTOP the system's current leader (`SystemProcesses.leader`) at `start-leader-pause`, SIGCONT it at the
     stop: the existing pause, aimed where a pause hurts a consensus system most."""
-    from nemesis.process import PauseNemesis
-
     class LeaderPause(PauseNemesis):
         fault = "leader-pause"
 
         async def _start(self, op: dict, value: dict[str, Any]) -> dict:
-            import asyncio
-
-            from nemesis.core import completion
-
             if "targets" not in value and not self._active:
                 leader = await asyncio.to_thread(stack.decl.leader, stack)
                 if leader is None or leader not in self.processes:

@@ -23,6 +23,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from lab.stack.process import ManagedProcess
+from lab.stack.toxiproxy import ToxiproxyProcess
+from nemesis.topology import Topology, standard_links
+from nemesis.toxiproxy import ToxiproxyClient
 
 
 def server_address(url: str) -> str:
@@ -52,11 +55,6 @@ class ProxiedUrls:
 
     def up(self) -> "ProxiedUrls":
         """Start Toxiproxy and create every link's proxy; on failure stop what was started."""
-        from nemesis.topology import Topology, standard_links
-        from nemesis.toxiproxy import ToxiproxyClient
-
-        from lab.stack.toxiproxy import ToxiproxyProcess
-
         names = [f"lease-{i}" for i in range(1, len(self.urls) + 1)]
         try:
             tp = ToxiproxyProcess(self.dir)

@@ -32,6 +32,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from checkers.core import Compose, merge_valid
+from lab.client import LeaseClient
+from lab.client.starintel import StarIntelClient, check_api_key, new_findings_log
+from lab.findings import FINDINGS_FILE
 from lab.sut.principal import pick_credential
 from lab.sut.protocol import OPTIONAL_CAPABILITIES, SutError, check_capabilities, check_result, check_system
 
@@ -180,25 +184,6 @@ def sut_of(test: Any) -> SutEntry:
     return get_sut(getattr(test, "sut", None) or DEFAULT_SUT)
 
 
-def validate_test(test: Any, needs: WorkloadNeeds) -> SutEntry:
-    """Check, before anything starts, that the test's system exists, can run its workload and has what it needs.
-
-    `needs`: what the test's workload declares (`workloads.needs_of(test.workload)`), passed in by the runner.
-    """
-    entry = sut_of(test)
-    require_capabilities(entry, needs)
-    if entry.check is not None:
-        entry.check(test)
-    if entry.processes is not None:  # its binaries are installed, and every nemesis asked can apply to it
-        from lab.sut.processes import check_test
-
-        check_test(test)
-    elif "leader-pause" in (getattr(test, "nemesis", None) or []):
-        raise SutError(f"--nemesis leader-pause cannot apply to SUT {entry.name!r}: it lacks a leader the lab can "
-                       "find (only a system that brings its own processes and names its leader has one, e.g. etcd)")
-    return entry
-
-
 def open_system(test: Any, node: Any, service_instance_id: str, *, needs: WorkloadNeeds,
                 timeout_s: float | None = None) -> Any:
     """A fresh system for one worker: the test's SUT factory called as (test, node, service_instance_id).
@@ -278,9 +263,6 @@ def api_key_for(test: Any, capability: str = "targets:lease") -> str:
 
 def findings_for(test: Any):
     """The run's StarIntel findings log (one per test, written to <run_dir>/findings.jsonl when there is one)."""
-    from lab.client.starintel import new_findings_log
-    from lab.sut.findings import FINDINGS_FILE
-
     log = test.live.get("sut_findings")
     if log is None:
         run_dir = getattr(test, "run_dir", None)
@@ -304,8 +286,6 @@ def _check_reference(test: Any) -> None:
 
 def _check_starintel(test: Any) -> None:
     """A StarIntel server needs http(s) URLs and a well-formed `star_sk_v1_...` key."""
-    from lab.client.starintel import check_api_key
-
     _check_urls(test)
     try:
         check_api_key(api_key_for(test))
@@ -315,15 +295,11 @@ def _check_starintel(test: Any) -> None:
 
 def reference_system(test: Any, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
     """Our reference lease server (LeaseClient, the contract's wire API)."""
-    from lab.client import LeaseClient
-
     return LeaseClient(node, api_key_for(test), service_instance_id=service_instance_id, timeout_s=timeout_s)
 
 
 def starintel_system(test: Any, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
     """The StarIntel server's dialect (StarIntelClient); differences from the contract become findings."""
-    from lab.client.starintel import StarIntelClient
-
     return StarIntelClient(node, api_key_for(test), service_instance_id=service_instance_id, timeout_s=timeout_s,
                            findings=findings_for(test))
 
@@ -360,34 +336,6 @@ register_sut("reference", reference_system, capabilities=OPTIONAL_CAPABILITIES, 
 register_sut("starintel", starintel_system, capabilities={"revoke"}, check=_check_starintel, _trusted=True)
 
 
-def _register_etcd() -> None:
-    """`etcd` (lab.sut.etcd): a 3-member etcd cluster the lab runs; etcd's lease + lock key, create-revision token."""
-    from lab.sut import etcd
-
-    register_sut("etcd", etcd.etcd_system, capabilities={"commit"}, check=etcd.check_etcd,
-                 processes=etcd.etcd_processes, not_claimed=etcd.NOT_CLAIMED, _trusted=True)
-
-
-_register_etcd()
-
-
-def _register_valkey_locks() -> None:
-    """`valkey-lock` / `valkey-lock-fenced` (lab.sut.valkey_lock): redis-py's Lock on a lab-owned Valkey.
-
-    Trusted built-ins: `valkey-lock`'s leases carry no fencing token (null), which the result check would refuse.
-    """
-    from lab.sut import valkey_lock as vl
-
-    register_sut("valkey-lock", vl.valkey_lock_system, capabilities={"commit"}, check=vl.check_valkey_lock,
-                 processes=vl.valkey_processes, not_claimed=vl.NOT_CLAIMED_UNFENCED, _trusted=True)
-    register_sut("valkey-lock-fenced", vl.fenced_valkey_lock_system, capabilities={"commit"},
-                 check=vl.check_valkey_lock, processes=vl.valkey_processes, not_claimed=vl.NOT_CLAIMED,
-                 _trusted=True)
-
-
-_register_valkey_locks()
-
-
 # -- what a system does not claim ---------------------------------------------------------------------------
 class NotClaimed:
     """A workload's checker without the checkers judging what the system does not claim; the result says which."""
@@ -408,8 +356,6 @@ def _drop_rules(res: dict, rules: Mapping[str, str]) -> None:
     """Remove the violations of unclaimed rules (`checker.kind`) from a composed result; re-merge the verdicts.
 
     A checker whose only violations were of such kinds is then valid (it judged the rest and found nothing)."""
-    from checkers.core import merge_valid
-
     results = res.get("results")
     if not rules or not isinstance(results, dict):
         return
@@ -435,8 +381,6 @@ def _drop_rules(res: dict, rules: Mapping[str, str]) -> None:
 def claimed_checker(test: Any, checker: Any) -> Any:
     """`checker` minus the named checkers the test's system does not claim (its SutEntry.not_claimed): those
     properties are neither run nor judged, and the result lists them under `not_claimed` with the reason."""
-    from checkers.core import Compose
-
     try:
         entry = sut_of(test)
     except SutError:

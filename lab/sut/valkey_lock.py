@@ -52,8 +52,19 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import httpx
+import redis.asyncio as aredis
+from redis.asyncio.lock import Lock
+from redis.backoff import NoBackoff
+from redis.exceptions import BusyLoadingError, ConnectionError, LockError, ResponseError, TimeoutError
+from redis.retry import Retry
+
+from lab import paths
 from lab.client.results import CONNECT_ERROR, CONNECTION_LOST, TIMEOUT, Identity, Lease, Result
-from lab.stack.valkey import PERSISTENCE_MODES
+from lab.couch import CouchClient
+from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess
+from lab.sut.processes import CLIENTS, LinkSpec, ProcessSpec, SystemProcesses, store_url_for
+from lab.sut.protocol import SutError
 
 LOCK_PREFIX = "fencelab:lock:"
 FENCE_PREFIX = "fencelab:fence:"
@@ -122,10 +133,6 @@ class ValkeyLockSystem:
 
     def __init__(self, valkey_url: str, store_url: str | None = None, *, service_instance_id: str = "",
                  timeout_s: float = 5.0, commit_mode: str = "unfenced"):
-        import redis.asyncio as aredis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
         if commit_mode not in COMMIT_MODES:
             raise ValueError(f"commit_mode must be one of {', '.join(COMMIT_MODES)}, not {commit_mode!r}")
         if commit_mode == "fenced" and not self.FENCING_TOKENS:
@@ -149,8 +156,6 @@ class ValkeyLockSystem:
     # -- helpers ---------------------------------------------------------------------------------------------
     def _lock(self, identity: Identity, ttl_ms: int):
         """A redis-py Lock for the identity: non-blocking, TTL in seconds, token not thread-local (asyncio)."""
-        from redis.asyncio.lock import Lock
-
         return Lock(self.redis, lock_name(identity), timeout=ttl_ms / 1000.0, blocking=False, thread_local=False)
 
     async def _backend_ms(self) -> int:
@@ -160,8 +165,6 @@ class ValkeyLockSystem:
 
     def _error(self, e: BaseException, *, sent: bool, op: str) -> Result:
         """A redis / deadline error as a Result: `fail` when nothing of ours ran, `info` when it may have."""
-        from redis.exceptions import BusyLoadingError, ConnectionError, ResponseError, TimeoutError
-
         msg = f"{op}: {type(e).__name__}: {e}"[:300]
         if isinstance(e, BusyLoadingError | ResponseError):  # Valkey refused the command (loading, OOM, ...)
             return Result("fail", "lease_backend_unavailable", msg=msg)
@@ -250,8 +253,6 @@ class ValkeyLockSystem:
     async def renew(self, lease: Lease, *, identity: Identity | None = None, request_id: str | None = None,
                     deadline_s: float | None = None) -> Result:
         """`extend(ttl, replace_ttl=True)`: ok while the lock still holds this lease's token."""
-        from redis.exceptions import LockError
-
         held = self._held_lock(lease, identity)
         ttl_ms = lease.ttl_ms or 1000
         stage = "time"  # TIME only reads: a failure there changed nothing
@@ -276,8 +277,6 @@ class ValkeyLockSystem:
     async def release(self, lease: Lease, *, identity: Identity | None = None, request_id: str | None = None,
                       deadline_s: float | None = None) -> Result:
         """`release()`: deletes the key only while it holds this lease's token."""
-        from redis.exceptions import LockError
-
         held = self._held_lock(lease, identity)
         try:
             await self._step(held.lock.release, _Budget(deadline_s))
@@ -339,7 +338,6 @@ class ValkeyLockSystem:
     async def _write(self, db: str, doc: str, entry: Any, lease: Lease, fenced: bool, state: dict,
                      budget: "_Budget") -> Result:
         # shared with lab.sut.etcd (called with its own self): only attributes both have, and this class's _step
-        from lab.couch import CouchClient
 
         if self._couch is None:
             self._couch = CouchClient(self.store_url, timeout_s=self.timeout_s)
@@ -397,14 +395,10 @@ class FencedValkeyLockSystem(ValkeyLockSystem):
 
 
 def _is_connect(e: BaseException) -> bool:
-    import httpx
-
     return isinstance(e, httpx.ConnectError | httpx.ConnectTimeout)
 
 
 def _timeout_types() -> tuple[type, ...]:
-    import httpx
-
     return (httpx.TimeoutException,)
 
 
@@ -414,27 +408,18 @@ def _urls(test: Any, node: str) -> tuple[str, str | None]:
     """The Valkey URL a worker talks to (`node`, its client group's proxy) and the store its group writes to."""
     valkey = node if isinstance(node, str) and node.startswith(("redis://", "rediss://", "unix://")) else test.valkey
     if not valkey:
-        from lab.sut.protocol import SutError
-
         raise SutError("valkey-lock needs a Valkey URL (redis://host:port/0): run it on a lab stack")
-    from lab.sut.processes import store_url_for
 
     return valkey, store_url_for(test, node)
 
 
 def valkey_processes(test: Any):
     """The one process these systems bring: a lab-owned valkey-server, dialled by every client group."""
-    from lab.sut.processes import CLIENTS, LinkSpec, ProcessSpec, SystemProcesses
-
     chosen = (getattr(test, "extra", None) or {}).get("valkey_persistence")
     if chosen is not None and chosen not in PERSISTENCE_MODES:
-        from lab.sut.protocol import SutError
-
         raise SutError(f"valkey_persistence must be one of {', '.join(PERSISTENCE_MODES)}, not {chosen!r}")
 
     def make(placement):
-        from lab.stack.valkey import ValkeyProcess
-
         # persistence: test.extra["valkey_persistence"] when given (a Valkey that forgets on a kill: "none"),
         # else what the nemeses asked of a Valkey (kill: always, valkey-crash: everysec), else none
         return ValkeyProcess(placement.root, name="valkey", port=placement.port("valkey"),
@@ -442,8 +427,6 @@ def valkey_processes(test: Any):
                              env=placement.env("valkey"))
 
     def installed():
-        from lab import paths
-
         paths.valkey_server()
 
     return SystemProcesses(system=test.sut_name(), processes=(ProcessSpec("valkey", make=make, ports=("client",)),),
@@ -485,8 +468,6 @@ def fenced_valkey_lock_system(test: Any, node: str, service_instance_id: str, *,
 
 def check_valkey_lock(test: Any) -> None:
     """Before anything starts: `valkey-lock` cannot commit fenced (it has no token); modes are known."""
-    from lab.sut.protocol import SutError
-
     mode = getattr(test, "commit_mode", None)
     if mode is not None and mode not in COMMIT_MODES:
         raise SutError(f"--commit-mode must be one of {', '.join(COMMIT_MODES)}, not {mode!r}")

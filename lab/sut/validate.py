@@ -1,0 +1,30 @@
+"""The check of a test's system before anything starts: it exists, can run the workload, has what it needs.
+
+Apart from the registry (`lab.sut.registry`) because it also asks a system that brings its own processes
+(`lab.sut.processes`) whether its binaries are installed and the nemeses asked can apply to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lab.sut.processes import check_test
+from lab.sut.protocol import SutError
+from lab.sut.registry import SutEntry, WorkloadNeeds, require_capabilities, sut_of
+
+
+def validate_test(test: Any, needs: WorkloadNeeds) -> SutEntry:
+    """Check, before anything starts, that the test's system exists, can run its workload and has what it needs.
+
+    `needs`: what the test's workload declares (`workloads.needs_of(test.workload)`), passed in by the runner.
+    """
+    entry = sut_of(test)
+    require_capabilities(entry, needs)
+    if entry.check is not None:
+        entry.check(test)
+    if entry.processes is not None:  # its binaries are installed, and every nemesis asked can apply to it
+        check_test(test)
+    elif "leader-pause" in (getattr(test, "nemesis", None) or []):
+        raise SutError(f"--nemesis leader-pause cannot apply to SUT {entry.name!r}: it lacks a leader the lab can "
+                       "find (only a system that brings its own processes and names its leader has one, e.g. etcd)")
+    return entry
