@@ -576,11 +576,13 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
 @click.option("--fast", is_flag=True, help="The CI subset: the spec's [fast] table (every mutant, one short run).")
 @click.option("--only", multiple=True, help="Run only this mutant (repeatable).")
 @click.option("--markdown", is_flag=True, help="Also print the table as Markdown (for docs/mutants.md).")
-@click.option("--backend", type=click.Choice(["local", "compose"]), default="local", show_default=True,
-              help="Where each run's stack is placed (docs/compose.md); nemeses a backend cannot take are refused. "
-                   "(Not ssh: planted bugs reach the lab's local and compose servers only.)")
+@click.option("--backend", type=click.Choice(["local", "compose", "ssh"]), default="local", show_default=True,
+              help="Where each run's stack is placed (docs/compose.md, docs/ssh-backend.md); nemeses a backend "
+                   "cannot take are refused.")
+@click.option("--hosts", "hosts_file", type=click.Path(path_type=Path), default=None,
+              help="With --backend ssh: the hosts file (docs/ssh-backend.md).")
 def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, ...], markdown: bool,
-                backend: str = "local") -> None:
+                backend: str = "local", hosts_file: Path | None = None) -> None:
     """Plant each bug of the reference server, run the general workloads at their defaults (and the scenario
     that scripts its race), and check the unmodified server passes the same runs.
 
@@ -590,14 +592,17 @@ def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, .
     """
     from lab.mutants import MutantsError, exit_code, load_spec, print_table, render_markdown, run_mutants, validate_spec
 
+    if (backend == "ssh") != (hosts_file is not None):
+        fail("--backend ssh and --hosts FILE go together (docs/ssh-backend.md)")
+    hosts = str(Path(hosts_file).resolve()) if hosts_file else None
     try:
         spec = load_spec(spec_path, fast=fast, only=only)
-        validate_spec(spec)
+        validate_spec(spec, backend, hosts)
         seeds = sum(e.runs for e in spec.entries)
         mutants = len({e.mutant for e in spec.entries})
         click.echo(f"mutants {spec.name}: {mutants} mutants in {len(spec.entries)} rows, {seeds} planted runs at most, "
                    f"each distinct run also unmodified ({spec.source}{', --fast' if fast else ''})")
-        report = run_mutants(spec, store_dir, echo=click.echo, backend=backend)
+        report = run_mutants(spec, store_dir, echo=click.echo, backend=backend, hosts_file=hosts)
     except MutantsError as e:
         fail(str(e))
     except KeyboardInterrupt:

@@ -145,8 +145,6 @@ def _validate_backend(test: Test) -> None:
     if test.backend == "ssh":
         if not test.hosts_file:
             raise RunError("--backend ssh needs --hosts FILE: the nodes to run on (docs/ssh-backend.md)")
-        if test.mutant:
-            raise RunError("--mutant with --backend ssh: planted bugs reach the lab's local and compose servers only")
         load_hosts(test.hosts_file)
         for name in test.nemesis:
             if name not in SSH_NEMESES:
@@ -458,7 +456,7 @@ def ssh_options(test: Test, opts: Any) -> Any:
 
     hosts = load_hosts(test.hosts_file)
     return SshOptions(**hosts, servers=opts.servers, persistence=opts.persistence, store=opts.wants_store,
-                      fake_clocks=opts.fake_clocks)
+                      fake_clocks=opts.fake_clocks, mutant=opts.mutant)
 
 
 def placement_stack(test: Test, root: Path):

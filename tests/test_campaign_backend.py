@@ -63,7 +63,7 @@ def test_an_ssh_implementation_names_its_hosts_file(tmp_path):
         parse_spec(_spec(f'implementations = [{{ name = "x", sut = "reference", hosts = "{hosts}" }}]'), "b.toml")
 
 
-def test_evidence_takes_ssh_only_with_a_hosts_file_and_no_mutant_goes_to_ssh_nodes(tmp_path):
+def test_evidence_and_mutants_take_ssh_only_with_a_hosts_file_and_mutants_go_to_ssh_nodes(tmp_path):
     from click.testing import CliRunner
 
     from lab.cli import main
@@ -74,5 +74,8 @@ def test_evidence_takes_ssh_only_with_a_hosts_file_and_no_mutant_goes_to_ssh_nod
     assert res.exit_code == 2 and "--backend ssh and --hosts FILE go together" in res.output, res.output
     hosts = tmp_path / "hosts.toml"
     hosts.write_text('nodes = ["10.200.0.1"]\n')
-    with pytest.raises(RunError, match="planted bugs reach the lab's local and compose servers only"):
-        validate(Test(backend="ssh", extra={"hosts_file": str(hosts), "mutant": "nonatomic-acquire"}))
+    validate(Test(backend="ssh", extra={"hosts_file": str(hosts), "mutant": "nonatomic-acquire"}))  # planted there too
+    with pytest.raises(RunError, match="unknown mutant 'no-such-bug'"):
+        validate(Test(backend="ssh", extra={"hosts_file": str(hosts), "mutant": "no-such-bug"}))
+    res = CliRunner().invoke(main, ["mutants", "--backend", "ssh"])
+    assert res.exit_code == 2 and "--backend ssh and --hosts FILE go together" in res.output, res.output

@@ -47,6 +47,24 @@ def test_a_run_on_ssh_nodes_under_partition_and_kill(tmp_path):
     assert res["valid"] is True, {k: (v.get("valid"), v.get("reason")) for k, v in res["results"].items()}
 
 
+@pytest.mark.root
+@needs_netns
+def test_a_planted_bug_is_caught_on_ssh_nodes(tmp_path):
+    """The mutant reaches the remote lease servers (their argv gains --allow-mutants --mutant) and is caught."""
+    with SshLab(tmp_path / "lab") as lab:
+        test = Test(name="ssh-mutant", workload="lease", time_limit=8.0, concurrency=6, rate=60.0, keys=1,
+                    ttl_ms=300, seed=1, backend="ssh",
+                    extra={"servers": 2, "hosts_file": hosts_file(lab, tmp_path / "hosts.toml"),
+                           "mutant": "release-any-owner"})
+        res = run_test(test, tmp_path / "store")
+        strays = list(lab.strays)
+    assert strays == []
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    logs = "".join(p.read_text() for p in (run_dir / "stack" / "nodes").glob("n*/logs/lease-*.log"))
+    assert logs.count("PLANTED BUG") >= 2, logs[-2000:]  # both remote servers run the planted bug
+    assert res["valid"] is False, res.get("results")
+
+
 def test_the_ssh_backend_refuses_what_it_cannot_do(tmp_path):
     hosts = tmp_path / "hosts.toml"
     hosts.write_text('nodes = ["10.200.0.1"]\n')
