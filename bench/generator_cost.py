@@ -15,6 +15,12 @@ with 50 threads, unthrottled (rate 1e6 ops/s, as bench/client_path.py's lab figu
 
 The machine is shared and loaded: CPU time per op is steadier than wall time; each figure is the best of a
 few rounds. `figures(quick)` returns the rows of `make bench`'s summary table.
+
+What the profile shows: an op costs one ask of the generator tree, and each `each_thread` in it asks the
+generator of every free thread (Jepsen's semantics: the soonest op wins, ties drawn from ctx.rng, the losers'
+draws included), so the cost grows with the threads free at once. In figure 2 the instant client frees all 47
+burst-lane threads together every round (about 25 thread asks per op, the worst case); a real run against the
+reference stack has about 14 per op. Figure 1 has about one free thread per ask.
 """
 
 from __future__ import annotations
