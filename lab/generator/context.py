@@ -82,7 +82,7 @@ class Context:
         self.ext = {} if ext is None else ext
         self._bits, self._threads = _table(concurrency)
         self._all = self._mask(all_threads)
-        self._free = self._mask(free_threads) & self._all
+        self._free = self._mask(free_threads)
         self._procs = procs  # process per thread index; the nemesis thread has index `concurrency`
         self._next = next_thread
 
