@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from checkers.core import NEMESIS, analysis, error_code, history_end_time, lease_index, nemesis_windows, pair_ops
+from lab.history import to_frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -70,8 +71,6 @@ def _windows(history: list[dict]) -> list[dict]:
 
 def client_frame(history: list[dict]) -> "pd.DataFrame":
     """`lab.history.to_frame` of the client ops, with t_invoke_s, t_done_s and latency_ms columns."""
-    from lab.history import to_frame
-
     frame = to_frame(op for op in history if op.get("process") != NEMESIS)
     frame["t_invoke_s"] = frame["invoke_time"].astype("float64") / NS
     done = frame["complete_time"].astype("float64")

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.templating import template_env
-
+from checkers.render import iter_violations, render_html
+from lab.history import HistoryError, read_history_report
+from lab.report import plots as P
 from lab.report.data import MAX_KEYS, MAX_RAW_POINTS, outcome_counts, plot_data
 from lab.report.junit import checker_results, violation_summary, write_junit
-from lab.report import plots as P
+from lab.templating import template_env
 
 __all__ = ["ReportError", "Run", "load_run", "verdict_word", "write_report"]
 
@@ -70,8 +71,6 @@ def _read_json(path: Path) -> Any:
 
 def load_run(run_dir: str | os.PathLike) -> Run:
     """Read a run directory; ReportError (one line) when it is not a run or a file is broken."""
-    from lab.history import HistoryError, read_history_report
-
     d = Path(run_dir)
     if not d.is_dir():
         raise ReportError(f"{d} is not a directory (expected a run directory such as store/<test>/<timestamp>)")
@@ -140,8 +139,6 @@ def _op_row(history: list[dict], i: int) -> dict | None:
 
 def _checkers(run: Run) -> list[dict]:
     """Per checker: verdict, summary line, counts by kind, the first violations, elapsed time."""
-    from checkers.render import iter_violations
-
     elapsed = run.results.get("elapsed_s") if isinstance(run.results.get("elapsed_s"), Mapping) else {}
     out = []
     for name, r in checker_results(run.results).items():
@@ -160,8 +157,6 @@ def _checkers(run: Run) -> list[dict]:
 
 def _counterexamples(run: Run, checkers: list[dict]) -> list[dict]:
     """Write counterexample-<checker>.html for each invalid checker; the entries the page lists."""
-    from checkers.render import render_html
-
     for old in run.dir.glob("counterexample-*.html"):
         old.unlink()  # from an earlier report of this run, whose verdicts may have changed
     out = []
