@@ -39,7 +39,6 @@ from typing import Any
 import httpx
 import psutil
 
-from lab.stack.leaseserver import LeaseServerProcess
 from lab.stack.process import Process, ProcessError
 from nemesis.core import NemesisUnavailable, Rounds, as_rng, completion
 
@@ -155,7 +154,7 @@ def is_stopped(proc: Process) -> bool:
 def _answers(proc: Process) -> bool:
     """Is the process serving? Its health probe; for a lease server any /healthz answer
     (it says 503 while its Valkey is down, and that is the backend's fault, not the server's)."""
-    if isinstance(proc, LeaseServerProcess):
+    if getattr(proc, "serves_leases", False):  # LeaseServerProcess, RemoteLeaseServer
         try:
             return httpx.get(proc.url + "/healthz", timeout=0.5).status_code in (200, 503)
         except httpx.HTTPError:

@@ -29,3 +29,23 @@ def test_the_runner_places_each_backend(backend, cls, tmp_path):
     test = Test(backend=backend, run_dir=tmp_path / "20261201T000000.000000Z")
     stack = placement_stack(test, tmp_path / "stack")
     assert isinstance(stack, cls) and isinstance(stack, Stack)
+
+
+def test_remote_and_container_processes_are_processes_not_managed_processes():
+    """The two placements whose pid is not a local child implement the small Process protocol themselves
+    (issue 12: no subclass overriding nearly all of ManagedProcess)."""
+    from pathlib import PurePosixPath
+
+    from lab.stack.compose import ContainerProcess
+    from lab.stack.process import ManagedProcess, Process
+    from lab.stack.remote import RemoteLeaseServer, RemoteProcess, remote_process
+
+    for cls in (RemoteProcess, RemoteLeaseServer, ContainerProcess):
+        assert not issubclass(cls, ManagedProcess), cls
+    proc = remote_process("lease", name="lease-1", argv=["python", "-m", "lab.server"], remote=object(),
+                          log_path=PurePosixPath("/tmp/x/lease-1.log"), ports={"http": 8080}, host="10.0.0.2")
+    assert isinstance(proc, Process) and isinstance(proc, RemoteLeaseServer)
+    assert proc.serves_leases and proc.url == "http://10.0.0.2:8080"
+    plain = remote_process("valkey", name="valkey", argv=["valkey-server"], remote=object(),
+                           log_path=PurePosixPath("/tmp/x/valkey.log"))
+    assert isinstance(plain, Process) and not getattr(plain, "serves_leases", False)

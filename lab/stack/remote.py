@@ -9,7 +9,8 @@ control shell answers in a few milliseconds, which keeps nemesis ops on time.
 Each command runs in a subshell with stdin from /dev/null, and its end is
 marked by a random token followed by its exit status.
 
-`RemoteProcess` is the remote twin of `ManagedProcess`: started with
+`RemoteProcess` (a `lab.stack.process.Process`, not a `ManagedProcess`:
+none of it is a local pid or a Popen) is started with
 `setsid nohup ... &` (its own session, so a signal to the process group
 reaches every child), its pid and kernel start time captured at once (the
 guard against a recycled pid, read from `/proc/<pid>/stat`), stopped, killed,
@@ -37,8 +38,7 @@ import httpx
 import paramiko
 
 from lab.stack.clock import FakeClock
-from lab.stack.leaseserver import LeaseServerProcess
-from lab.stack.process import ManagedProcess, ProcessError
+from lab.stack.process import ProcessError
 
 __all__ = [
     "RemoteError",
@@ -357,9 +357,21 @@ def _probe(kind: str, host: str, port: int) -> bool:
 
 
 @dataclass
-class RemoteProcess(ManagedProcess):
-    """A program on a remote host, started in its own session and owned by pid (with a start-time guard)."""
+class RemoteProcess:
+    """A program on a remote host, started in its own session and owned by pid (with a start-time guard).
 
+    A `lab.stack.process.Process` of its own (like `ContainerProcess`), not a `ManagedProcess`: its pid is on
+    another host, so every part of it (start, signals, liveness, logs) goes through the host's control shell.
+    """
+
+    name: str
+    argv: list[str]
+    log_path: PurePosixPath  # on the host
+    ports: dict[str, int] = field(default_factory=dict)
+    env: dict[str, str] | None = None
+    cwd: str | None = None  # on the host
+    host: str = "127.0.0.1"  # where the lab reaches its ports
+    pid: int | None = None  # on the host
     remote: SshHost | None = None
     node: str = ""  # the stack's label for the host (n1, n2, ...)
     kind: str = "tcp"  # which health probe: valkey, store, lease or tcp
@@ -419,6 +431,20 @@ class RemoteProcess(ManagedProcess):
         """Is it alive but stopped (SIGSTOP)?"""
         return self._proc_state() in ("T", "t")
 
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        """Poll `healthy()` until it passes; fail with the remote log's tail if it dies or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ProcessError(f"{self.name} on {self.node} exited during start-up; log {self.log_path}:\n"
+                                   f"{self.log_tail()}")
+            if self.healthy():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise ProcessError(f"{self.name} on {self.node} not healthy after {timeout:.0f}s; log {self.log_path}:\n"
+                           f"{self.log_tail()}")
+
     def returncode(self) -> int | None:
         return None  # its parent is the host's init, which does not tell us
 
@@ -427,6 +453,20 @@ class RemoteProcess(ManagedProcess):
         if not self.alive():
             raise ProcessError(f"{self.name} is not running on {self.node}")
         self._kill_group(signal.Signals(sig).name.removeprefix("SIG"))
+
+    def kill(self) -> None:
+        """SIGKILL its process group now (the nemesis's crash) and wait until the pid is gone."""
+        if self.alive():
+            self._kill_group("KILL")
+        self._reap(5.0)
+
+    def pause(self) -> None:
+        """SIGSTOP its process group."""
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT its process group."""
+        self.signal(signal.SIGCONT)
 
     def _kill_group(self, *names: str) -> None:
         """`kill -s NAME -- -<pid>` for each name on the host (the POSIX form, which dash accepts too);
@@ -467,9 +507,9 @@ class RemoteProcess(ManagedProcess):
 
     def state(self) -> dict[str, Any]:
         """A JSON-able description; `from_state` (with the host) turns it back into a handle."""
-        d = ManagedProcess.state(self)  # not super(): for a RemoteLeaseServer that would be the local one's
         # "remote_pid", not "pid": a LocalStack reading this state by mistake finds no local pid to signal
-        d["remote_pid"] = d.pop("pid")
+        d = {"name": self.name, "argv": self.argv, "remote_pid": self.pid, "ports": self.ports, "host": self.host,
+             "log": str(self.log_path)}
         d.update(kind=self.kind, node=self.node, start_ticks=self.start_ticks, env=self.env,
                  cwd=str(self.cwd) if self.cwd else None, backend="ssh")
         if isinstance(self, RemoteLeaseServer):
@@ -487,9 +527,15 @@ class RemoteProcess(ManagedProcess):
                      kind=kind, start_ticks=d.get("start_ticks"))
 
 
-class RemoteLeaseServer(RemoteProcess, LeaseServerProcess):
-    """A remote reference lease server: also a LeaseServerProcess, so nemesis.process treats it as a server
-    (ready when /healthz answers at all, even 503 while its Valkey is cut off) and `url` works."""
+class RemoteLeaseServer(RemoteProcess):
+    """A remote reference lease server: `serves_leases`, so nemesis.process treats it as a server (ready when
+    /healthz answers at all, even 503 while its Valkey is cut off), and `url` works."""
+
+    serves_leases = True
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.ports['http']}"
 
     @property
     def valkey_url(self) -> str | None:
