@@ -366,16 +366,15 @@ class Fn(Generator):
 class Bind(Generator):
     """Call `f(test, ctx)` once, when first asked with a free thread, and become the generator it returns."""
 
-    __slots__ = ("f",)
+    __slots__ = ("f", "_arity")
 
     def __init__(self, f: Callable) -> None:
-        _arity(f)  # fail early on a bad signature
-        self.f = f
+        self.f, self._arity = f, _arity(f)  # fails early on a bad signature
 
     def op(self, test, ctx):
         if ctx.free_thread_count() == 0:
             return PENDING
-        g = as_generator(self.f() if _arity(self.f) == 0 else self.f(test, ctx))
+        g = as_generator(self.f() if self._arity == 0 else self.f(test, ctx))
         return None if g is None else op(g, test, ctx)
 
 
