@@ -15,6 +15,8 @@ from lab.server.settings import Settings
 from lab.server.testing import identity, in_process_server
 from lab.stack.valkey import ValkeyProcess
 
+from conftest import lease_expired
+
 
 @pytest.fixture
 def own_valkey(run_dir):
@@ -152,3 +154,25 @@ async def test_a_broken_connection_fails_written_calls_as_unknown_and_new_ones_a
             await b.command(loop.time() + 1, "INCR", "n")
     finally:
         await b.close()
+
+
+async def test_the_quota_index_keeps_one_entry_per_identity_without_a_pruning_pass(own_valkey, run_dir):
+    """acquire.lua no longer prunes expired entries: they are overwritten by the identity's next acquire."""
+    quota = keys.quota_key("lease-a1")
+    c = redis.Redis.from_url(own_valkey.url, decode_responses=True)
+    try:
+        async with in_process_server(run_dir, own_valkey.url, active_lease_quota=5, min_ttl_ms=50) as s:
+            first = (await s.acquire(target_id="q1", ttl_ms=100)).json()["lease"]
+            await lease_expired(s, first)  # expired, never released: its entry stays, but counts no more
+            for _ in range(3):
+                lease = (await s.acquire(target_id="q1", ttl_ms=100)).json()["lease"]
+                assert c.zcard(quota) == 1  # the same member (the lock key), its score moved to the new expiry
+                assert int(c.zscore(quota, lease["lock_key"])) == lease["expires_at_ms"]
+                await lease_expired(s, lease)
+            held = [(await s.acquire(target_id=f"q{i}")).json()["lease"] for i in range(2, 7)]
+            assert c.zcard(quota) == 6 and (await s.acquire(target_id="q7")).status_code == 429  # 5 unexpired
+            for lease in held:
+                assert (await s.release(lease)).status_code == 200
+            assert c.zrange(quota, 0, -1) == [first["lock_key"]]  # only the expired q1 entry is left
+    finally:
+        c.close()
