@@ -30,6 +30,7 @@ from figures import Figure  # noqa: E402  (bench/ is a directory of scripts, not
 BENCHES = {
     "client": HERE / "client_path.py",
     "recording": HERE / "recording_overhead.py",
+    "generator": HERE / "generator_cost.py",
     "server": HERE / "server_throughput.py",
     "domain checkers": HERE / "checker_domain.py",
     "linearizability": HERE / "checker" / "run.py",
