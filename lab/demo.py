@@ -16,14 +16,15 @@ from pathlib import Path
 
 import click
 
+from lab.campaign import load_spec, run_campaign
+from lab.client import LeaseClient
+from lab.paths import REPO_ROOT
 from lab.stack.local import LocalStack, StackOptions
+from workloads.common import identity_for, pick_credential
 
 
 async def _drive(stack_status: dict) -> list[str]:
     """Acquire, renew and release one lease; return printable lines."""
-    from lab.client import LeaseClient
-    from workloads.common import identity_for, pick_credential
-
     creds = json.loads(Path(stack_status["credentials"]).read_text())
     cred = pick_credential(creds)
     ident = identity_for("demo")
@@ -63,9 +64,6 @@ def run_demo(name: str = "demo", home: Path | None = None, store_dir: Path = Pat
     finally:
         stack.down()
         click.echo(f"== stack {name!r} is down")
-    from lab.campaign import load_spec, run_campaign
-    from lab.paths import REPO_ROOT
-
     spec_path = REPO_ROOT / "campaigns" / "demo.toml"
     click.echo(f"== fencelab campaign {spec_path.relative_to(REPO_ROOT)}")
     outcome = run_campaign(load_spec(spec_path), store_dir, resume=False, echo=click.echo)
