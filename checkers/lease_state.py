@@ -98,8 +98,11 @@ class LeaseStateChecker:
                 _check_identity(p, lease, v)
             if f == "acquire":
                 continue
-            if f == "renew" and lease.ends:
-                _check_revived(p, lease, started, v)
+            if f == "renew" and lease.ends and r.get("state") not in TERMINAL:
+                for end in lease.ends:  # _check_revived's question, asked inline
+                    if end.type == "ok" and end.t1 < started:
+                        _check_revived(p, lease, started, v)
+                        break
             if lease.token is None:
                 continue
             rt = realtime.get(lease.key)
