@@ -29,16 +29,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.stack.leaseserver import LeaseServerProcess
 from lab.secrets import redact_url
-from lab.testmap import servers_problem
+from lab.server.auth import provision_demo_principals, write_principals_file
+from lab.server.mutants import MUTANT_NAMES
 from lab.stack.base import StackFiles, write_private_json  # noqa: F401 - re-exported
-from lab.stack.errors import NAME_RE, StackError, fencelab_home, stack_dir  # noqa: F401 - re-exported
 from lab.stack.clock import faketime_env
+from lab.stack.errors import NAME_RE, StackError, fencelab_home, stack_dir  # noqa: F401 - re-exported
+from lab.stack.leaseserver import LeaseServerProcess
 from lab.stack.process import ManagedProcess, ProcessError, free_port
 from lab.stack.store import PouchDBProcess
 from lab.stack.toxiproxy import ToxiproxyProcess
 from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess
+from lab.testmap import servers_problem
 
 # a netns stack: the endpoint name of the lab's clients (this namespace), and each server's port on its host
 NETNS_CLIENTS = "c1"
@@ -104,8 +106,6 @@ class StackOptions:
         if self.persistence not in PERSISTENCE_MODES:
             raise StackError(f"--persistence must be one of {', '.join(PERSISTENCE_MODES)}, not {self.persistence!r}")
         if self.mutant:
-            from lab.server.mutants import MUTANT_NAMES
-
             if self.mutant not in MUTANT_NAMES:
                 raise StackError(f"--mutant: unknown mutant {self.mutant!r}; known: {', '.join(MUTANT_NAMES)}")
         if self.netns:
@@ -158,8 +158,6 @@ class LocalStack(StackFiles):
         return self.status()
 
     def _start_all(self, opts: StackOptions) -> None:
-        from lab.server.auth import provision_demo_principals, write_principals_file
-
         if opts.netns:
             self._create_netns(opts)
         valkey = self._start(ValkeyProcess(self.dir, persistence=opts.persistence, env=self._clock_env("valkey", opts)))

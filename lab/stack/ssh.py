@@ -42,6 +42,8 @@ from typing import Any
 
 from lab import __version__
 from lab.paths import REPO_ROOT
+from lab.server.auth import provision_demo_principals, write_principals_file
+from lab.server.mutants import MUTANT_NAMES
 from lab.stack.base import StackFiles
 from lab.stack.local import StackError, fencelab_home, stack_dir, write_private_json
 from lab.stack.process import ProcessError, port_open
@@ -49,9 +51,8 @@ from lab.stack.remote import (RemoteError, RemoteFakeClock, RemoteProcess, SshHo
                               remote_process)
 from lab.stack.valkey import PERSISTENCE_MODES, valkey_argv
 from lab.testmap import servers_problem
-from nemesis.core import NemesisUnavailable
+from nemesis.core import NemesisUnavailable, Rounds, as_rng
 from nemesis.netns import NetnsPartition
-from nemesis.core import Rounds, as_rng
 from nemesis.network import DIRECTIONS, _choices, check_grudges
 
 __all__ = ["SshOptions", "SshPartition", "SshStack", "server_digest"]
@@ -143,8 +144,6 @@ class SshOptions:
         if self.persistence not in PERSISTENCE_MODES:
             raise StackError(f"--persistence must be one of {', '.join(PERSISTENCE_MODES)}, not {self.persistence!r}")
         if self.mutant:
-            from lab.server.mutants import MUTANT_NAMES  # the server's registry: only needed when a bug is planted
-
             if self.mutant not in MUTANT_NAMES:
                 raise StackError(f"--mutant: unknown mutant {self.mutant!r}; known: {', '.join(MUTANT_NAMES)}")
         for opt, node in (("--valkey-node", self.valkey_node), ("--store-node", self.store_node)):
@@ -280,8 +279,6 @@ class SshStack(StackFiles):
 
     def _start_all(self, opts: SshOptions, tools: dict[str, dict[str, Any]]) -> None:
         """Valkey, then the store, then the lease servers, each on its node, bound to the node's address."""
-        from lab.server.auth import provision_demo_principals, write_principals_file
-
         place = {name: f"n{n}" for name, n in opts.placement().items()}
         for label, host in self.hosts.items():  # the run directory, marked as ours (down removes only marked ones)
             rdir = self._rdir(label)
