@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 import warnings
 import zlib
 from dataclasses import dataclass, field, fields
@@ -32,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+# The lab (Test, runner, stacks, report) is imported inside the fixtures and hooks that use it: this plugin is
+# loaded by every pytest session wherever fencelab is installed, and importing it imports nothing of the lab.
 
 _RUNS = pytest.StashKey[list]()
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -78,8 +82,6 @@ def pytest_addhooks(pluginmanager) -> None:
     pytest would otherwise register this same module a second time under the entry point's name and refuse
     ("Plugin already registered under a different name"); blocking that name makes both activations work.
     """
-    import sys
-
     name = pluginmanager.get_name(sys.modules[__name__])
     if name is not None and name != _ENTRY_POINT and pluginmanager.get_plugin(_ENTRY_POINT) is None:
         pluginmanager.set_blocked(_ENTRY_POINT)
