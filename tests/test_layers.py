@@ -7,6 +7,7 @@ a copy of the packages with one planted upward import is refused, naming the imp
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -43,3 +44,34 @@ def test_a_planted_upward_import_breaks_the_contract(tmp_path):
     out = lint(tmp_path)
     assert out.returncode != 0, out.stdout
     assert "BROKEN" in out.stdout and "lab.history.planted -> lab.runner" in out.stdout, out.stdout
+
+
+def _import_counts():
+    """scripts/import_counts.py, the reproducible count of imports inside functions."""
+    spec = importlib.util.spec_from_file_location("import_counts", ROOT / "scripts" / "import_counts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# packages whose imports of the lab's own modules are all at module level (a new one inside a function would
+# hide a cycle again): the SUT layer, workloads, scenarios, the report
+AT_MODULE_LEVEL = ("lab/sut/", "workloads/", "lab/scenarios/", "lab/report/")
+
+
+def test_no_import_of_our_own_modules_hides_inside_a_function_in_the_cleaned_packages():
+    _, inner, where = _import_counts().count(ROOT, first_party=True)
+    hidden = [w for w in where if w.startswith(AT_MODULE_LEVEL)]
+    assert not hidden, f"imports inside functions (move them to module level): {hidden}"
+    assert inner == len(where) and inner > 0, "the count sees the imports the other packages still make in functions"
+
+
+def test_the_import_count_finds_an_import_inside_a_function(tmp_path):
+    (tmp_path / "lab").mkdir()
+    (tmp_path / "lab" / "m.py").write_text("import json\nfrom lab import x\n\n\ndef f():\n    from lab.runner import run\n"
+                                          "    import os\n", encoding="utf-8")
+    for pkg in ("checkers", "nemesis", "workloads"):
+        (tmp_path / pkg).mkdir()
+    counts = _import_counts()
+    assert counts.count(tmp_path)[:2] == (2, 2)
+    assert counts.count(tmp_path, first_party=True) == (1, 1, ["lab/m.py:6 lab.runner"])
