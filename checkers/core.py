@@ -222,14 +222,16 @@ class Pair:
     __slots__ = ("inv", "comp", "type", "f", "key", "process", "t0", "t1", "i0", "i1", "result", "sent", "rk",
                  "lid")
 
-    def __init__(self, inv: dict, comp: dict | None, i0: int, i1: int | None):
+    def __init__(self, inv: dict, comp: dict | None, ipos: int, cpos: int | None):
+        """From an invocation and its completion (None: never completed) at positions `ipos` / `cpos` of the
+        history: `i0` / `i1` are their `index` fields, else those positions."""
         self.inv = inv
         self.comp = comp
         f = self.f = inv["f"]  # `pair` saw to f, process and type
         key = self.key = inv.get("key")
         self.process = inv["process"]
         t0 = self.t0 = inv.get("time", 0)
-        self.i0 = i0
+        self.i0 = inv.get("index", ipos)
         v = inv.get("value")
         if comp is None:
             self.type = "info"  # an invocation with no completion counts as info
@@ -239,7 +241,7 @@ class Pair:
         else:
             self.type = comp["type"]
             self.t1 = comp.get("time", t0)
-            self.i1 = i1
+            self.i1 = comp.get("index", cpos)
             r = self.result = comp.get("value")
         # exact-type checks (JSON objects are dicts): the hot path of every lease checker
         rid = lid = s = None
@@ -327,12 +329,12 @@ def pair_ops(history: list[dict], *, strict: bool = True) -> list[Pair]:
 def _pair_ops(history: list[dict], strict: bool) -> list[Pair]:
     """The pairing itself (see `pair_ops`): `lab.history.pair`, as Pairs with history indices. The nemesis
     ops it found are kept for `_nemesis_positions` (no second scan of the history)."""
-    pairing = pair(history, strict=strict)
+    pairing = pair(history, strict=strict, make=Pair)
     shared = _SHARED.get()
     if shared is not None and shared["history"] is history and "nemesis" not in shared:
         shared["nemesis"] = [(pos, history[pos]) for pos in pairing.nemesis]
-    return [Pair(inv, comp, inv.get("index", ipos), None if comp is None else comp.get("index", cpos))
-            for inv, comp, ipos, cpos in pairing.pairs]
+    return pairing.pairs
+
 
 
 def error_code(op: Mapping | None) -> str | None:

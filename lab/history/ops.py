@@ -108,7 +108,8 @@ class Pairing(NamedTuple):
     nemesis: list[int]  # the positions of the nemesis's ops (for readers of fault windows: no second scan)
 
 
-def pair(ops: Iterable[dict], *, strict: bool, nemesis: bool = False) -> Pairing:
+def pair(ops: Iterable[dict], *, strict: bool, nemesis: bool = False,
+         make: Callable[[dict, dict | None, int, int | None], Any] | None = None) -> Pairing:
     """THE pairing of docs/history-format.md: each invocation with the next completion of its process.
 
     Returns `Pairing(pairs, problems, nemesis)`: `pairs` in invocation order, each `(invocation, completion, inv_pos,
@@ -125,7 +126,9 @@ def pair(ops: Iterable[dict], *, strict: bool, nemesis: bool = False) -> Pairing
       completed; an invoke after an `info` is paired as usual; a completion with no open invocation is
       dropped; a completion whose `f` differs from its invocation's still completes it; an op that is not
       an op record (not an object, no type / process / f, a bad type or process) is dropped.
-    One pass, O(n); the hot path of every checker.
+    `make(invocation, completion, inv_pos, comp_pos)`, when given, builds each client pair in place of the
+    tuple (the checkers' `Pair`: no second pass over a million pairs). One pass, O(n); the hot path of every
+    checker.
     """
     problems: list[str] = []
 
@@ -168,7 +171,7 @@ def pair(ops: Iterable[dict], *, strict: bool, nemesis: bool = False) -> Pairing
                 inv, ipos = slots[i]
                 bad(f"{where(pos, op)}: process {proc} invoked while its operation at index {inv.get('index')!r} "
                     f"is still open (line {ipos + 1})")
-                slots[i] = (inv, None, ipos, None)
+                slots[i] = (inv, None, ipos, None) if make is None else make(inv, None, ipos, None)
             if proc in retired:
                 bad(f"{where(pos, op)}: process {proc} invoked again after its info completion at index "
                     f"{retired[proc][0]!r} (line {retired[proc][1] + 1}; a crashed process is retired, its worker "
@@ -189,10 +192,10 @@ def pair(ops: Iterable[dict], *, strict: bool, nemesis: bool = False) -> Pairing
                 f"at line {ipos + 1}")
         if typ == "info":
             retired[proc] = (op.get("index"), pos)
-        slots[i] = (inv, op, ipos, pos)
-    for i in open_.values():  # never completed
+        slots[i] = (inv, op, ipos, pos) if make is None else make(inv, op, ipos, pos)
+    for proc, i in open_.items():  # never completed
         inv, ipos = slots[i]
-        slots[i] = (inv, None, ipos, None)
+        slots[i] = (inv, None, ipos, None) if make is None or proc == NEMESIS else make(inv, None, ipos, None)
     return Pairing(slots, problems, nemesis_at)
 
 
