@@ -38,8 +38,8 @@ from bisect import bisect_left
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, op_lease_id, pair_ops
-from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key, sent
+from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops
+from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, sent
 from checkers.core import successor_index
 
 __all__ = ["LeaseStateChecker"]

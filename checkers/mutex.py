@@ -42,7 +42,7 @@ import itertools
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Pair, Violations, analyzed, error_code, lease_index, op_lease_id, pair_ops
+from checkers.core import Lease, Pair, Violations, analyzed, error_code, lease_index, pair_ops
 from checkers.core import (backend_clock_moves, backend_rules_note, clock_segments, clock_strobe_windows,
                            segment_of, valkey_losses)
 
