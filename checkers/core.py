@@ -243,9 +243,9 @@ class Pair:
             self.t1 = comp.get("time", t0)
             self.i1 = comp.get("index", cpos)
             r = self.result = comp.get("value")
-        # exact-type checks (JSON objects are dicts): the hot path of every lease checker
+        # exact-type checks first (JSON objects are dicts), any dict subclass next: the hot path of every checker
         rid = lid = s = None
-        if r.__class__ is dict:
+        if r.__class__ is dict or isinstance(r, dict):
             s = r.get("sent")
             if s.__class__ is dict:
                 lid = s.get("lease_id")  # what went on the wire outranks the rest
@@ -254,7 +254,7 @@ class Pair:
         else:
             r = None
         self.sent = s
-        if v.__class__ is dict:
+        if v.__class__ is dict or isinstance(v, dict):
             rid = v.get("request_id")
             if lid is None:
                 lid = v.get("lease_id")

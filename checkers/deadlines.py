@@ -75,7 +75,7 @@ class DeadlinesChecker:
                 not_started += 1  # never ran in the system: when the caller gave up is the caller's
                 continue
             val = p.inv.get("value")  # _deadline_ns(p, anchor), its common case inline (1M-op histories)
-            rel = val.get("deadline_ms") if val.__class__ is dict else None
+            rel = val.get("deadline_ms") if (val.__class__ is dict or isinstance(val, dict)) else None
             limit = p.t0 + int(rel * 1_000_000) if rel is not None else _deadline_ns(p, anchor)
             if limit is None:
                 missing = _has_absolute(p)

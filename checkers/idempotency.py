@@ -69,11 +69,10 @@ class IdempotencyChecker:
         groups: dict[tuple, Pair | list[Pair]] = {}
         fs = IDEMPOTENT_FS
         for p in pair_ops(history):
-            if p.f in fs:
+            gkey = p.rk  # (f, key, request_id): the invocation's request_id when it has one, which is the rule's
+            if gkey is not None and p.f in fs:
                 val = p.inv.get("value")
-                rid = val.get("request_id") if isinstance(val, dict) else None
-                if rid is not None:
-                    gkey = (p.f, p.key, rid)
+                if (val.__class__ is dict or isinstance(val, dict)) and val.get("request_id") is not None:
                     g = groups.get(gkey)
                     if g is None:
                         groups[gkey] = p

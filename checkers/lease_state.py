@@ -77,7 +77,7 @@ class LeaseStateChecker:
                 continue
             named = p.lid  # op_lease_id(p), read once by the pairing
             r = p.result
-            if r.__class__ is not dict:
+            if r.__class__ is not dict and not isinstance(r, dict):
                 r = _EMPTY
             if f != "acquire":
                 rl = r.get("lease_id")
@@ -132,7 +132,7 @@ class LeaseStateChecker:
 def _res(p: Pair, field: str) -> Any:
     """A field of the completion's value (None when absent)."""
     r = p.result
-    return r.get(field) if r.__class__ is dict else None
+    return r.get(field) if (r.__class__ is dict or isinstance(r, dict)) else None
 
 
 def _successors(leases: dict[Any, Lease]) -> tuple[dict, dict]:
@@ -215,7 +215,7 @@ def _check_renew_times(lease: Lease, v: Violations, maybe: list[Pair] = ()) -> N
     grants = []  # (renewed_at_ms, expires_at_ms, grant), each read once (the hot path: every grant of every lease)
     for g in lease.grants:
         r = g.result
-        if r.__class__ is dict:
+        if r.__class__ is dict or isinstance(r, dict):
             at = r.get("renewed_at_ms")
             if at is not None:
                 grants.append((at, r.get("expires_at_ms"), g))

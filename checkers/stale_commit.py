@@ -94,8 +94,8 @@ class Commit:
 
     def __init__(self, p: Pair, first_invoke: dict | None = None):
         inv = p.inv.get("value")
-        inv = inv if inv.__class__ is dict else _EMPTY
-        comp = p.result if p.result.__class__ is dict else _EMPTY
+        inv = inv if (inv.__class__ is dict or isinstance(inv, dict)) else _EMPTY
+        comp = p.result if (p.result.__class__ is dict or isinstance(p.result, dict)) else _EMPTY
         res = comp if p.type == "ok" else _EMPTY
         # the client may fill in what it sent (its lease, the entry) only in the completion's value; `sent`
         # (docs/history-format.md) is what went on the wire and outranks the rest of the completion: a field is

@@ -85,8 +85,8 @@ class _Write:
 
     def __init__(self, p: Pair):
         inv = p.inv.get("value")
-        inv = inv if inv.__class__ is dict else _EMPTY
-        comp = p.result if p.result.__class__ is dict else _EMPTY
+        inv = inv if (inv.__class__ is dict or isinstance(inv, dict)) else _EMPTY
+        comp = p.result if (p.result.__class__ is dict or isinstance(p.result, dict)) else _EMPTY
         sent = p.sent or _EMPTY
         self.p = p
         # each field as {**completion, **sent, **invocation-without-None} has it, one field at a time (hot path)
