@@ -435,3 +435,26 @@ def test_cli_report_on_a_non_run_exits_2_with_one_line(tmp_path, target):
     assert len(lines) == 1 and lines[0].startswith("fencelab: error: ") and str(path) in lines[0]
     assert "Traceback" not in proc.stderr
 
+
+
+def test_a_malformed_history_is_still_drawn_and_its_checkers_say_why(tmp_path):
+    """A second invoke while one is open: the checkers say unknown (HistoryError), the report still draws every
+    op (leniently paired) and says why it has no fencing plot, and `fencelab report` exits 0 with no traceback."""
+    from click.testing import CliRunner
+
+    from lab.cli import main
+
+    ops, _ = stale_history()
+    first = next(i for i, o in enumerate(ops) if o["type"] == "invoke" and o["process"] != "nemesis")
+    ops = ops[:first + 1] + [dict(ops[first])] + ops[first + 1:]
+    for i, o in enumerate(ops):
+        o["index"] = i
+    results = compose({"fencing": get_checker("fencing")}).check(None, ops, {})
+    assert results["valid"] == "unknown" and "HistoryError" in results["results"]["fencing"]["error"]
+    data = plot_data(ops)
+    assert data["ops"] == sum(o["type"] == "invoke" and o["process"] != "nemesis" for o in ops)
+    assert data["fencing"]["keys"] == [] and data["fencing"]["error"].startswith("HistoryError: ")
+    run = write_run(tmp_path / "run", ops, results)
+    res = CliRunner().invoke(main, ["report", str(run)])
+    assert res.exit_code == 0 and "Traceback" not in res.output, res.output
+    assert "HistoryError" in (run / "report.html").read_text(encoding="utf-8")

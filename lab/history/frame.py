@@ -42,11 +42,12 @@ def _row(inv: dict, comp: dict | None) -> tuple:
     )  # fmt: skip
 
 
-def to_frame(ops: Iterable[dict]) -> "pd.DataFrame":
-    """A DataFrame with one row per operation, sorted by invocation index."""
+def to_frame(ops: Iterable[dict], *, strict: bool = True) -> "pd.DataFrame":
+    """A DataFrame with one row per operation, sorted by invocation index. strict=False pairs a malformed
+    history by `pair`'s lenient rules (each problem a HistoryWarning) instead of raising HistoryError."""
     import pandas as pd  # imported here: the writer's users (every lab process) need not load pandas
 
-    rows = [_row(inv, comp) for inv, comp in pair_ops(ops)]
+    rows = [_row(inv, comp) for inv, comp in pair_ops(ops, strict=strict)]
     rows.sort(key=lambda r: r[4])
     frame = pd.DataFrame.from_records(rows, columns=FRAME_COLUMNS)
     for col in _INT_COLUMNS:

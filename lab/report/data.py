@@ -25,6 +25,7 @@ monotonic `time`, invocation time for latency, completion time for rates).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Mapping
 from statistics import median
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from checkers.core import NEMESIS, analysis, error_code, history_end_time, lease_index, nemesis_windows, pair_ops
-from lab.history import to_frame
+from lab.history import HistoryError, HistoryWarning, to_frame
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -71,7 +72,9 @@ def _windows(history: list[dict]) -> list[dict]:
 
 def client_frame(history: list[dict]) -> "pd.DataFrame":
     """`lab.history.to_frame` of the client ops, with t_invoke_s, t_done_s and latency_ms columns."""
-    frame = to_frame(op for op in history if op.get("process") != NEMESIS)
+    with warnings.catch_warnings():  # a malformed history is still drawn; its problems are the checkers' to report
+        warnings.simplefilter("ignore", HistoryWarning)
+        frame = to_frame((op for op in history if op.get("process") != NEMESIS), strict=False)
     frame["t_invoke_s"] = frame["invoke_time"].astype("float64") / NS
     done = frame["complete_time"].astype("float64")
     frame["t_done_s"] = done.fillna(frame["invoke_time"].astype("float64")) / NS
@@ -249,8 +252,12 @@ def plot_data(history: list[dict], *, max_points: int = MAX_RAW_POINTS, max_keys
     end_s = history_end_time(history) / NS
     width = bucket_width(end_s)
     windows = _windows(history)
-    with analysis(history):  # the fencing data's passes share one pairing of the history
-        fencing = _fencing(history, windows, focus_keys, max_keys)
+    try:
+        with analysis(history):  # the fencing data's passes share one pairing of the history
+            fencing = _fencing(history, windows, focus_keys, max_keys)
+    except HistoryError as e:  # leases are read only from a well-formed history: no fencing plot, and why
+        fencing = {"time_unit": "backend ms (Valkey TIME)", "clock_offset_ms": None, "base_ms": None,
+                   "keys_total": 0, "keys_shown": 0, "keys": [], "windows": [], "error": f"HistoryError: {e}"}
     return {
         "version": 1,
         "time_unit": "s since the test started",
