@@ -244,8 +244,8 @@ class HistoryWriter:
 
     def _write(self, type_: str, process: Any, f: Any, value: Any, error: Any, inv: dict | None,
                extra: dict) -> dict:
-        """The hot path, in one function (each call costs): build the op with the next index and the
-        current time, validate, serialize, and add it to the batch, under the lock."""
+        """The hot path (each call costs: one more, `_record`, shared with `append`): build the op with the
+        next index and the current time, validate, serialize, and add it to the batch, under the lock."""
         with self._lock:
             sink = self._sink
             if sink.broken:
@@ -276,36 +276,23 @@ class HistoryWriter:
                 and ((n := op.get("node")) is None or type(n) is str)
             ):
                 validate_op(op, f"{self.path}: op {self._index}")
-            try:
-                line = _dumps(op, option=_ORJSON_OPTS)
-            except TypeError:
-                line = _json_line(op, self.path)
-            else:
-                # orjson writes NaN and Infinity as null: refuse them as json does (find: faster than `in`)
-                if line.find(b"null") >= 0 and _has_nonfinite(op):
-                    line = _json_line(op, self.path)
-            if self._each:
-                self._write_line(line, op["index"])
-            else:
-                sink.batch += line
-                if len(sink.batch) > _BATCH_BYTES:
-                    sink.wake.set()  # the flush thread writes it (not us: we hold the lock write_out takes)
-            self._index += 1
-            self._last_time = t
-            if self.keep:
-                self.ops.append(op)
-            return op
+            return self._record(op)
 
     def _emit(self, op: dict) -> dict:
         """Record a prepared op (append's path): validate, serialize, then write it or add it to the batch."""
-        sink = self._sink
         if self._validate:
             validate_op(op, f"{self.path}: op {op['index']}")
+        return self._record(op)
+
+    def _record(self, op: dict) -> dict:
+        """A valid op, under the lock: serialize it, then write it or add it to the batch; the next index."""
+        sink = self._sink
         try:
             line = _dumps(op, option=_ORJSON_OPTS)
         except TypeError:
             line = _json_line(op, self.path)
         else:
+            # orjson writes NaN and Infinity as null: refuse them as json does (find: faster than `in`)
             if line.find(b"null") >= 0 and _has_nonfinite(op):
                 line = _json_line(op, self.path)
         if self._each:
@@ -313,7 +300,7 @@ class HistoryWriter:
         else:
             sink.batch += line
             if len(sink.batch) > _BATCH_BYTES:
-                sink.wake.set()
+                sink.wake.set()  # the flush thread writes it (not us: we hold the lock write_out takes)
         self._index += 1
         self._last_time = op["time"]
         if self.keep:
