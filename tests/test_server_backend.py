@@ -10,12 +10,12 @@ import redis
 
 from lab.server import backend as keys
 from lab.server.backend import Backend, pack_command, stamped
-from lab.server.identity import normalize_identity
 from lab.server.settings import Settings
 from lab.server.testing import identity, in_process_server
 from lab.stack.valkey import ValkeyProcess
 
 from conftest import lease_expired
+from test_server_failures import counter_value as counter  # an identity's fencing counter in Valkey
 
 
 @pytest.fixture
@@ -39,14 +39,6 @@ def stats(v: ValkeyProcess) -> dict[str, int]:
 
 def calls(v: ValkeyProcess, command: str) -> int:
     return stats(v).get(command, 0)
-
-
-def counter(v: ValkeyProcess, **changes: str) -> str | None:
-    c = redis.Redis.from_url(v.url, decode_responses=True)
-    try:
-        return c.get(keys.fence_key(normalize_identity(identity(**changes)).lock_key()))
-    finally:
-        c.close()
 
 
 async def test_mutations_under_the_recovery_rule_do_not_ask_valkey_for_its_run_id_each_time(own_valkey, run_dir):
