@@ -11,7 +11,7 @@ import redis
 from lab.server import backend as keys
 from lab.server.backend import Backend, pack_command, stamped
 from lab.server.settings import Settings
-from lab.server.testing import identity, in_process_server
+from lab.server.testing import in_process_server
 from lab.stack.valkey import ValkeyProcess
 
 from conftest import lease_expired
