@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from checkers.models import Input, Model, Output, freeze
+from checkers.models import _SCALARS, Input, Model, Output, freeze
 from lab.history.ops import HistoryError, pair
 
 __all__ = ["HistoryError", "Op", "merge_retries", "pair_history", "partition_ops"]
@@ -58,31 +58,33 @@ _new_tuple = tuple.__new__  # builds Input/Output without NamedTuple's Python-le
 def pair_history(history: Iterable[dict]) -> list[Op]:
     """Pair invocations with completions by process (`lab.history.pair`, strict: a malformed history is a
     `HistoryError` naming the op); drop fails and nemesis ops (see module doc)."""
-    ops: list[Op] = []
-    new_tuple, frz, info = _new_tuple, freeze, _INFO
-    for inv, comp, ipos, pos in pair(history, strict=True).pairs:
-        if comp is None:  # never completed: indeterminate
-            ops.append(_make(inv, None, ipos, None))
-            continue
-        typ = comp["type"]
-        if typ == "fail":
-            continue
-        if typ == "ok":
-            out = new_tuple(Output, ("ok", frz(comp.get("value"))))
-            ret = pos
-        else:
-            out, ret = info, None
-        f = inv["f"]
-        key = inv.get("key")
-        if key is None:
-            key = comp.get("key")
-        iv = inv.get("value")
-        cv = comp.get("value")
-        if cv.__class__ is dict and (iv is None or iv.__class__ is dict):
-            iv = _as_sent(iv, cv, typ)
-        ops.append(Op(inv.get("index", ipos), inv["process"], f, key, new_tuple(Input, (f, frz(iv))), out, ipos,
-                      ret))
-    return ops
+    # `make` builds each Op as the pairing meets its completion, while both records are still in the CPU's
+    # cache (a second pass over 100,000 scattered dicts costs more in cache misses than the work it does).
+    return [op for op in pair(history, strict=True, make=_record).pairs if op is not None]
+
+
+def _record(inv: dict, comp: dict | None, ipos: int, pos: int | None) -> Op | None:
+    """The Op of one pair (`pair`'s `make`), or None for a `fail` (it did not happen)."""
+    if comp is None:  # never completed: indeterminate
+        return _make(inv, None, ipos, None)
+    typ = comp["type"]
+    if typ == "fail":
+        return None
+    cv = comp.get("value")
+    if typ == "ok":
+        out = _new_tuple(Output, ("ok", cv if cv.__class__ in _SCALARS else freeze(cv)))
+        ret = pos
+    else:
+        out, ret = _INFO, None
+    f = inv["f"]
+    key = inv.get("key")
+    if key is None:
+        key = comp.get("key")
+    iv = inv.get("value")
+    if cv.__class__ is dict and (iv is None or iv.__class__ is dict):
+        iv = _as_sent(iv, cv, typ)
+    return Op(inv.get("index", ipos), inv["process"], f, key,
+              _new_tuple(Input, (f, iv if iv.__class__ in _SCALARS else freeze(iv))), out, ipos, ret)
 
 
 _SENT_FIELDS = ("request_id", "lease_id", "fencing_token")
