@@ -785,7 +785,11 @@ def backend_down_script(s: Script) -> Any:
                                          (("start-partition", {"links": ["lease-1_valkey", "lease-2_valkey"]}),
                                           ("stop-partition", None)))):
         new, held, a = f"k{w}", f"h{w}", f"A{w}"  # each window its own held lease (the last may have been revoked)
-        parts += [s.on(0, s.op("acquire", held, f"held{w}", slot=a, ttl_ms=10000)),
+        # the holder holds before the window opens: after window 1 the server's recovery rule (C5) refuses
+        # acquisitions for a moment (lease_backend_unavailable, "retry shortly"), so it retries, fresh request ids
+        held_acquire = (lambda held, a, w: lambda test, ctx: s.op("acquire", held, f"held{w}", slot=a,
+                                                                   ttl_ms=10000))(held, a, w)
+        parts += [s.on(0, gen.until_ok(gen.limit(40, gen.delay(0.1, gen.repeat(held_acquire))))),
                   s.fault(s.nem(*start)),
                   s.together(s.on(0, s.op("acquire", new, f"down{w}-acquire-new", slot=f"n{w}", deadline_ms=800)),
                              s.on(1, s.op("renew", held, f"down{w}-renew", slot=a, deadline_ms=800))),
@@ -836,7 +840,8 @@ BACKEND_DOWN = Scenario(
     setup="A lease is held; Valkey is SIGKILLed and, while it is down, an acquire of a new identity, the holder's "
           "renew, an inspect, the holder's release and a competing acquire are sent through both servers; Valkey "
           "restarts (AOF always: nothing lost). Then the same, with a newly held lease, with both servers "
-          "partitioned from Valkey (Toxiproxy blackhole). After each window: the new identity is inspected, its "
+          "partitioned from Valkey (Toxiproxy blackhole; its holder retries its acquire while the server's recovery "
+          "rule still refuses after the restart). After each window: the new identity is inspected, its "
           "counter read, the held lease inspected, the holder renews.",
     checks="No operation succeeds while the backend is away; each answers lease_backend_unavailable / "
            "lease_outcome_unknown (or a client timeout), never another code; an acquire refused definitely left "
