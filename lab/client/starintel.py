@@ -40,8 +40,8 @@ from typing import Any, Mapping
 import httpx
 
 from lab.client import results as R
-from lab.client.lease import (API, DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT_S, LeaseClient, _dumps,
-                              _seg, now_ms)
+from lab.client.lease import (API, DEFAULT_MAX_CONNECTIONS, DEFAULT_TIMEOUT_S, LeaseClient, _dumps, _seg,
+                              new_request_id, now_ms)
 from lab.client.results import IDENTITY_FIELDS, Call, Identity, Lease, LeaseProtocolError, Result
 from lab.findings import Finding, FindingsLog, static_records
 
@@ -482,6 +482,4 @@ def _text(name: str, value: Any) -> str:
 
 
 def _new_request_id() -> str:
-    from lab.client.lease import new_request_id
-
     return new_request_id()
