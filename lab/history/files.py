@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from lab.history.edn import read_edn_report
 from lab.history.ops import HistoryError, HistoryWarning, validate_op
 
 __all__ = ["iter_jsonl", "read_history", "read_history_report", "detect_format", "write_jsonl", "HistoryWarning"]
@@ -115,8 +116,6 @@ def read_history_report(path: str | os.PathLike, format: str | None = None) -> t
     if fmt == "jsonl":
         ops = list(iter_jsonl(path, on_problem=problems.append))
     else:
-        from lab.history.edn import read_edn_report
-
         ops, problems = read_edn_report(path)
     return ops, problems
 
