@@ -22,7 +22,9 @@ from typing import Any
 import click
 
 from checkers.core import CHECKERS, DOMAIN_CHECKERS, Checker, applicable_checkers, compose, get_checker, merge_valid
+from checkers.render import render_html
 from lab.exitcodes import EXIT_BAD_INPUT, EXIT_INVALID, EXIT_UNKNOWN, EXIT_VALID  # the one table (docs/cli.md)
+from lab.history import HistoryError, read_history_report
 
 __all__ = ["check", "checker_lines", "exit_code", "summarize"]
 
@@ -77,8 +79,6 @@ def build_checkers(names: tuple[str, ...], model: str | None, time_limit: float 
 
 def load(path: Path, fmt: str | None) -> tuple[list[dict], list[str]]:
     """Read one history through lab.history; every problem it cannot recover from is BadInput."""
-    from lab.history import HistoryError, read_history_report
-
     if not path.is_file():
         raise BadInput(f"{path}: no such history file")
     try:
@@ -162,8 +162,6 @@ def _out_dir(out: Path, path: Path, used: set[str]) -> Path:
 
 def _write_outputs(directory: Path, file: str, history: list[dict], results: dict) -> list[Path]:
     """results.json and timeline.html for one history."""
-    from checkers.render import render_html
-
     directory.mkdir(parents=True, exist_ok=True)
     res_path = directory / "results.json"
     res_path.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
