@@ -60,31 +60,58 @@ def pair_history(history: Iterable[dict]) -> list[Op]:
     `HistoryError` naming the op); drop fails and nemesis ops (see module doc)."""
     # `make` builds each Op as the pairing meets its completion, while both records are still in the CPU's
     # cache (a second pass over 100,000 scattered dicts costs more in cache misses than the work it does).
-    return [op for op in pair(history, strict=True, make=_record).pairs if op is not None]
+    return [op for op in pair(history, strict=True, make=_recorder()).pairs if op is not None]
 
 
-def _record(inv: dict, comp: dict | None, ipos: int, pos: int | None) -> Op | None:
-    """The Op of one pair (`pair`'s `make`), or None for a `fail` (it did not happen)."""
-    if comp is None:  # never completed: indeterminate
-        return _make(inv, None, ipos, None)
-    typ = comp["type"]
-    if typ == "fail":
-        return None
-    cv = comp.get("value")
-    if typ == "ok":
-        out = _new_tuple(Output, ("ok", cv if cv.__class__ in _SCALARS else freeze(cv)))
-        ret = pos
-    else:
-        out, ret = _INFO, None
-    f = inv["f"]
-    key = inv.get("key")
-    if key is None:
-        key = comp.get("key")
-    iv = inv.get("value")
-    if cv.__class__ is dict and (iv is None or iv.__class__ is dict):
-        iv = _as_sent(iv, cv, typ)
-    return Op(inv.get("index", ipos), inv["process"], f, key,
-              _new_tuple(Input, (f, iv if iv.__class__ in _SCALARS else freeze(iv))), out, ipos, ret)
+def _recorder() -> Callable[[dict, dict | None, int, int | None], Op | None]:
+    """`pair`'s `make` for one history: the Op of a pair, or None for a `fail` (it did not happen).
+
+    Inputs and outputs are immutable and a history repeats a few dozen of them, so those of int or null
+    values (and of two-int lists, a cas) are shared, built once per history: a dict lookup is cheaper
+    than a NamedTuple per op.
+    """
+    oks: dict[Any, Output] = {}  # int or None -> Output("ok", it)  (bool, float, str: equal ints, not shared)
+    ins: dict[Any, Input] = {}  # (f, int or None) or (f, int, int) -> Input(f, it / (int, int))
+    new_tuple, scalars, info, frz = _new_tuple, _SCALARS, _INFO, freeze
+
+    def record(inv: dict, comp: dict | None, ipos: int, pos: int | None) -> Op | None:
+        if comp is None:  # never completed: indeterminate
+            return _make(inv, None, ipos, None)
+        typ = comp["type"]
+        if typ == "fail":
+            return None
+        cv = comp.get("value")
+        if typ == "ok":
+            if cv is None or cv.__class__ is int:
+                out = oks.get(cv)
+                if out is None:
+                    out = oks[cv] = new_tuple(Output, ("ok", cv))
+            else:
+                out = new_tuple(Output, ("ok", cv if cv.__class__ in scalars else frz(cv)))
+            ret = pos
+        else:
+            out, ret = info, None
+        f = inv["f"]
+        key = inv.get("key")
+        if key is None:
+            key = comp.get("key")
+        iv = inv.get("value")
+        if cv.__class__ is dict and (iv is None or iv.__class__ is dict):
+            iv = _as_sent(iv, cv, typ)
+        if iv is None or iv.__class__ is int:
+            k = (f, iv)
+        elif iv.__class__ is list and len(iv) == 2 and iv[0].__class__ is int and iv[1].__class__ is int:
+            k = (f, iv[0], iv[1])
+        else:
+            k = None
+        inp = None if k is None else ins.get(k)
+        if inp is None:
+            inp = new_tuple(Input, (f, iv if iv.__class__ in scalars else frz(iv)))
+            if k is not None:
+                ins[k] = inp
+        return Op(inv.get("index", ipos), inv["process"], f, key, inp, out, ipos, ret)
+
+    return record
 
 
 _SENT_FIELDS = ("request_id", "lease_id", "fencing_token")
