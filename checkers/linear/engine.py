@@ -262,18 +262,26 @@ def _twins(si: SearchInput, classes: list[int]) -> list[tuple[int, ...]]:
         if cls >= 0 and not ro[i]:  # read-only ops are forced as soon as legal (R1)
             groups.setdefault(cls, []).append(i)
     ops = si.ops
+    bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
     for members in groups.values():
         if len(members) < 2:
             continue
-        by_ret = sorted((ops[y].ret, y) for y in members)
+        # Ordered by (ret, id) (members ascend by id and the sort is stable), as parallel lists: bisecting
+        # ints needs no key tuple per probe.
+        ys = sorted(members, key=lambda y: ops[y].ret)
+        rets = [ops[y].ret for y in ys]
+        last = len(ys)
         for x in members:
             ox = ops[x]
             # y is a candidate together with x only if it returns after x is invoked (and, returning
             # before x, it was invoked before x returns): returns in (x.call, (x.ret, x)).
-            a = bisect.bisect_right(by_ret, (ox.call, _INF))
-            b = bisect.bisect_left(by_ret, (ox.ret, x))
+            a = bisect_right(rets, ox.call)
+            r = ox.ret
+            b = bisect_left(rets, r, a)
+            while b < last and rets[b] == r and ys[b] < x:  # ties on ret: by id, as (ret, id) orders them
+                b += 1
             if b > a:
-                twins[x] = tuple(y for _r, y in by_ret[a:b])
+                twins[x] = tuple(ys[a:b])
     return twins
 
 

@@ -152,12 +152,18 @@ def partition_ops(ops: list[Op], model: Model) -> list[tuple[Any, list[Op]]]:
         parts = model.partition(ops)
         return [(_common_key(p, i), list(p)) for i, p in enumerate(parts)]
     by_key: dict[Any, list[Op]] = {}
+    get = by_key.get
     for op in ops:
         k = op.key
         try:
-            by_key.setdefault(k, []).append(op)
+            part = get(k)
         except TypeError:  # an unhashable key (a JSON list/object): freeze it
-            by_key.setdefault(freeze(k), []).append(op)
+            k = freeze(k)
+            part = get(k)
+        if part is None:
+            by_key[k] = [op]
+        else:
+            part.append(op)
     return list(by_key.items())
 
 
