@@ -23,13 +23,29 @@ import platform
 import shlex
 import sys
 import time
+import tomllib
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import lab.generator as gen
+from checkers.core import safe_check
 from lab import __version__
+from lab.history import HistoryError, HistoryWriter, read_history_report, write_edn
+from lab.history.ops import is_client_process
+from lab.scenarios import SCENARIOS, ScenarioError, scenario_workload, validate_scenario
 from lab.secrets import redact_secrets, redact_tree, redact_url
-from lab.sut import is_external  # the SUT layer answers it (lab.runner.is_external stays importable)
+from lab.server.mutants import MUTANT_NAMES
+from lab.stack.compose import ComposeStack
+from lab.stack.local import LocalStack, StackOptions
+from lab.sut import SutError, get_sut, is_external, validate_test
+from lab.sut.probe import ProbeError, probe_external as probe, store_db
+from lab.sut.processes import stack_for
+from lab.sut.proxy import ProxiedUrls
+from lab.sut.registry import claimed_checker
 from lab.testmap import COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem
+from nemesis.registry import build, external_problem, stack_options, validate_names
+from workloads import WORKLOADS, get_workload, needs_of
 
 
 class RunError(RuntimeError):
@@ -42,8 +58,6 @@ def validate(test: Test) -> None:
     The one check of a Test: `fencelab test`, campaigns, evidence, mutants, the fault-exposure spec and the
     pytest plugin's `lab_run` all call it (and `run_test` again), so each refuses the same tests the same way.
     """
-    from workloads import get_workload, needs_of
-
     _validate_fields(test)
     try:
         get_workload(test.workload)
@@ -69,14 +83,12 @@ def validate(test: Test) -> None:
     check_name(test.name)
     if test.run_salt and not RUN_SALT.fullmatch(str(test.run_salt)):
         raise RunError(f"--run-salt must be 1 to 32 letters or digits (or 'new'), not {test.run_salt!r}")
-    from lab.sut import SutError, validate_test
 
     try:
         validate_test(test, needs_of(test.workload))  # what the workload declares it needs, passed down
     except SutError as e:
         raise RunError(str(e)) from None
     if test.scenario:  # a named race scenario (lab.scenarios): known, and applicable here
-        from lab.scenarios import ScenarioError, validate_scenario
 
         try:
             validate_scenario(test)
@@ -92,8 +104,6 @@ def validate(test: Test) -> None:
     if test.mutant:
         _validate_mutant(test)
     if test.nemesis:
-        from nemesis.registry import validate_names
-
         try:
             test.nemesis = validate_names(test.nemesis)
         except ValueError as e:
@@ -114,8 +124,6 @@ def _validate_fields(test: Test) -> None:
 
 def _validate_mutant(test: Test) -> None:
     """`--mutant NAME`: a known planted bug, for the lab's own reference servers only (docs/mutants.md)."""
-    from lab.server.mutants import MUTANT_NAMES
-
     name = test.mutant
     if name not in MUTANT_NAMES:
         raise RunError(f"--mutant: unknown mutant {name!r}; known: {', '.join(MUTANT_NAMES)}")
@@ -171,13 +179,10 @@ def _validate_external(test: Test) -> None:
         raise RunError("--lab-owns-store says the --store-url store is a scratch store the lab may set up: give "
                        "--store-url")
     if test.nemesis:
-        from nemesis.registry import external_problem
-
         for name in test.nemesis:
             problem = external_problem(name, test)
             if problem:
                 raise RunError(f"--nemesis {name}: {problem}")
-    from lab.sut.probe import store_db
 
     if _needs_store(test) and not test.live.get("store_url") and not test.scenario:
         raise RunError(f"workload {test.workload!r} against an external system needs --store-url: the store the "
@@ -187,19 +192,14 @@ def _validate_external(test: Test) -> None:
 def _needs_store(test: Test) -> bool:
     """Does the test's workload (or scenario) commit into, and read back from, a document store?"""
     if test.scenario:
-        from lab.scenarios import SCENARIOS
-
         sc = SCENARIOS.get(test.scenario)
         return bool(sc and sc.needs_store)
-    from workloads import WORKLOADS
 
     return test.workload == "fenced-append" or bool(getattr(WORKLOADS.get(test.workload), "NEEDS_STORE", False))
 
 
 def probe_external(test: Test) -> None:
     """Health, auth and store probes of an external system before its run (RunError: bad input, exit 2)."""
-    from lab.sut.probe import ProbeError, probe_external as probe
-
     try:
         test.extra["probe"] = probe(test, needs_store=_needs_store(test))
     except ProbeError as e:
@@ -258,7 +258,7 @@ def replay_command(test: Test) -> str:
     """
     import click
 
-    from lab.cli import test_cmd
+    from lab.cli import test_cmd  # upward (listed in .importlinter): the replay reads the CLI's own option list
 
     args = ["fencelab", "test"]
     for p in test_cmd.params:
@@ -321,15 +321,11 @@ async def _run(test: Test, wl, writer) -> None:
     The nemesis lane runs for the time limit and then stops every fault it
     started, so the final phase (e.g. reading every document) sees a healed system.
     """
-    import lab.generator as gen
-
     nemesis, main = None, gen.time_limit(test.time_limit, gen.clients(wl.generator))
     if getattr(wl, "build_nemesis", None) is not None:  # a scenario's own faults and script (lab.scenarios)
         nemesis, script = wl.build_nemesis(test)
         main = gen.any_of(main, script)
     elif test.nemesis:
-        from nemesis.registry import build
-
         nemesis, lane = build(test, test.nemesis, interval_s=test.nemesis_interval, seed=test.seed)
         main = gen.any_of(main, lane)
     phases = [main]
@@ -357,7 +353,7 @@ async def _show_progress(test: Test, writer, plain_every_s: float = 10.0) -> Non
             await asyncio.sleep(plain_every_s)
             print(f"  [{test.name}] {time.monotonic() - start:5.0f}s / {test.time_limit:.0f}s  "
                   f"{writer.count} history entries", flush=True)
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # only on a terminal
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[ops]} ops"), transient=True) as bar:
@@ -371,17 +367,12 @@ def _nemesis_stack_options(test: Test) -> dict[str, Any]:
     """What the stack must provide for the test's nemeses (Toxiproxy, fake clocks, persistence)."""
     if not test.nemesis:
         return {}
-    from nemesis.registry import stack_options
 
     return stack_options(test.nemesis)
 
 
 def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     """Run one test: stack up, workload, stack down, checkers. Returns results (also in results.json)."""
-    from lab.history import HistoryWriter
-    from lab.stack.local import StackOptions
-    from workloads import get_workload
-
     validate(test)
     if is_external(test) and test.urls:  # a wrong URL, key or store: refused before the run
         probe_external(test)
@@ -390,14 +381,12 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     write_test_json(test)
     wl = get_workload(test.workload)(test)
     if test.scenario:  # the scenario replaces the workload: its client, script, faults and checker
-        from lab.scenarios import scenario_workload
 
         wl = scenario_workload(test, wl)
     if is_external(test):
         results = _run_external(test, wl)
         link_latest(test.run_dir, store_dir, test.name)
         return results
-    from lab.sut.processes import stack_for  # a system that brings its own processes: the lab runs those
 
     stack = stack_for(test, test.run_dir / "stack") or placement_stack(test, test.run_dir / "stack")
     writer = None
@@ -434,8 +423,6 @@ HOSTS_KEYS = ("nodes", "user", "port", "key_file", "known_hosts", "remote_root",
 
 def load_hosts(path: Any) -> dict[str, Any]:
     """`--hosts FILE`: the SSH nodes and how to reach them (TOML; docs/ssh-backend.md); RunError naming the key."""
-    import tomllib
-
     try:
         data = tomllib.loads(Path(path).read_text())
     except OSError as e:
@@ -452,7 +439,7 @@ def load_hosts(path: Any) -> dict[str, Any]:
 
 def ssh_options(test: Test, opts: Any) -> Any:
     """The SSH stack's options: the hosts file, plus what the test's workload and nemeses need of the stack."""
-    from lab.stack.ssh import SshOptions
+    from lab.stack.ssh import SshOptions  # paramiko (~80 ms): only for --backend ssh
 
     hosts = load_hosts(test.hosts_file)
     return SshOptions(**hosts, servers=opts.servers, persistence=opts.persistence, store=opts.wants_store,
@@ -462,14 +449,11 @@ def ssh_options(test: Test, opts: Any) -> Any:
 def placement_stack(test: Test, root: Path):
     """The run's own stack of the reference system, placed as `test.backend` says (it dies with the run)."""
     if test.backend == "ssh":
-        from lab.stack.ssh import SshStack
+        from lab.stack.ssh import SshStack  # paramiko (~80 ms): only for --backend ssh
 
         return SshStack(name="stack", root=root)
     if test.backend == "compose":
-        from lab.stack.compose import ComposeStack
-
         return ComposeStack(name=f"run-{test.run_dir.name.lower()}", root=root, start_engine=True, die_with_owner=True)
-    from lab.stack.local import LocalStack
 
     return LocalStack(name="stack", root=root, die_with_parent=True)
 
@@ -486,9 +470,6 @@ def _record_sut_import(test: Test) -> None:
     name = test.sut_name()
     if name == "reference" or ":" in name:
         return
-    from importlib import metadata
-
-    from lab.sut import get_sut
 
     if get_sut(name).trusted or any(ep.name == name for ep in metadata.entry_points(group="fencelab.suts")):
         return  # a built-in (starintel, valkey-lock, ...) or an installed system: its name replays it
@@ -500,8 +481,6 @@ def _record_sut_import(test: Test) -> None:
 
 def _run_external(test: Test, wl) -> dict[str, Any]:
     """Run against a system the lab does not start: the given URLs (or an in-process SUT)."""
-    from lab.history import HistoryWriter
-
     urls = list(test.urls)
     test.lease_servers = urls
     test.client_nodes = urls
@@ -511,7 +490,6 @@ def _run_external(test: Test, wl) -> dict[str, Any]:
     test.store = test.store_url if test.live.get("store_url") else None
     proxies = None
     if test.proxy_urls:  # the lab's Toxiproxy in front of the given URLs: client -> server links only
-        from lab.sut.proxy import ProxiedUrls
 
         proxies = ProxiedUrls(urls, test.run_dir / "stack", client_groups=2)
     writer = None
@@ -534,36 +512,27 @@ def _run_external(test: Test, wl) -> dict[str, Any]:
 
 def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[str, Any]:
     """Re-run the workload's checkers on a stored run; writes history.edn and results.json."""
-    from checkers.core import safe_check
-    from lab.history import read_history_report, write_edn
-    from workloads import get_workload
-
     run_dir = Path(run_dir)
     hist_path = run_dir / "history.jsonl"
     if not hist_path.exists():
         raise RunError(f"{run_dir} has no history.jsonl: is it a fencelab run directory?")
     if test is None:
         test = load_test(run_dir)
-    from lab.history import HistoryError
 
     try:
         history, problems = read_history_report(hist_path)
     except HistoryError as e:
         raise RunError(str(e)) from None
     if checker is None:  # the recorded test's own checkers: a test.json naming what this lab lacks is bad input
-        from lab.scenarios import ScenarioError
 
         try:
             if test.scenario:
-                from lab.scenarios import scenario_workload
-
                 checker = scenario_workload(test).checker
             else:
                 checker = get_workload(test.workload)(test).checker
         except (ValueError, TypeError, KeyError, ScenarioError) as e:
             raise RunError(f"{run_dir / 'test.json'}: cannot rebuild the test's checkers: {e}") from None
     write_edn(history, run_dir / "history.edn", overwrite=True)
-    from lab.sut.registry import claimed_checker  # what the system does not claim is neither run nor judged
 
     results = safe_check(claimed_checker(test, checker), test.to_json(), history, {})
     results["history_problems"] = problems
@@ -571,7 +540,7 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
     results["entries"] = len(history)
     results["replay"] = replay_command(test)
     (run_dir / "results.json").write_text(json.dumps(redact_tree(results), indent=2, default=str))
-    from lab.report import ReportError, write_report
+    from lab.report import ReportError, write_report  # pandas and the plots (~0.35 s): once, after the run
 
     try:
         results["report"] = str(write_report(run_dir))
@@ -583,8 +552,6 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
 
 def count_operations(history: list[dict]) -> int:
     """Client operations: the invocations by client processes (not the nemesis), whatever their outcome."""
-    from lab.history.ops import is_client_process
-
     return sum(1 for op in history if op.get("type") == "invoke" and is_client_process(op.get("process")))
 
 
