@@ -14,16 +14,20 @@ whenever `CI=true`).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from lab import runner
+from lab.campaign.page import PageData, write_page
 from lab.campaign.spec import CampaignError, PlannedRun, Spec, validate_plan
-from lab.exitcodes import sigterm_interrupts
 from lab.campaign.state import (STATE_FILE, CampaignLock, campaign_dir, counts, find_run_dir, iso_now, load_state,
                                 merge_plan, new_state, record_results, save_state, settle, stamp_now)
+from lab.exitcodes import sigterm_interrupts
+from lab.testmap import Test
 
 __all__ = ["CampaignOutcome", "exit_code", "format_plan", "run_campaign"]
 
@@ -53,8 +57,6 @@ def exit_code(runs: list[dict[str, Any]]) -> int:
 
 def format_plan(spec: Spec, plan: list[PlannedRun]) -> list[str]:
     """The lines `--dry-run` prints: one per run with the options that differ from a default Test."""
-    from lab.testmap import Test
-
     default = Test().to_json()
     lines = [f"campaign {spec.name}: {len(plan)} runs ({spec.source})"]
     for r in plan:
@@ -67,7 +69,7 @@ def format_plan(spec: Spec, plan: list[PlannedRun]) -> list[str]:
 
 def _fancy() -> bool:
     """A rich progress bar only on a terminal, and never under CI."""
-    from rich.console import Console
+    from rich.console import Console  # only when printing to a terminal
 
     return Console().is_terminal and os.environ.get("CI", "").lower() not in ("true", "1", "yes")
 
@@ -114,8 +116,6 @@ class _Progress:
 
 def describe(entry: dict[str, Any]) -> str:
     """One line for a finished entry."""
-    import json
-
     if entry["status"] == "failed":
         return f"{entry['id']}: FAILED ({entry['error']})"
     return (f"{entry['id']}: valid={json.dumps(entry['verdict'])} ops={entry['ops']} "
@@ -131,7 +131,7 @@ def _write_report(entry: dict[str, Any], run_dir: Path) -> None:
     if (run_dir / "report.html").exists():
         return
     try:
-        from lab.report import write_report
+        from lab.report import write_report  # pandas and the plots (~0.35 s): only when a report is (re)written
 
         write_report(run_dir)
     except Exception as e:  # noqa: BLE001 - the report is a convenience: the page links results.json instead
@@ -140,8 +140,6 @@ def _write_report(entry: dict[str, Any], run_dir: Path) -> None:
 
 def execute_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Callable[[], None]) -> None:
     """Run one planned test, recording it in `entry` before and after (KeyboardInterrupt propagates)."""
-    from lab import runner
-
     entry.update(status="running", started=stamp_now(), run_dir=None, verdict=None, ops=None, elapsed_s=None,
                  finished=None, error=None, note=None)
     save()
@@ -195,8 +193,6 @@ def run_campaign(spec: Spec, store_dir: Path | str = "store", *, resume: bool = 
 
     `plan` is `validate_plan(spec)` when the caller has it already.
     """
-    from lab.campaign.page import PageData, write_page
-
     store_dir = Path(store_dir)
     if store_dir.exists() and not store_dir.is_dir():
         raise CampaignError(f"--store-dir {store_dir} exists and is not a directory")

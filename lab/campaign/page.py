@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from lab.campaign.state import counts
+from lab.history import is_client_process, read_history_report, to_frame
+from lab.templating import template_env
 
 __all__ = ["PageData", "run_stats", "write_page"]
 
@@ -49,8 +51,6 @@ class RunStats:
 
 def run_stats(run_dir: Path) -> RunStats | None:
     """A finished run's client-op counts and latencies (history) and fault split (results.json), or None."""
-    from lab.history import is_client_process, read_history_report, to_frame
-
     try:
         history, _ = read_history_report(run_dir / "history.jsonl")
         frame = to_frame(history)
@@ -182,8 +182,6 @@ def overall(state: dict[str, Any]) -> tuple[str, str]:
 
 
 def _env():
-    from lab.templating import template_env
-
     return template_env(Path(__file__).parent)
 
 

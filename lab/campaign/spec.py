@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from lab.runner import RunError, validate
 from lab.testmap import DEFAULT_SERVERS, OPTIONS, OptionError, Test, check_options, merge_options as _merge_options
-from workloads import needs_of
+from nemesis.registry import known_names, validate_names
+from workloads import WORKLOADS, needs_of
 
 __all__ = ["CampaignError", "Implementation", "PlannedRun", "Scenario", "Spec", "expand", "load_spec",
            "parse_spec", "validate_plan"]
@@ -150,8 +152,6 @@ def _check_list(where: str, value: Any, what: str) -> list:
 
 def _workloads(where: str, value: Any) -> list[str]:
     """Known workload names, each once."""
-    from workloads import WORKLOADS
-
     names = _check_list(where, value, "workload names")
     for i, n in enumerate(names):
         if n not in WORKLOADS:
@@ -169,8 +169,6 @@ def _no_repeats(where: str, names: list[str]) -> None:
 
 def _nemeses(where: str, value: Any) -> dict[str, list[str]]:
     """Column label -> validated nemesis names; "none" is the column without faults."""
-    from nemesis.registry import known_names, validate_names
-
     out: dict[str, list[str]] = {}
     for i, item in enumerate(_check_list(where, value, 'nemesis names, name lists or "none"')):
         here = f"{where}[{i}]"
@@ -521,8 +519,6 @@ def expand(spec: Spec) -> list[PlannedRun]:
 
 def validate_plan(spec: Spec, runs: list[PlannedRun] | None = None) -> list[PlannedRun]:
     """The plan, once every run's Test passes `lab.runner.validate` and every id is distinct."""
-    from lab.runner import RunError, validate
-
     runs = expand(spec) if runs is None else runs
     if len(runs) > MAX_RUNS:
         raise CampaignError(f"{spec.source}: the spec expands to {len(runs)} runs, more than {MAX_RUNS}; "

@@ -23,7 +23,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lab.campaign.spec import CampaignError, PlannedRun, Spec
+from lab.campaign.spec import CampaignError, PlannedRun, Spec, saved_options
+from lab.runner import RunError, analyze
+from lab.secrets import redact_tree
+from lab.stack.local import LocalStack, StackError
 
 __all__ = ["FORMAT", "STATE_FILE", "CampaignLock", "campaign_dir", "counts", "find_run_dir", "load_state", "merge_plan",
            "new_state", "save_state", "settle", "stamp_now"]
@@ -78,8 +81,6 @@ def load_state(path: Path) -> dict[str, Any] | None:
 
 def _entry(run: PlannedRun) -> dict[str, Any]:
     """A fresh pending entry for a planned run."""
-    from lab.secrets import redact_tree
-
     return {"id": run.id, "workload": run.workload, "nemesis": run.nemesis, "scenario": run.scenario,
             "implementation": run.implementation, "seed": run.seed, "rep": run.rep,
             "test": redact_tree(run.test_options()),  # campaign.json keeps no URL user info (docs/cli.md#secrets)
@@ -117,8 +118,6 @@ def merge_plan(old: dict[str, Any], spec: Spec, plan: list[PlannedRun], store_di
 
 def _same_options(before: Any, now: dict[str, Any]) -> bool:
     """Do a run's saved options match the plan's (also those an older lab saved, with its options in `extra`)?"""
-    from lab.campaign.spec import saved_options
-
     if before == now:
         return True
     if not isinstance(before, dict) or not isinstance(before.get("extra", {}), dict):
@@ -149,8 +148,6 @@ def _has_ops(history: Path) -> bool:
 
 def _stop_leftover_stack(run_dir: Path) -> None:
     """Stop whatever the killed run's own stack left (normally nothing: it dies with its parent)."""
-    from lab.stack.local import LocalStack, StackError
-
     if not (run_dir / "stack" / "state.json").exists():
         return
     try:
@@ -196,7 +193,6 @@ def settle(entry: dict[str, Any], store_dir: Path) -> None:
     if not _has_ops(run_dir / "history.jsonl"):
         entry.update(status="pending", note="interrupted before its history had ops: run again")
         return
-    from lab.runner import RunError, analyze
 
     try:
         record_results(entry, analyze(run_dir))
