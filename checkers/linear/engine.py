@@ -143,11 +143,17 @@ class _Keyed:
 class SearchInput:
     """One partition compiled for the search: determinate ops (by call) and indeterminate ops."""
 
-    __slots__ = ("ops", "iops", "fns", "ro", "twins", "ifns", "isym", "init", "model", "dropped")
+    __slots__ = ("ops", "iops", "calls", "rets", "icalls", "fns", "ro", "twins", "ifns", "isym", "init", "model",
+                 "dropped")
 
     def __init__(self) -> None:
         self.ops: list = []  # determinate ops, in call order
         self.iops: list = []  # indeterminate ops, in call order
+        # Their call and return positions, read once by prepare_partition (the search and R5 read these
+        # plain int lists rather than every op object again)
+        self.calls: list[int] = []
+        self.rets: list[int] = []
+        self.icalls: list[int] = []
         self.fns: list[Callable] = []
         self.ro: list[bool] = []
         self.twins: list[tuple[int, ...]] = []  # identical determinate ops that return earlier (R5)
@@ -200,12 +206,13 @@ def prepare_partition(ops: list, model: Model, memo: dict | None = None) -> Sear
     calls = [op.call for op in ops]
     if calls != sorted(calls):  # prepare may reorder; timsort checks a sorted list in one pass
         ops = sorted(ops, key=lambda o: o.call)
+        calls = [op.call for op in ops]
     compile_, read_only = model.compile, model.read_only
-    dops, dfns, dro, dcls = si.ops, si.fns, si.ro, []
-    iops, ifns, isym = si.iops, si.ifns, si.isym
+    dops, dfns, dro, dcls, dcalls, drets = si.ops, si.fns, si.ro, [], si.calls, si.rets
+    iops, ifns, isym, icalls = si.iops, si.ifns, si.isym, si.icalls
     last_info: dict[int, int] = {}  # class -> its latest indeterminate op (R4)
     memo_get = memo.get
-    for op in ops:
+    for op, call in zip(ops, calls):
         k = (op.input, op.output)
         try:
             c = memo_get(k)
@@ -226,11 +233,14 @@ def prepare_partition(ops: list, model: Model, memo: dict | None = None) -> Sear
         fn, ro, cls = c
         if fn is None:
             continue  # no effect and no constraint
-        if op.ret is not None:
+        ret = op.ret
+        if ret is not None:
             dops.append(op)
             dfns.append(fn)
             dro.append(ro)
             dcls.append(cls)
+            dcalls.append(call)
+            drets.append(ret)
         elif not ro:  # an info op that cannot change the state is dropped (R2)
             if cls < 0:
                 isym.append(-1)
@@ -239,6 +249,7 @@ def prepare_partition(ops: list, model: Model, memo: dict | None = None) -> Sear
                 last_info[cls] = len(iops)
             iops.append(op)
             ifns.append(fn)
+            icalls.append(call)
     si.twins = _twins(si, dcls)
     init = model.init()
     if native:
@@ -261,22 +272,21 @@ def _twins(si: SearchInput, classes: list[int]) -> list[tuple[int, ...]]:
     for i, cls in enumerate(classes):
         if cls >= 0 and not ro[i]:  # read-only ops are forced as soon as legal (R1)
             groups.setdefault(cls, []).append(i)
-    ops = si.ops
+    calls, ret_of = si.calls, si.rets
     bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
     for members in groups.values():
         if len(members) < 2:
             continue
         # Ordered by (ret, id) (members ascend by id and the sort is stable), as parallel lists: bisecting
         # ints needs no key tuple per probe.
-        ys = sorted(members, key=lambda y: ops[y].ret)
-        rets = [ops[y].ret for y in ys]
+        ys = sorted(members, key=ret_of.__getitem__)
+        rets = [ret_of[y] for y in ys]
         last = len(ys)
         for x in members:
-            ox = ops[x]
             # y is a candidate together with x only if it returns after x is invoked (and, returning
             # before x, it was invoked before x returns): returns in (x.call, (x.ret, x)).
-            a = bisect_right(rets, ox.call)
-            r = ox.ret
+            a = bisect_right(rets, calls[x])
+            r = ret_of[x]
             b = bisect_left(rets, r, a)
             while b < last and rets[b] == r and ys[b] < x:  # ties on ret: by id, as (ret, id) orders them
                 b += 1
@@ -312,7 +322,7 @@ def search(si: SearchInput, *, deadline: float | None = None,
     fns, ro, ifns, isym, twins = si.fns, si.ro, si.ifns, si.isym, si.twins
     if n == 0:
         return PartitionResult(True, None, 0, [], [], time.monotonic() - t0)
-    if m == 0 and all(map(operator.lt, [op.ret for op in ops], [op.call for op in ops[1:]])):
+    if m == 0 and all(map(operator.lt, si.rets, si.calls[1:])):
         # No two ops overlap and none is indeterminate: real time allows one order only, call order, and
         # the partition is linearizable iff replaying it is legal. (Illegal: the search below finds the
         # counterexample.) Many keys with few clients each make most partitions like this.
@@ -325,7 +335,7 @@ def search(si: SearchInput, *, deadline: float | None = None,
             return PartitionResult(True, None, 0, [], [], time.monotonic() - t0)
 
     # Call list: determinate ops 0..n-1, two sub-lists sharing arrays: mutating (MH..MT), read-only (QH..QT).
-    cpos = [op.call for op in ops] + [-1, _INF, -1, _INF]
+    cpos = si.calls + [-1, _INF, -1, _INF]
     cnext = [0] * (n + 4)
     cprev = [0] * (n + 4)
     MH, MT, QH, QT = n, n + 1, n + 2, n + 3
@@ -340,10 +350,10 @@ def search(si: SearchInput, *, deadline: float | None = None,
         cprev[tail] = last
         cnext[tail] = tail
     # Return list: determinate ops by return position.
-    rnext, rprev, rpos, RH, _RT = _linked(sorted(range(n), key=lambda i: ops[i].ret),
-                                         [op.ret for op in ops], n)
+    rets = si.rets
+    rnext, rprev, rpos, RH, _RT = _linked(sorted(range(n), key=rets.__getitem__), rets, n)
     # Info list: indeterminate ops by call position.
-    inext, iprev, ipos, IH, IT = _linked(list(range(m)), [op.call for op in iops], m)
+    inext, iprev, ipos, IH, IT = _linked(list(range(m)), si.icalls, m)
     ibits = [1 << j for j in range(m)]
 
     if max_cache_entries is None:
