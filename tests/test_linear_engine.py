@@ -290,3 +290,55 @@ def test_overlap_or_an_info_op_leaves_the_replay_to_the_search():
     res = search(prepare_partition(pair_history(c.ops), get_model("cas-register")))
     assert res.valid is True and res.cache_entries > 0
     assert verdict(_sequential([1, 2, 3])) is True and verdict(_sequential([1, 1, 3])) is False
+
+
+# --------------------------------------------------------------------------- records and R5 inputs
+
+
+def test_shared_inputs_and_outputs_keep_each_values_type():
+    # pair_history shares the Input/Output of int, null and two-int values within a history; a value that
+    # equals one of them in Python (True == 1, 1.0 == 1, [True, 2] == [1, 2]) must still get its own.
+    values = [1, True, 1.0, None, [1, 2], [True, 2], [1.0, 2], "1", 1, [1, 2]]
+    b = HistoryBuilder()
+    for v in values:
+        b.invoke(0, "cas", v).ok(0, v)
+    ops = pair_history(b.ops)
+    assert len(ops) == len(values)
+    for op, v in zip(ops, values):
+        want = tuple(v) if isinstance(v, list) else v
+        for got in (op.input.value, op.output.value):
+            assert got == want and type(got) is type(want)
+            if isinstance(want, tuple):
+                assert [type(x) for x in got] == [type(x) for x in want]
+    # equal int and two-int values are one object; an equal value of another type is not
+    assert ops[0].output is ops[8].output and ops[4].input is ops[9].input
+    assert ops[1].output is not ops[0].output and ops[5].input is not ops[4].input
+    assert ops[1].output.value is True and ops[5].input.value[0] is True
+
+
+def test_twins_are_the_identical_ops_returning_inside_each_ops_window():
+    # R5's twins against their definition: same class, mutating, returning after x is invoked and
+    # before x returns (ties on the return position ordered by id), on random intervals with ties.
+    import random
+
+    from checkers.linear.engine import SearchInput, _twins
+
+    rng = random.Random(7)
+    for _ in range(200):
+        n = rng.randrange(1, 12)
+        iv = sorted((c, c + rng.randrange(1, 6)) for c in (rng.randrange(0, 10) for _ in range(n)))
+        si = SearchInput()
+        si.calls = [c for c, _ in iv]
+        si.rets = [r for _, r in iv]
+        si.ops = list(range(n))
+        si.ro = [rng.random() < 0.2 for _ in range(n)]
+        classes = [rng.choice([-1, 0, 1]) for _ in range(n)]
+        got = _twins(si, classes)
+        for x in range(n):
+            if classes[x] < 0 or si.ro[x]:
+                assert got[x] == ()
+                continue
+            want = sorted((si.rets[y], y) for y in range(n)
+                          if classes[y] == classes[x] and not si.ro[y] and si.rets[y] > si.calls[x]
+                          and (si.rets[y], y) < (si.rets[x], x))
+            assert got[x] == tuple(y for _r, y in want)

@@ -71,6 +71,7 @@ def _recorder() -> Callable[[dict, dict | None, int, int | None], Op | None]:
     than a NamedTuple per op.
     """
     oks: dict[Any, Output] = {}  # int or None -> Output("ok", it)  (bool, float, str: equal ints, not shared)
+    oks2: dict[tuple[int, int], Output] = {}  # a two-int list -> Output("ok", (int, int))
     ins: dict[Any, Input] = {}  # (f, int or None) or (f, int, int) -> Input(f, it / (int, int))
     new_tuple, scalars, info, frz = _new_tuple, _SCALARS, _INFO, freeze
 
@@ -86,6 +87,11 @@ def _recorder() -> Callable[[dict, dict | None, int, int | None], Op | None]:
                 out = oks.get(cv)
                 if out is None:
                     out = oks[cv] = new_tuple(Output, ("ok", cv))
+            elif cv.__class__ is list and len(cv) == 2 and cv[0].__class__ is int and cv[1].__class__ is int:
+                k = (cv[0], cv[1])
+                out = oks2.get(k)
+                if out is None:
+                    out = oks2[k] = new_tuple(Output, ("ok", k))
             else:
                 out = new_tuple(Output, ("ok", cv if cv.__class__ in scalars else frz(cv)))
             ret = pos
