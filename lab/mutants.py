@@ -52,7 +52,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.campaign.spec import NAME_RE
+from lab.runner import RunError, run_test, validate
+from lab.scenarios import SCENARIOS, apply_scenario
+from lab.server.mutants import MUTANT_NAMES
 from lab.testmap import OptionError, Test, check_options, merge_options
+from workloads import WORKLOADS
 
 __all__ = ["Entry", "MutantRow", "MutantsError", "MutantsReport", "MutantsSpec", "RunRecord", "build_test",
            "caught_by", "config_key", "exit_code", "load_spec", "parse_spec", "render_markdown", "render_plain",
@@ -149,8 +154,6 @@ def _names(where: str, value: Any, what: str) -> list[str]:
 
 
 def _workload_names(where: str, value: Any) -> list[str]:
-    from workloads import WORKLOADS
-
     names = _names(where, value, "workloads")
     for w in names:
         if w not in WORKLOADS:
@@ -162,9 +165,6 @@ def _entries(source: str, name: str, table: Any, defaults: dict[str, Any], fast:
              runs: int, general: list[str]) -> list[Entry]:
     """The rows of one `[mutants.<name>]` table, validated (fast: the spec's [fast] options, when --fast;
     runs: the spec's; general: the spec's `workloads`)."""
-    from lab.server.mutants import MUTANT_NAMES
-    from workloads import WORKLOADS
-
     where = f"{source}: [mutants.{name}]"
     if name not in MUTANT_NAMES:
         raise MutantsError(f"{where}: unknown mutant {name!r}; known: {', '.join(MUTANT_NAMES)}")
@@ -179,8 +179,6 @@ def _entries(source: str, name: str, table: Any, defaults: dict[str, Any], fast:
         raise MutantsError(f"{where}: workload (a tuned run) and workloads (general runs) exclude each other")
     nemesis = _names(where, table.get("nemesis", []), "nemesis")
     if scenario is not None:
-        from lab.scenarios import SCENARIOS
-
         if not isinstance(scenario, str) or scenario not in SCENARIOS:
             raise MutantsError(f"{where}: unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     elif workload is not None and (not isinstance(workload, str) or workload not in WORKLOADS):
@@ -220,8 +218,6 @@ def _entries(source: str, name: str, table: Any, defaults: dict[str, Any], fast:
         plain = merge_options(nemesis_options, *((fast, entry_fast) if fast is not None else ()))
         rows += [Entry(name, w, None, tuple(nemesis), plain, defaults, runs, GENERAL) for w in names]
     if scenario is not None and not (fast is not None and own_fast.get("scenario") is False):
-        from lab.scenarios import SCENARIOS
-
         # its own faults and timing: [fast]'s options shorten the workload runs, not a scripted race
         own_given = merge_options(options, *((entry_fast,) if fast is not None else ()))
         scenario_options = {k: v for k, v in own_given.items() if k not in NEMESIS_OPTIONS}
@@ -240,7 +236,6 @@ def parse_spec(data: Any, source: str = "<spec>", *, fast: bool = False, only: t
         if key not in TOP_KEYS:
             raise MutantsError(f"{source}: unknown key {key!r}; known keys: {', '.join(TOP_KEYS)}")
     name = data.get("name")
-    from lab.campaign.spec import NAME_RE
 
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise MutantsError(f"{source}: name must be letters, digits, '.', '_' or '-' (the store directory), "
@@ -305,8 +300,6 @@ def build_test(spec: MutantsSpec, entry: Entry, seed: int, planted: bool, backen
     test = Test(name=name, workload=entry.workload, seed=seed, nemesis=list(entry.nemesis), backend=backend,
                 hosts_file=hosts_file, scenario=entry.scenario, mutant=entry.mutant if planted else None, **opts)
     if entry.scenario:
-        from lab.scenarios import apply_scenario
-
         apply_scenario(test, {"name", "workload", *entry.options})
     return test
 
@@ -321,8 +314,6 @@ def config_key(test: Test) -> str:
 
 def validate_spec(spec: MutantsSpec, backend: str = "local", hosts_file: str | None = None) -> None:
     """Every run's Test passes `lab.runner.validate` on `backend` (before anything starts)."""
-    from lab.runner import RunError, validate
-
     for entry in spec.entries:
         for planted in (True, False):
             try:
@@ -477,8 +468,6 @@ def _one_run(test: Test, variant: str, seed: int, store_dir: Path,
 
 
 def _default_run(test: Test, store_dir: Path) -> Mapping[str, Any]:
-    from lab.runner import run_test
-
     return run_test(test, store_dir)
 
 
@@ -617,7 +606,7 @@ def render_markdown(report: MutantsReport) -> str:
 
 def print_table(report: MutantsReport, echo: Callable[[str], Any] = print) -> None:
     """Rich tables on a terminal (never under CI), plain text otherwise."""
-    from rich.console import Console
+    from rich.console import Console  # the table printed on a terminal only
 
     console = Console()
     if not console.is_terminal or os.environ.get("CI", "").lower() in ("true", "1", "yes"):

@@ -18,13 +18,22 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from checkers.core import nemesis_windows, pair_ops
+from lab.evidence.page import write_page
 from lab.evidence.spec import Depth, EvidenceError, EvidenceSpec, ExtraRun, Row
+from lab.history import read_history_report
+from lab.runner import RunError, run_test, validate
+from lab.scenarios import SCENARIOS, ScenarioError, apply_scenario
+from lab.secrets import redact_url
+from lab.sut import load_findings
+from lab.testmap import Test
 
 VERDICTS = ("pass", "fail", "inconclusive", "not-applicable")
 RUN_OVERHEAD_S = 1.0  # measured on 2 cores: a quick bundle's 23 runs took 77 s for 56.5 s of time limits
@@ -105,7 +114,6 @@ class Target:
             where = "a fresh local stack" if self.backend == "local" else f"a fresh {self.backend} stack"
             return {"kind": "reference-stack", "backend": self.backend,
                     "detail": f"the lab's reference servers on {where} per run"}
-        from lab.secrets import redact_url  # a URL's user info is a secret too (docs/cli.md#secrets)
 
         return {"kind": "external", "sut": self.sut, "urls": [redact_url(u) for u in self.urls],
                 "api_key_file": self.api_key_file}
@@ -127,8 +135,6 @@ def plan(spec: EvidenceSpec, depth: Depth) -> tuple[list[str], list[ExtraRun]]:
 
 def describe_depth(spec: EvidenceSpec, depth: Depth) -> dict[str, Any]:
     """What a depth runs and roughly how long it takes (for the plan printed and stored)."""
-    from lab.scenarios import SCENARIOS
-
     names, extra = plan(spec, depth)
     scenario_s = sum(float(SCENARIOS[n].options.get("time_limit", 10.0)) * depth.time_scale for n in names)
     extra_s = sum(float(x.options.get("time_limit", 10.0)) for x in extra)
@@ -150,17 +156,11 @@ def _stamp() -> str:
 
 def _rel(path: Path, base: Path) -> str:
     """`path` relative to `base` (links in the page and the json)."""
-    import os
-
     return os.path.relpath(path, base)
 
 
 def summarize_run(rec: RunRecord, run_dir: Path, results: dict[str, Any], evidence_dir: Path) -> RunRecord:
     """Fill a record from a finished run's directory: verdicts, ops by f, faults, findings, report link."""
-    from checkers.core import nemesis_windows, pair_ops
-    from lab.history import read_history_report
-    from lab.sut import load_findings
-
     rec.run_dir = _rel(run_dir, evidence_dir)
     report = run_dir / "report.html"
     rec.report = _rel(report if report.exists() else run_dir / "results.json", evidence_dir)
@@ -183,9 +183,6 @@ def summarize_run(rec: RunRecord, run_dir: Path, results: dict[str, Any], eviden
 
 def _scenario_test(name: str, seed: int, base: str, depth: Depth, target: Target):
     """The Test of one scenario run: the scenario's options, scaled, against the target."""
-    from lab.scenarios import apply_scenario
-    from lab.testmap import Test
-
     test = Test(name=f"{base}/{name}-s{seed}", seed=seed, scenario=name, **target.options())
     apply_scenario(test, {"name"})
     test.time_limit = round(test.time_limit * depth.time_scale, 3)
@@ -194,8 +191,6 @@ def _scenario_test(name: str, seed: int, base: str, depth: Depth, target: Target
 
 def _fault_test(run: ExtraRun, seed: int, base: str, target: Target):
     """The Test of one fault run (a registered workload under a random nemesis lane)."""
-    from lab.testmap import Test
-
     opts = {"time_limit": 10.0, "concurrency": 5, "rate": 40.0, "keys": 2, "ttl_ms": 1000, "nemesis_interval": 1.5}
     opts.update(run.options)
     return Test(name=f"{base}/{run.name}-s{seed}", workload=run.workload, seed=seed, nemesis=list(run.nemesis),
@@ -259,9 +254,6 @@ def run_evidence(spec: EvidenceSpec, store_dir: Path, *, depth: str | None = Non
                  echo: Callable[[str], None] = print,
                  runner: Callable[[Any, Path], dict[str, Any]] | None = None) -> Evidence:
     """Run every scenario the depth's rows name (and its fault runs), judge each row, write the bundle."""
-    from lab.runner import RunError, run_test, validate
-    from lab.scenarios import SCENARIOS, ScenarioError
-
     runner = runner or run_test
     d = spec.depth(depth)
     store_dir = Path(store_dir)
@@ -331,8 +323,6 @@ def _row_runs(row: Row, depth: Depth, records: dict[tuple[str, int], RunRecord])
 def _write(spec: EvidenceSpec, depth: Depth, target: Target, evidence_dir: Path,
            records: dict[tuple[str, int], RunRecord], started: float) -> Evidence:
     """evidence.json and evidence.html for the rows as they stand now (rewritten after every run)."""
-    from lab.evidence.page import write_page
-
     rows = [judge_row(row, _row_runs(row, depth, records)) for row in spec.rows_for(depth)]
     counts = Counter(r.verdict for r in rows)
     deeper = [describe_depth(spec, x) for x in spec.depths.values() if x.name != depth.name]

@@ -37,7 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from lab.scenarios import SCENARIOS
 from lab.testmap import OptionError, check_options
+from nemesis.registry import validate_names
+from workloads import WORKLOADS
 
 TABLES = ("matrix", "races")
 ROW_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._-]{0,31}$")
@@ -177,16 +180,12 @@ def _row(where: str, table: Any, scenarios: Mapping[str, Any]) -> Row:
 
 def _extra_run(where: str, table: Any, row_ids: set[str]) -> ExtraRun:
     """One validated [[depths.X.runs]] table."""
-    from workloads import WORKLOADS
-
     t = _keys(where, table, RUN_KEYS)
     wl = t.get("workload")
     if wl not in WORKLOADS:
         raise EvidenceError(f"{where}.workload: unknown workload {wl!r}; known: {', '.join(sorted(WORKLOADS))}")
     nemesis = _strings(f"{where}.nemesis", t.get("nemesis", []))
     if nemesis:
-        from nemesis.registry import validate_names
-
         try:
             validate_names(list(nemesis))
         except ValueError as e:
@@ -231,8 +230,6 @@ def _depth(where: str, name: str, table: Any, row_ids: set[str]) -> Depth:
 
 def parse_spec(data: Any, source: str = "<spec>") -> EvidenceSpec:
     """Validate a parsed spec (a mapping) into an EvidenceSpec."""
-    from lab.scenarios import SCENARIOS
-
     t = _keys(source, data, TOP_KEYS)
     for key in ("name", "rows", "depths"):
         if key not in t:
