@@ -15,12 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from lab.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, sigterm_interrupts, verdict_exit
-
-from lab.paths import MissingTool
+from lab.paths import MissingTool, libfaketime
+from lab.secrets import redact_secrets, redact_url
 from lab.stack.local import LocalStack, StackError, StackOptions
 from lab.stack.process import ProcessError
+from lab.testmap import Test
+
+# Each subcommand imports what it runs inside its own function, so `fencelab --help` and the quick subcommands
+# stay fast: the runner with every layer below it takes about a second to import, and paramiko (--backend ssh),
+# the docker SDK (compose), pandas (reports) load only for the commands that use them.
 
 name_option = click.option("--name", default="default", show_default=True, help="Name of the local stack.")
 home_option = click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -29,8 +35,6 @@ home_option = click.option("--home", type=click.Path(file_okay=False, path_type=
 
 def fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
     """Print one clear line and exit (no traceback); a URL's user info in it is hidden."""
-    from lab.secrets import redact_secrets
-
     click.echo(f"fencelab: error: {redact_secrets(str(msg))}", err=True)
     sys.exit(code)
 
@@ -92,8 +96,6 @@ def up(name: str, home: Path | None, servers: int, persistence: str, no_store: b
     try:
         opts.validate()
         if fake_clocks and backend == "local":
-            from lab.paths import libfaketime
-
             libfaketime()
         stack = _new_stack(backend, name, home)
         status = stack.up(opts)
@@ -318,12 +320,9 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
     Exit code (docs/cli.md#exit-codes): 0 valid, 1 invalid, 2 bad input, 3 unknown (any run), 130 interrupted.
     """
     from lab.runner import RunError, run_test, validate
-    from lab.testmap import Test
-
     if test_count < 1:
         fail(f"--test-count must be >= 1, not {test_count}")
     nemeses = [n.strip() for n in nemesis.split(",") if n.strip()]
-    from click.core import ParameterSource
 
     ctx = click.get_current_context()
     given = {p for p in ctx.params if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE}
@@ -332,7 +331,6 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
             StackOptions(store_url=store_url).validate()
         except StackError as e:
             fail(str(e))
-    from lab.secrets import redact_url
 
     # the options as Test fields (the API key file's path only, never the key; the store URL redacted, its real
     # form only in `live`); --servers only when given, so validate() can refuse it beside --url
