@@ -41,6 +41,7 @@ import psutil
 
 from lab.stack.process import Process, ProcessError
 from nemesis.core import NemesisUnavailable, Rounds, as_rng, completion
+from nemesis.topology import role
 
 __all__ = [
     "ClientPauseNemesis",
@@ -84,8 +85,6 @@ def _seconds(param: str, value: Any, *, allow_none: bool = False, maximum: float
 
 def _role(name: str) -> str | None:
     """The target role of a stack process name, or None when it is not a target."""
-    from nemesis.topology import role
-
     if name in ("valkey", "store"):
         return name
     if name.startswith("lease-"):

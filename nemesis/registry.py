@@ -25,8 +25,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from lab import paths
+from nemesis import clock, network, process, valkey
 from nemesis.core import NemesisUnavailable, compose
+from nemesis.netns import NetnsHosts, check_netns_available, netns_partition
+from nemesis.network import DIRECTIONS
 from nemesis.schedule import Fault, nemesis_generator
+from nemesis.topology import Topology
+from nemesis.toxiproxy import ToxiproxyClient
 
 __all__ = ["NEMESES", "NemesisSpec", "ToxiproxyNemeses", "build", "external_problem", "known_names", "stack_options",
            "validate_names"]
@@ -110,8 +116,6 @@ def _split(names: Any) -> list[str]:
 
 def validate_names(names: Any) -> list[str]:
     """The nemesis names, checked: known, not repeated, compatible, and runnable here; else one-line ValueError."""
-    from lab import paths
-
     names = _split(names)
     if any(not n for n in names):
         raise ValueError(f"--nemesis: empty name in {','.join(names)!r}; known: {', '.join(NEMESES)}")
@@ -136,8 +140,6 @@ def validate_names(names: Any) -> list[str]:
         raise ValueError(f"--nemesis: netns cannot be combined with {', '.join(toxiproxied)}: netns places the "
                          "servers in network namespaces, the Toxiproxy faults need them on loopback")
     if "netns" in names:
-        from nemesis.netns import check_netns_available
-
         try:
             check_netns_available()
         except NemesisUnavailable as e:
@@ -217,9 +219,6 @@ class ToxiproxyNemeses:
     name = "network"
 
     def __init__(self, url: str, description: dict[str, Any], names: list[str], seed: int):
-        from nemesis import network
-        from nemesis.topology import Topology
-
         factories = {
             "partition": lambda topo, rng: network.partition(topo, rng=rng, directions=network.DIRECTIONS),
             "latency": lambda topo, rng: network.latency(topo, rng=rng),
@@ -238,8 +237,6 @@ class ToxiproxyNemeses:
 
     async def setup(self, test: Any) -> None:
         """Bind a Toxiproxy client of this event loop, then set the members up."""
-        from nemesis.toxiproxy import ToxiproxyClient
-
         self.topology.client = ToxiproxyClient(self.url, timeout=5.0)
         try:
             await self.members.setup(test)
@@ -286,8 +283,6 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
     stops every fault once; run it next to the clients' time-limited
     generator (`gen.any_of(...)`), not inside a `time_limit`.
     """
-    from nemesis import clock, process, valkey
-
     names = validate_names(names)
     if not names:
         raise ValueError("--nemesis: no nemesis named")
@@ -332,8 +327,6 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
         members.append(clock.clock(None, rng=_rng_for(seed, "client-clock"), client_clocks=client_clocks))
     network_names = [n for n in names if NEMESES[n].family == "network"]
     if network_names and not info.get("toxiproxy") and hasattr(stack, "partition"):
-        from nemesis.network import DIRECTIONS
-
         if network_names != ["partition"]:  # SSH hosts: kernel rules cut links; nothing there delays them
             raise ValueError(f"--nemesis {','.join(network_names)}: on SSH hosts only partition (iptables) applies")
         members.append(stack.partition(rng=_rng_for(seed, "partition"), directions=DIRECTIONS))
@@ -343,10 +336,6 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
                              "(StackOptions toxiproxy=True)")
         members.append(ToxiproxyNemeses(info["toxiproxy"], info["topology"], network_names, seed))
     if "netns" in names:
-        from nemesis.netns import NetnsHosts, netns_partition
-
-        from nemesis.network import DIRECTIONS
-
         hosts = test.live.get("netns_hosts") or getattr(stack, "netns_hosts", None)
         if not isinstance(hosts, NetnsHosts):
             raise ValueError("--nemesis netns: the stack's processes must run in network namespaces "
