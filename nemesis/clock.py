@@ -5,7 +5,7 @@ Two kinds of clock, one nemesis:
 - Stack processes (Valkey and the lease servers) run under libfaketime when
   the stack is started with `fake_clocks=True`; each reads its offset from its
   own file (`stack.info["clocks"]`: process name -> file), which
-  `lab.stack.clock.FakeClock` rewrites. libfaketime notices a rewritten file a
+  `lab.stack.faketime.FakeClock` rewrites. libfaketime notices a rewritten file a
   few milliseconds later, not at the very next time call.
 - Client processes are asyncio tasks inside the lab process, so their clock is
   the lease client's injectable wall clock (`LeaseClient(..., clock_ms=...)`).
@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from lab.stack.clock import FakeClock
+from lab.stack.faketime import FakeClock
 from nemesis.core import NemesisUnavailable, as_rng, completion
 from nemesis.process import client_target, client_thread
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import redis
 
-from lab.stack.clock import FakeClock, faketime_env
+from lab.stack.faketime import FakeClock, faketime_env
 from lab.stack.valkey import ValkeyProcess
 
 

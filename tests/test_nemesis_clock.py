@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from lab.client import LeaseClient
-from lab.stack.clock import FakeClock
+from lab.stack.faketime import FakeClock
 from lab.stack.local import LocalStack, StackOptions
 from nemesis.clock import ClientClocks, clock
 from nemesis.core import NemesisUnavailable

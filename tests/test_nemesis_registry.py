@@ -22,7 +22,7 @@ from redis.retry import Retry
 
 import lab.generator as gen
 from lab.history import HistoryWriter
-from lab.stack.clock import FakeClock
+from lab.stack.faketime import FakeClock
 from lab.stack.local import LocalStack, StackOptions
 from lab.testmap import Test
 from nemesis import registry

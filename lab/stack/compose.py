@@ -50,7 +50,7 @@ import httpx
 
 from lab import paths
 from lab.stack.base import StackFiles
-from lab.stack.clock import FakeClock
+from lab.stack.faketime import FakeClock
 from lab.stack.images import ImageSet, ensure_images
 from lab.stack.local import StackError, StackOptions, stack_dir, write_private_json
 from lab.stack.process import ManagedProcess, ProcessError

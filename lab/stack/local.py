@@ -33,8 +33,8 @@ from lab.secrets import redact_url
 from lab.server.auth import provision_demo_principals, write_principals_file
 from lab.server.mutants import MUTANT_NAMES
 from lab.stack.base import StackFiles, write_private_json  # noqa: F401 - re-exported
-from lab.stack.clock import faketime_env
 from lab.stack.errors import NAME_RE, StackError, fencelab_home, stack_dir  # noqa: F401 - re-exported
+from lab.stack.faketime import faketime_env
 from lab.stack.leaseserver import LeaseServerProcess
 from lab.stack.process import ManagedProcess, ProcessError, free_port
 from lab.stack.store import PouchDBProcess

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import paramiko
 
-from lab.stack.clock import FakeClock
+from lab.stack.faketime import FakeClock
 from lab.stack.process import ProcessError
 
 __all__ = [

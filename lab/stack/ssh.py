@@ -335,7 +335,7 @@ class SshStack(StackFiles):
 
     def _clock_env(self, name: str, node: str, opts: SshOptions,
                    tools: dict[str, dict[str, Any]]) -> dict[str, str] | None:
-        """libfaketime settings (those of lab.stack.clock.faketime_env) with a remote offset file, created at +0."""
+        """libfaketime settings (those of lab.stack.faketime.faketime_env) with a remote offset file, created at +0."""
         if not opts.fake_clocks:
             return None
         path = f"{self._rdir(node)}/clocks/{name}.rc"

@@ -52,8 +52,8 @@ from typing import Any
 
 from lab.secrets import redact_url
 from lab.stack.base import StackFiles
-from lab.stack.clock import faketime_env
 from lab.stack.errors import StackError
+from lab.stack.faketime import faketime_env
 from lab.stack.local import ExternalStore
 from lab.stack.process import ManagedProcess, ProcessError, free_port
 from lab.stack.store import PouchDBProcess
