@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from nemesis.exposure import (EXPOSED, PLAIN, UNMODIFIED, DEFAULT_SPEC, FaultsError, load_spec, parse_spec,
+from lab.exposure import (EXPOSED, PLAIN, UNMODIFIED, DEFAULT_SPEC, FaultsError, load_spec, parse_spec,
                               render_markdown, run_faults, unavailable)
 
 SPEC = load_spec(DEFAULT_SPEC)
@@ -58,7 +58,7 @@ def test_a_bad_spec_is_one_line_naming_the_problem(bad, message):
 
 
 def test_a_row_that_cannot_run_here_is_skipped_with_the_reason_and_does_not_hold(monkeypatch, tmp_path):
-    import nemesis.exposure as exposure
+    import lab.exposure as exposure
 
     monkeypatch.setattr(exposure, "unavailable", lambda names: "netns nemesis needs root" if "netns" in names else None)
     monkeypatch.setattr(exposure, "_one_run", lambda *a, **k: pytest.fail("a skipped row must not run"))

@@ -14,7 +14,7 @@ Plain runs are shared between rows with the same mutant, workload and options.
 A row holds when all three hold on every seed. Rows that need what this
 machine lacks (root for `netns`) are skipped with the reason, never passed.
 
-    python -m nemesis.exposure [--spec campaigns/faults.toml] [--store-dir store] [--only FAULT ...] [--jobs 2]
+    python -m lab.exposure [--spec campaigns/faults.toml] [--store-dir store] [--only FAULT ...] [--jobs 2]
 
 The spec (TOML):
 
@@ -245,7 +245,7 @@ def _child_run(source: str, where: tuple[str, str, int], store_dir: str) -> dict
     import subprocess
 
     fault, kind, seed = where
-    argv = [sys.executable, "-m", "nemesis.exposure", "--spec", source, "--store-dir", store_dir,
+    argv = [sys.executable, "-m", "lab.exposure", "--spec", source, "--store-dir", store_dir,
             "--one", fault, kind, str(seed)]
     proc = subprocess.run(argv, capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()
@@ -290,7 +290,7 @@ def run_faults(spec: FaultsSpec, store_dir: Path, *, only: tuple[str, ...] = (),
     if jobs <= 1 or not Path(spec.source).is_file():
         for name, test in tests.items():
             record(name, _one_run(test, str(store_dir)))
-    else:  # each run in a child `python -m nemesis.exposure --one ...` (its stack dies with it), `jobs` at a time
+    else:  # each run in a child `python -m lab.exposure --one ...` (its stack dies with it), `jobs` at a time
         from concurrent.futures import ThreadPoolExecutor
 
         where = {name: key for key, name in planned.items()}
@@ -326,7 +326,7 @@ def render_markdown(results: list[RowResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m nemesis.exposure", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lab.exposure", description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", default=str(DEFAULT_SPEC))
     ap.add_argument("--store-dir", default="store")
     ap.add_argument("--only", nargs="*", default=[])
