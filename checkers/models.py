@@ -844,6 +844,41 @@ def _lease_read_only(inp: Input, out: Output) -> bool:
     return inp.f == "inspect" and not _is_orphan(inp) and reported != _EXPIRED
 
 
+def merge_retries(ops: list, request_id: Callable[[Any], Any]) -> list:
+    """Merge attempts of one logical op (same `f` and non-None request id) into one op.
+
+    The merged op is invoked with the first attempt and returns with the first
+    `ok` attempt (with its output), or is indeterminate if none was answered.
+    See `prepare_lease` (rule L1) for why this is sound. Merged ops are built with the ops' own class
+    (`checkers.linear.history.Op`), which this module cannot import: the engine imports the models.
+    """
+    groups: dict[tuple[str, Any], list[Any]] = {}
+    for op in ops:
+        rid = request_id(op)
+        if rid is not None:
+            try:
+                groups.setdefault((op.input.f, rid), []).append(op)
+            except TypeError:
+                continue
+    drop: set[int] = set()
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        first = min(group, key=lambda o: o.call)
+        answered = [o for o in group if o.ret is not None]
+        ok = min(answered, key=lambda o: o.ret) if answered else None
+        merged = type(first)(first.index, first.process, first.f, first.key, first.input,
+                    ok.output if ok else Output("info", None), first.call, ok.ret if ok else None)
+        merged.merged = tuple(sorted(o.index for o in group))
+        for o in group:
+            drop.add(id(o))
+        groups[(first.input.f, request_id(first))] = [merged]
+        ops = ops + [merged]
+    if not drop:
+        return ops
+    return sorted((o for o in ops if id(o) not in drop), key=lambda o: o.call)
+
+
 def prepare_lease(ops: list) -> list:
     """Merge idempotent retries and mark references to unseen leases (rules L1, L2a).
 
@@ -860,7 +895,6 @@ def prepare_lease(ops: list) -> list:
     "orphans": they can only come from an acquire whose answer was lost. Ops
     referring to one are marked, and only they may bind a PENDING lease.
     """
-    from checkers.linear.history import merge_retries  # the history helpers live with the engine
 
     ops = merge_retries(ops, _request_id)
     granted = {op.output.value.get("lease_id") for op in ops

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from checkers.models import _SCALARS, Input, Model, Output, freeze
+from checkers.models import _SCALARS, Input, Model, Output, freeze, merge_retries
 from lab.history.ops import HistoryError, pair
 
 __all__ = ["HistoryError", "Op", "merge_retries", "pair_history", "partition_ops"]
@@ -177,37 +177,3 @@ def _common_key(part: list[Op], i: int) -> Any:
     """The key shared by every op of a partition, or the partition's number."""
     keys = {repr(op.key) for op in part}
     return part[0].key if len(keys) == 1 and part else i
-
-
-def merge_retries(ops: list[Op], request_id: Callable[[Op], Any]) -> list[Op]:
-    """Merge attempts of one logical op (same `f` and non-None request id) into one op.
-
-    The merged op is invoked with the first attempt and returns with the first
-    `ok` attempt (with its output), or is indeterminate if none was answered.
-    See `checkers.models.prepare_lease` (rule L1) for why this is sound.
-    """
-    groups: dict[tuple[str, Any], list[Op]] = {}
-    for op in ops:
-        rid = request_id(op)
-        if rid is not None:
-            try:
-                groups.setdefault((op.input.f, rid), []).append(op)
-            except TypeError:
-                continue
-    drop: set[int] = set()
-    for group in groups.values():
-        if len(group) < 2:
-            continue
-        first = min(group, key=lambda o: o.call)
-        answered = [o for o in group if o.ret is not None]
-        ok = min(answered, key=lambda o: o.ret) if answered else None
-        merged = Op(first.index, first.process, first.f, first.key, first.input,
-                    ok.output if ok else Output("info", None), first.call, ok.ret if ok else None)
-        merged.merged = tuple(sorted(o.index for o in group))
-        for o in group:
-            drop.add(id(o))
-        groups[(first.input.f, request_id(first))] = [merged]
-        ops = ops + [merged]
-    if not drop:
-        return ops
-    return sorted((o for o in ops if id(o) not in drop), key=lambda o: o.call)
