@@ -304,12 +304,10 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
         members.append(valkey.valkey_restore(stack.process("valkey"), stack.dir / "valkey-snapshots"))
     if "client-pause" in names:
         members.append(process.client_pause(client_pauses, rng=_rng_for(seed, "client-pause")))
-    if "leader-pause" in names:  # a system that declares its leader (lab.sut.processes.SystemProcesses.leader)
-        from lab.sut.processes import SutStack, leader_pause
-
-        if not isinstance(stack, SutStack) or stack.decl.leader is None:
+    if "leader-pause" in names:  # a system that declares its leader (lab.sut.processes.SutStack.leader_nemesis)
+        if not hasattr(stack, "leader_nemesis"):
             raise ValueError("--nemesis leader-pause: the system under test declares no leader")
-        members.append(leader_pause(stack, rng=_rng_for(seed, "leader-pause")))
+        members.append(stack.leader_nemesis(rng=_rng_for(seed, "leader-pause")))
     if "clock" in names and hasattr(stack, "clock_nemesis"):  # SSH hosts: the offset files live on the hosts
         members.append(stack.clock_nemesis(rng=_rng_for(seed, "clock"), client_clocks=client_clocks))
     elif "clock" in names:

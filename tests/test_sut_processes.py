@@ -231,3 +231,18 @@ def test_not_claimed_checkers_are_neither_run_nor_judged():
         assert full.check({}, history, {})["valid"] is False and ran == ["fencing", "idempotency"]
     finally:
         unregister_sut("kv-claims")
+
+
+def test_leader_pause_is_refused_on_a_stack_whose_system_names_no_leader(tmp_path):
+    """nemesis.registry asks the stack for its leader nemesis (no import of the SUT layer): a stack without the
+    method, or a system that declares no leader, is one clear ValueError."""
+    from types import SimpleNamespace
+
+    from nemesis.registry import build
+
+    for stack in (SimpleNamespace(info={}, processes=[]),
+                  SimpleNamespace(info={}, processes=[], leader_nemesis=lambda rng: (_ for _ in ()).throw(
+                      ValueError("--nemesis leader-pause: the system under test declares no leader")))):
+        test = SimpleNamespace(live={"stack": stack}, concurrency=1, time_limit=5.0)
+        with pytest.raises(ValueError, match=r"^--nemesis leader-pause: the system under test declares no leader$"):
+            build(test, ["leader-pause"], interval_s=1.0, seed=1)

@@ -471,6 +471,13 @@ class SutStack(StackFiles):
         return proc
 
     # -- what the runner and the nemeses read -------------------------------
+    def leader_nemesis(self, *, rng: Any):
+        """`--nemesis leader-pause` on this system (nemesis.registry asks the stack, as it asks an SSH stack for
+        its clock nemesis); ValueError when the system declares no leader."""
+        if self.decl.leader is None:
+            raise ValueError("--nemesis leader-pause: the system under test declares no leader")
+        return leader_pause(self, rng=rng)
+
     def status(self) -> dict[str, Any]:
         """The runner's view (the same keys as LocalStack.status)."""
         procs = self.process_rows()
