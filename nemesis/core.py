@@ -20,7 +20,9 @@ import random
 import asyncio
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
+
+from lab.generator.protocols import Nemesis  # the one nemesis protocol (the interpreter's), re-exported here
 
 __all__ = [
     "invocation",
@@ -42,28 +44,6 @@ PHASES = ("start", "end", "none")
 
 class NemesisUnavailable(RuntimeError):
     """A nemesis cannot run here (not root, a binary or library missing); the message is one line."""
-
-
-@runtime_checkable
-class Nemesis(Protocol):
-    """Jepsen's nemesis: set up once, invoked with ops, torn down (healed) once."""
-
-    @property
-    def fs(self) -> frozenset[str]:
-        """The `f`s this nemesis handles."""
-        ...
-
-    async def setup(self, test: Any) -> None:
-        """Prepare (check the fault can be injected); raise NemesisUnavailable if it cannot."""
-        ...
-
-    async def invoke(self, test: Any, op: dict) -> dict:
-        """Perform `op` and return its `info` completion."""
-        ...
-
-    async def teardown(self, test: Any) -> None:
-        """Undo every fault this nemesis injected (the heal)."""
-        ...
 
 
 def completion(op: dict, value: Any, error: Any = None) -> dict:
