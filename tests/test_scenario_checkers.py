@@ -363,10 +363,10 @@ def test_backend_unavailable():
     assert_violation(backend_down(held_state="released").check("backend-unavailable"), "failed-op-took-effect")
 
 
-def timeout(orig_type="info", retry2_lid="L1", created=1000) -> H:
+def timeout(orig_type="info", retry2_lid="L1", created=1000, orig_error=None) -> H:
     h = H()
-    h.op("orig-acquire-0", "acquire", orig_type, {}, "lease_outcome_unknown" if orig_type == "info" else
-         "lease_backend_unavailable")
+    h.op("orig-acquire-0", "acquire", orig_type, {}, orig_error or ("lease_outcome_unknown" if orig_type == "info"
+                                                                     else "lease_backend_unavailable"))
     h.op("retry-acquire-0", "acquire", "ok", dict(lease("L1", 1, acquired=created), sent_at_ms=2000))
     h.op("retry2-acquire-0", "acquire", "ok", dict(lease(retry2_lid, 1, acquired=created), sent_at_ms=2100), process=1)
     h.op("counter-0", "observe-backend", value={"counter": 1}, process=1)
@@ -379,6 +379,16 @@ def test_timeout_after_submission():
     assert timeout(created=2001).check("timeout-after-submission")["valid"] == "unknown"
     assert_violation(timeout(retry2_lid="L2").check("timeout-after-submission"), "retry-different-result")
     assert_violation(timeout(orig_type="fail").check("timeout-after-submission"), "definite-after-submission")
+    # the server's own 408 is a definite answer about a submitted request: still a violation
+    assert_violation(timeout(orig_type="fail", orig_error={"code": "deadline_exceeded", "msg": "deadline exceeded"})
+                     .check("timeout-after-submission"), "definite-after-submission")
+    # the client's own deadline or a refused connection before anything was sent: never submitted, no violation,
+    # and that round settles nothing (the race was not set up)
+    for err in ({"code": "deadline_exceeded", "msg": "deadline passed before the request was sent"},
+                {"code": "deadline_exceeded", "msg": "nothing was sent: pool wait"},
+                {"code": "connect_error", "msg": "nothing was sent: Connection refused"}):
+        res = timeout(orig_type="fail", orig_error=err).check("timeout-after-submission")
+        assert res["valid"] == "unknown" and not res.get("violations"), (err, res)
 
 
 def corrupt(c_type="info", c_code="lease_backend_unavailable", after_token=2) -> H:

@@ -338,7 +338,7 @@ class LeaseClient:
         started = time.monotonic_ns()
         remaining_ms = deadline_at_ms - self.clock_ms()
         if remaining_ms <= 0:
-            return Result("fail", R.CLIENT_DEADLINE, msg="deadline passed before the request was sent", call=call)
+            return Result("fail", R.CLIENT_DEADLINE, msg=R.DEADLINE_BEFORE_SEND, call=call)
         probe = _SendProbe()
         content, params, headers = self._prepare(call, deadline_at_ms, remaining_ms)
         try:
@@ -437,7 +437,7 @@ class LeaseClient:
         # (pool wait, DNS, connect, TLS)
         if isinstance(exc, httpx.PoolTimeout) or (self._transport_traces and not probe.sent):
             failed_code = R.CLIENT_DEADLINE if code == R.TIMEOUT else code
-            return Result("fail", failed_code, msg=f"nothing was sent: {msg}", call=call, latency_ns=latency)
+            return Result("fail", failed_code, msg=f"{R.NOTHING_SENT}: {msg}", call=call, latency_ns=latency)
         return Result("info", code, msg=msg, call=call, latency_ns=latency)
 
     def _decode(self, call: Call, resp: Any) -> Result:

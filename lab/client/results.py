@@ -55,6 +55,16 @@ CONNECTION_LOST = "connection_lost"  # info: the exchange broke after the reques
 BAD_RESPONSE = "unparseable_response"  # info: no usable envelope in the reply
 UNEXPECTED_RESPONSE = "unexpected_response"  # info: an envelope that breaks the contract's table
 LATE_REPLY = "late_reply"  # info: a renewal granted after the caller's deadline grants nothing
+# How a `fail` the client itself decided says that nothing left (its msg starts with one of these): a
+# checker holding a server to "a timeout after submission is indeterminate" skips a request never submitted.
+NOTHING_SENT = "nothing was sent"
+DEADLINE_BEFORE_SEND = "deadline passed before the request was sent"
+
+
+def nothing_sent(code: str | None, msg: str | None) -> bool:
+    """Did the client itself decide this `fail` before any byte of the request left?"""
+    return code == CONNECT_ERROR or (code == CLIENT_DEADLINE and isinstance(msg, str)
+                                      and msg.startswith((NOTHING_SENT, DEADLINE_BEFORE_SEND)))
 
 
 class LeaseProtocolError(ValueError):

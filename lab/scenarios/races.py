@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import lab.generator as gen
 from checkers.core import Violations
+from lab.client.results import nothing_sent
 from lab.scenarios.scenario import Scenario, Script, Tagged, code, describe, idx, ok, val
 
 # the reference server's largest token on a fresh stack: its recovery gate issues epoch 0's tokens, up to
@@ -875,6 +876,12 @@ def timeout_script(s: Script) -> Any:
     return s.steps(*parts)
 
 
+def _msg(p) -> str | None:
+    """The message of a completed op's error object (the driver records errors as {"code", "msg"})."""
+    err = p.comp.get("error") if p is not None and p.comp else None
+    return err.get("msg") if isinstance(err, dict) else None
+
+
 def timeout_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
     """A mutation that timed out after submission is outcome_unknown, and its retry returns the original result."""
     unknown = resolved = 0
@@ -883,6 +890,8 @@ def timeout_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
             orig, retry, retry2 = (t.one(f"{x}-{what}-{r}") for x in ("orig", "retry", "retry2"))
             if orig.type == "ok" or orig.comp is None:
                 continue
+            if orig.type == "fail" and nothing_sent(code(orig), _msg(orig)):
+                continue  # the client's own deadline or connection refused it before sending: never submitted
             if orig.type == "fail":
                 v.add("definite-after-submission", idx(orig), f"round {r}: a {what} whose reply was delayed past its "
                       f"deadline answered {code(orig)} as a definite failure (it may have happened: outcome unknown)")
