@@ -44,7 +44,7 @@ from typing import Any
 
 from lab.stack.faketime import FakeClock
 from nemesis.core import NemesisUnavailable, as_rng, completion
-from nemesis.process import client_target, client_thread
+from nemesis.process_faults import client_target, client_thread
 
 __all__ = ["ClientClocks", "ClockNemesis", "clock"]
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from nemesis.core import NemesisUnavailable, Rounds, as_rng, completion
 from nemesis.topology import Link, Topology, role
-from nemesis.toxiproxy import ToxiproxyError, validate_toxic
+from nemesis.toxiproxy_api import ToxiproxyError, validate_toxic
 
 __all__ = [
     "DIRECTIONS",

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lab import paths
-from nemesis import clock, network, process, valkey
+from nemesis import clock, network, process_faults, valkey
 from nemesis.core import NemesisUnavailable, compose
 from nemesis.netns import NetnsHosts, check_netns_available, netns_partition
 from nemesis.network import DIRECTIONS
 from nemesis.schedule import Fault, nemesis_generator
 from nemesis.topology import Topology
-from nemesis.toxiproxy import ToxiproxyClient
+from nemesis.toxiproxy_api import ToxiproxyClient
 
 __all__ = ["NEMESES", "NemesisSpec", "ToxiproxyNemeses", "build", "external_problem", "known_names", "stack_options",
            "validate_names"]
@@ -291,19 +291,19 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
     info = stack.info if stack is not None else {}
     concurrency = int(getattr(test, "concurrency", 1))
     client_clocks = test.live.setdefault("client_clocks", clock.ClientClocks(concurrency))
-    client_pauses = test.live.setdefault("client_pauses", process.ClientPauses(concurrency))
+    client_pauses = test.live.setdefault("client_pauses", process_faults.ClientPauses(concurrency))
     members: list[Any] = []
     # the heal runs in reverse: network first, then clocks and clients, then processes (backends first)
     if "kill" in names:
-        members.append(process.kill(process.stack_targets(stack), rng=_rng_for(seed, "kill")))
+        members.append(process_faults.kill(process_faults.stack_targets(stack), rng=_rng_for(seed, "kill")))
     if "pause" in names:
-        members.append(process.pause(process.stack_targets(stack), rng=_rng_for(seed, "pause")))
+        members.append(process_faults.pause(process_faults.stack_targets(stack), rng=_rng_for(seed, "pause")))
     if "valkey-crash" in names:
         members.append(valkey.valkey_crash(stack.process("valkey")))
     if "valkey-restore" in names:
         members.append(valkey.valkey_restore(stack.process("valkey"), stack.dir / "valkey-snapshots"))
     if "client-pause" in names:
-        members.append(process.client_pause(client_pauses, rng=_rng_for(seed, "client-pause")))
+        members.append(process_faults.client_pause(client_pauses, rng=_rng_for(seed, "client-pause")))
     if "leader-pause" in names:  # a system that declares its leader (lab.sut.processes.SutStack.leader_nemesis)
         if not hasattr(stack, "leader_nemesis"):
             raise ValueError("--nemesis leader-pause: the system under test declares no leader")

@@ -54,7 +54,7 @@ from redis.retry import Retry
 from lab.stack.process import ProcessError
 from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess
 from nemesis.core import NemesisUnavailable, completion
-from nemesis.process import (RESTART_TIMEOUT_S, _seconds, heal_processes, kill_process, restart_process,
+from nemesis.process_faults import (RESTART_TIMEOUT_S, _seconds, heal_processes, kill_process, restart_process,
                              wait_ready)
 
 __all__ = ["ValkeyCrashNemesis", "ValkeyOwner", "ValkeyRestoreNemesis", "data_files", "valkey_crash",
@@ -68,7 +68,7 @@ class ValkeyOwner(Protocol):
     """What valkey-crash needs of the stack's Valkey (a ValkeyProcess, a compose ContainerProcess).
 
     Beyond the brief's surface, `pid`, `healthy()` and `stop()` are listed
-    because nemesis.process's kill / restart / readiness helpers call them.
+    because nemesis.process_faults's kill / restart / readiness helpers call them.
     """
 
     persistence: str

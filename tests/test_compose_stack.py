@@ -497,7 +497,7 @@ def test_unknown_process_names_the_known_ones(running):
 
 # -- the existing nemeses over a compose stack ----------------------------------------------------------
 def test_process_nemesis_primitives_drive_containers(running):
-    from nemesis.process import kill_process, restart_process, stack_targets
+    from nemesis.process_faults import kill_process, restart_process, stack_targets
 
     stack, client = running
     targets = stack_targets(stack)

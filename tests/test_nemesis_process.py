@@ -20,7 +20,7 @@ import redis
 from lab.client import LeaseClient
 from lab.stack.valkey import ValkeyProcess
 from nemesis.core import compose
-from nemesis.process import (
+from nemesis.process_faults import (
     ClientPauses,
     ProcessHealError,
     client_pause,

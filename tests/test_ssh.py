@@ -586,7 +586,7 @@ async def test_process_clock_and_partition_nemeses_run_on_the_hosts(ssh_lab, tmp
     import redis
 
     from lab.stack.local import LocalStack
-    from nemesis.process import kill, pause
+    from nemesis.process_faults import kill, pause
 
     test = {"name": "ssh-nemeses"}
     stack = SshStack(name="ssh-nemeses", root=tmp_path / "stack")

@@ -126,13 +126,13 @@ def test_lock_recipe_tokens_expiry_and_commits(cluster):
 def test_each_nemesis_takes_effect_on_the_etcd_processes(cluster):
     """kill: the member's pid is gone and comes back; pause: SIGSTOPped, requests time out; partition:
     requests through the isolated member time out, and it answers again after the heal."""
-    from nemesis import network, process
+    from nemesis import network, process_faults
     from nemesis.core import invocation
     from nemesis.topology import Topology
-    from nemesis.toxiproxy import ToxiproxyClient
+    from nemesis.toxiproxy_api import ToxiproxyClient
 
     ident = identity_for("k1")
-    targets = process.stack_targets(cluster)
+    targets = process_faults.stack_targets(cluster)
     assert {"etcd-1", "etcd-2", "etcd-3", "store"} <= set(targets)
     etcd2 = cluster.process("etcd-2")
 
@@ -143,7 +143,7 @@ def test_each_nemesis_takes_effect_on_the_etcd_processes(cluster):
         via2 = client(cluster, 1, 2, timeout_s=1.0)
         try:
             assert await answers(via2)
-            kill = process.kill(targets, rng=1)
+            kill = process_faults.kill(targets, rng=1)
             await kill.setup(None)
             old = etcd2.pid
             done = await kill.invoke(None, invocation("start-kill", {"targets": ["etcd-2"]}))
@@ -156,9 +156,9 @@ def test_each_nemesis_takes_effect_on_the_etcd_processes(cluster):
             assert done["value"]["restarted"]["etcd-2"]["ready"] and etcd2.alive() and etcd2.pid != old
             await until(lambda: answers(via2), timeout=30, what="the restarted member to serve")
 
-            pause = process.pause(targets, rng=1)
+            pause = process_faults.pause(targets, rng=1)
             await pause.invoke(None, invocation("start-pause", {"targets": ["etcd-2"]}))
-            assert process.is_stopped(etcd2)
+            assert process_faults.is_stopped(etcd2)
             timed_out = await via2.inspect(ident, deadline_s=1.0)
             assert timed_out.code == "lease_backend_unavailable" and "after sending" in timed_out.msg
             await pause.invoke(None, invocation("stop-pause"))
@@ -191,7 +191,7 @@ def test_each_nemesis_takes_effect_on_the_etcd_processes(cluster):
 def test_leader_pause_stops_the_raft_leader_and_another_takes_over(cluster):
     from lab.sut.etcd import leader_of
     from lab.sut.processes import leader_pause
-    from nemesis import process
+    from nemesis import process_faults
     from nemesis.core import invocation
 
     first = leader_of(cluster)
@@ -202,12 +202,12 @@ def test_leader_pause_stops_the_raft_leader_and_another_takes_over(cluster):
         assert nem.fs == {"start-leader-pause", "stop-leader-pause"}
         done = await nem.invoke(None, invocation("start-leader-pause"))
         assert done["value"]["phase"] == "start" and done["value"]["targets"] == [first]
-        assert process.is_stopped(cluster.process(first))
+        assert process_faults.is_stopped(cluster.process(first))
         second = await until(lambda: asyncio.to_thread(leader_of, cluster), timeout=30,
                              what="the other members to elect a leader")
         assert second != first
         done = await nem.invoke(None, invocation("stop-leader-pause"))
-        assert done["value"]["resumed"][first]["signal"] == "SIGCONT" and not process.is_stopped(
+        assert done["value"]["resumed"][first]["signal"] == "SIGCONT" and not process_faults.is_stopped(
             cluster.process(first))
         await nem.teardown(None)
 
@@ -218,7 +218,7 @@ def test_paused_client_sends_nothing_while_its_lease_runs_out(cluster):
     """The lab's client-pause gate is a real pause for this client: it has no background task, so a worker
     held at its gate sends no request at all (no keep-alive either) while etcd expires its lease and a
     successor takes the lock; resumed, its renew learns the lease is gone."""
-    from nemesis.process import ClientPauses
+    from nemesis.process_faults import ClientPauses
     from workloads.fenced_append import FencedAppendDriver
 
     test = Test(workload="fenced-append", extra={"sut": "etcd"}, concurrency=2)

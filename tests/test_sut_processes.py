@@ -76,19 +76,19 @@ def test_declared_processes_are_owned_and_proxied(kv_stack):
 
 
 def test_existing_nemeses_act_on_declared_processes(kv_stack):
-    from nemesis import network, process
+    from nemesis import network, process_faults
     from nemesis.core import invocation
     from nemesis.topology import Topology
-    from nemesis.toxiproxy import ToxiproxyClient
+    from nemesis.toxiproxy_api import ToxiproxyClient
 
     status = kv_stack.up(StackOptions(store=False, toxiproxy=True))
-    targets = process.stack_targets(kv_stack)
+    targets = process_faults.stack_targets(kv_stack)
     assert list(targets) == ["kv-1", "kv-2"]  # members are targets; Toxiproxy never is
     kv1 = kv_stack.process("kv-1")
     node = next(n for n in status["client_nodes"] if n == f"redis://{status['topology']['c1_kv-1']['listen']}/0")
 
     async def scenario():
-        kill = process.kill(targets, rng=1)
+        kill = process_faults.kill(targets, rng=1)
         await kill.setup(None)
         old = kv1.pid
         done = await kill.invoke(None, invocation("start-kill", {"targets": ["kv-1"]}))
@@ -98,9 +98,9 @@ def test_existing_nemeses_act_on_declared_processes(kv_stack):
         assert done["value"]["restarted"]["kv-1"]["ready"] and kv1.alive() and kv1.pid != old
         assert await asyncio.to_thread(_ping, node)
 
-        pause = process.pause(targets, rng=1)
+        pause = process_faults.pause(targets, rng=1)
         await pause.invoke(None, invocation("start-pause", {"targets": ["kv-1"]}))
-        assert process.is_stopped(kv1)
+        assert process_faults.is_stopped(kv1)
         assert not await asyncio.to_thread(_ping, node, 0.5)
         await pause.invoke(None, invocation("stop-pause"))
         assert await asyncio.to_thread(_ping, node)

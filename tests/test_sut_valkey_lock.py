@@ -304,10 +304,10 @@ def test_each_nemesis_takes_effect_on_the_lab_owned_valkey(tmp_path):
     from lab.sut.processes import SutStack
     from lab.sut.valkey_lock import valkey_processes
     from lab.testmap import Test
-    from nemesis import network, process
+    from nemesis import network, process_faults
     from nemesis.core import invocation
     from nemesis.topology import Topology
-    from nemesis.toxiproxy import ToxiproxyClient
+    from nemesis.toxiproxy_api import ToxiproxyClient
     from tests.conftest import until
 
     stack = SutStack(valkey_processes(Test(workload="fenced-append", extra={"sut": "valkey-lock-fenced"})),
@@ -328,9 +328,9 @@ def test_each_nemesis_takes_effect_on_the_lab_owned_valkey(tmp_path):
         try:
             held = await c1.acquire(ident("n"), ttl_ms=60_000)
             assert held.ok
-            targets = process.stack_targets(stack)
+            targets = process_faults.stack_targets(stack)
             assert {"valkey", "store"} <= set(targets)
-            kill = process.kill(targets, rng=1)
+            kill = process_faults.kill(targets, rng=1)
             await kill.setup(None)
             old = valkey.pid
             done = await kill.invoke(None, invocation("start-kill", {"targets": ["valkey"]}))
@@ -344,9 +344,9 @@ def test_each_nemesis_takes_effect_on_the_lab_owned_valkey(tmp_path):
             after = await c2.inspect(ident("n"), deadline_s=1.0)
             assert after.ok and after.lease.lease_id == held.lease.lease_id  # the lock survived the kill
 
-            pause = process.pause(targets, rng=1)
+            pause = process_faults.pause(targets, rng=1)
             await pause.invoke(None, invocation("start-pause", {"targets": ["valkey"]}))
-            assert process.is_stopped(valkey)
+            assert process_faults.is_stopped(valkey)
             maybe = await c1.release(held.lease, deadline_s=0.5)
             assert maybe.outcome == "info" and maybe.code == "timeout"  # sent: it may yet run
             await pause.invoke(None, invocation("stop-pause"))

@@ -13,7 +13,7 @@ from redis.retry import Retry
 from lab.stack.process import free_port, port_open
 from lab.stack.toxiproxy import ToxiproxyProcess
 from nemesis.topology import Topology
-from nemesis.toxiproxy import ToxiproxyClient, ToxiproxyError, validate_toxic
+from nemesis.toxiproxy_api import ToxiproxyClient, ToxiproxyError, validate_toxic
 from conftest import SESSION_PIDS
 
 

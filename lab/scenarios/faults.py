@@ -23,7 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from lab.sut import is_external
-from nemesis import process
+from nemesis import process_faults
 from nemesis.core import NemesisUnavailable, completion, compose
 from nemesis.registry import build
 
@@ -157,8 +157,8 @@ def build_nemesis(test: Any, scenario: Any, identity_for) -> Any:
         registered, _random_lane = build(test, list(scenario.nemeses), interval_s=1.0, seed=test.seed)
         members.append(registered)
     if scenario.client_pause:
-        pauses = test.live.setdefault("client_pauses", process.ClientPauses(test.concurrency))
-        members.append(process.client_pause(pauses, rng=random.Random(f"{test.seed}:client-pause"),
+        pauses = test.live.setdefault("client_pauses", process_faults.ClientPauses(test.concurrency))
+        members.append(process_faults.client_pause(pauses, rng=random.Random(f"{test.seed}:client-pause"),
                                             max_duration_s=30))
     if scenario.pokes:
         members.append(ValkeyPoke(identity_for))

@@ -21,7 +21,7 @@ from lab.stack.process import ManagedProcess, free_port
 class LeaseServerProcess(ManagedProcess):
     """A reference lease server instance on a free loopback port."""
 
-    serves_leases = True  # nemesis.process: ready when /healthz answers at all (503 while Valkey is cut off)
+    serves_leases = True  # nemesis.process_faults: ready when /healthz answers at all (503 while Valkey is cut off)
 
     def __init__(self, run_dir: Path, *, valkey_url: str, principals_file: Path, name: str = "lease-1",
                  port: int | None = None, config_file: Path | None = None, env: dict[str, str] | None = None,

@@ -210,7 +210,7 @@ class LocalStack(StackFiles):
         import asyncio
 
         from nemesis.topology import Topology, standard_links
-        from nemesis.toxiproxy import ToxiproxyClient
+        from nemesis.toxiproxy_api import ToxiproxyClient
 
         tp = self._start(ToxiproxyProcess(self.dir))
         self.info["toxiproxy"] = tp.url

@@ -528,7 +528,7 @@ class RemoteProcess:
 
 
 class RemoteLeaseServer(RemoteProcess):
-    """A remote reference lease server: `serves_leases`, so nemesis.process treats it as a server (ready when
+    """A remote reference lease server: `serves_leases`, so nemesis.process_faults treats it as a server (ready when
     /healthz answers at all, even 503 while its Valkey is cut off), and `url` works."""
 
     serves_leases = True

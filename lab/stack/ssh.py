@@ -24,7 +24,7 @@ run directory (only one carrying our marker file). API keys never leave the
 lab machine: hosts get the principals file, which holds salted key hashes.
 
 The nemeses run on the hosts: the process nemesis through
-`RemoteProcess.kill/pause/resume/start` (`nemesis.process.kill(stack.targets(), ...)`),
+`RemoteProcess.kill/pause/resume/start` (`nemesis.process_faults.kill(stack.targets(), ...)`),
 the clock nemesis through remote offset files (`stack.clock_nemesis(...)`) and
 partitions through iptables DROP rules on the hosts (`stack.partition(...)`).
 """
@@ -427,7 +427,7 @@ class SshStack(StackFiles):
 
     # -- nemeses on the hosts ---------------------------------------------------------
     def targets(self) -> dict[str, RemoteProcess]:
-        """The process nemesis's targets: `nemesis.process.kill(stack.targets(), rng=...)` (or `pause`)."""
+        """The process nemesis's targets: `nemesis.process_faults.kill(stack.targets(), rng=...)` (or `pause`)."""
         return {p.name: p for p in self.processes}
 
     def clocks(self) -> dict[str, RemoteFakeClock]:

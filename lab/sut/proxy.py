@@ -25,7 +25,7 @@ from urllib.parse import urlsplit, urlunsplit
 from lab.stack.process import ManagedProcess
 from lab.stack.toxiproxy import ToxiproxyProcess
 from nemesis.topology import Topology, standard_links
-from nemesis.toxiproxy import ToxiproxyClient
+from nemesis.toxiproxy_api import ToxiproxyClient
 
 
 def server_address(url: str) -> str:

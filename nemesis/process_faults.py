@@ -31,7 +31,6 @@ all targets are running, not stopped, and answering afterwards.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -530,7 +529,7 @@ class ClientPauseNemesis:
     def __init__(self, pauses: ClientPauses, *, rng: Any, threads: Sequence[int] | None = None,
                  duration_s: float | None = None, max_duration_s: float = 60.0):
         if not isinstance(pauses, ClientPauses):
-            raise ValueError(f"pauses must be a nemesis.process.ClientPauses, got {type(pauses).__name__}")
+            raise ValueError(f"pauses must be a nemesis.process_faults.ClientPauses, got {type(pauses).__name__}")
         self.pauses = pauses
         self.name = self.fault
         self.rng = as_rng(rng)
