@@ -15,17 +15,8 @@ from lab.server.testing import in_process_server
 from lab.stack.valkey import ValkeyProcess
 
 from conftest import lease_expired
-from test_server_failures import counter_value as counter  # an identity's fencing counter in Valkey
-
-
-@pytest.fixture
-def own_valkey(run_dir):
-    """A Valkey of this test's own: its command counters see this test's calls only."""
-    v = ValkeyProcess(run_dir, name="valkey-backend").start()
-    try:
-        yield v
-    finally:
-        v.stop()
+# a Valkey of the test's own (its command counters see this test's calls only); an identity's fencing counter
+from test_server_failures import counter_value as counter, own_valkey  # noqa: F401 (own_valkey: a fixture)
 
 
 def stats(v: ValkeyProcess) -> dict[str, int]:
