@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from lab.generator.protocols import Nemesis  # the one nemesis protocol (the interpreter's), re-exported here
+from lab.stack.errors import NemesisUnavailable  # raised by the stack's fault substrates too; re-exported here
 
 __all__ = [
     "invocation",
@@ -40,10 +41,6 @@ __all__ = [
 
 NEMESIS_PROCESS = "nemesis"
 PHASES = ("start", "end", "none")
-
-
-class NemesisUnavailable(RuntimeError):
-    """A nemesis cannot run here (not root, a binary or library missing); the message is one line."""
 
 
 def completion(op: dict, value: Any, error: Any = None) -> dict:

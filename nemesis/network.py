@@ -1,6 +1,6 @@
 """Network nemeses over the Toxiproxy topology: partition, latency, bandwidth, reset-peer, slicer.
 
-Each fault is a set of Toxiproxy toxics on chosen links (`nemesis.topology`):
+Each fault is a set of Toxiproxy toxics on chosen links (`lab.stack.topology`):
 one toxic per (link, stream), named `<fault>-<stream>` so several nemeses can
 share a link and each removes only its own. A link's `upstream` stream carries
 `from -> to` (requests), `downstream` carries `to -> from` (responses); a
@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from nemesis.core import NemesisUnavailable, Rounds, as_rng, completion
-from nemesis.topology import Link, Topology, role
-from nemesis.toxiproxy_api import ToxiproxyError, validate_toxic
+from lab.stack.topology import Link, Topology, role
+from lab.stack.toxiproxy_api import ToxiproxyError, validate_toxic
 
 __all__ = [
     "DIRECTIONS",
@@ -212,7 +212,7 @@ class ToxicNemesis:
     def __init__(self, topology: Topology, *, fault: str, rng: Any, params: dict[str, Any],
                  directions: Any = ("both",), scopes: Any = SCOPES, toxicity: float = 1.0):
         if not isinstance(topology, Topology):
-            raise ValueError(f"topology must be a nemesis.topology.Topology, got {type(topology).__name__}")
+            raise ValueError(f"topology must be a lab.stack.topology.Topology, got {type(topology).__name__}")
         if not topology.links:
             raise ValueError("topology has no links")
         self.topology = topology

@@ -40,7 +40,7 @@ import psutil
 
 from lab.stack.process import Process, ProcessError
 from nemesis.core import NemesisUnavailable, Rounds, as_rng, completion
-from nemesis.topology import role
+from lab.stack.topology import role
 
 __all__ = [
     "ClientPauseNemesis",

@@ -28,11 +28,11 @@ from typing import Any
 from lab import paths
 from nemesis import clock, network, process_faults, valkey
 from nemesis.core import NemesisUnavailable, compose
-from nemesis.netns import NetnsHosts, check_netns_available, netns_partition
+from nemesis.netns_partition import NetnsHosts, check_netns_available, netns_partition
 from nemesis.network import DIRECTIONS
 from nemesis.schedule import Fault, nemesis_generator
-from nemesis.topology import Topology
-from nemesis.toxiproxy_api import ToxiproxyClient
+from lab.stack.topology import Topology
+from lab.stack.toxiproxy_api import ToxiproxyClient
 
 __all__ = ["NEMESES", "NemesisSpec", "ToxiproxyNemeses", "build", "external_problem", "known_names", "stack_options",
            "validate_names"]
@@ -308,8 +308,11 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
         if not hasattr(stack, "leader_nemesis"):
             raise ValueError("--nemesis leader-pause: the system under test declares no leader")
         members.append(stack.leader_nemesis(rng=_rng_for(seed, "leader-pause")))
-    if "clock" in names and hasattr(stack, "clock_nemesis"):  # SSH hosts: the offset files live on the hosts
-        members.append(stack.clock_nemesis(rng=_rng_for(seed, "clock"), client_clocks=client_clocks))
+    on_ssh = info.get("backend") == "ssh"  # SSH hosts: offset files and iptables rules live on the hosts
+    if on_ssh and ("clock" in names or "partition" in names):
+        from nemesis.ssh import ssh_clock, ssh_partition  # paramiko (~80 ms): only for an SSH stack
+    if "clock" in names and on_ssh:
+        members.append(ssh_clock(stack, rng=_rng_for(seed, "clock"), client_clocks=client_clocks))
     elif "clock" in names:
         if not info.get("clocks"):
             raise ValueError("--nemesis clock: the stack was started without fake clocks (StackOptions fake_clocks=True)")
@@ -324,10 +327,10 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
     if "client-clock" in names:  # the lab's own clients only: no stack process is touched
         members.append(clock.clock(None, rng=_rng_for(seed, "client-clock"), client_clocks=client_clocks))
     network_names = [n for n in names if NEMESES[n].family == "network"]
-    if network_names and not info.get("toxiproxy") and hasattr(stack, "partition"):
+    if network_names and not info.get("toxiproxy") and on_ssh:
         if network_names != ["partition"]:  # SSH hosts: kernel rules cut links; nothing there delays them
             raise ValueError(f"--nemesis {','.join(network_names)}: on SSH hosts only partition (iptables) applies")
-        members.append(stack.partition(rng=_rng_for(seed, "partition"), directions=DIRECTIONS))
+        members.append(ssh_partition(stack, rng=_rng_for(seed, "partition"), directions=DIRECTIONS))
     elif network_names:
         if not info.get("toxiproxy") or not info.get("topology"):
             raise ValueError(f"--nemesis {','.join(network_names)}: the stack was started without Toxiproxy "
@@ -337,7 +340,7 @@ def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float 
         hosts = test.live.get("netns_hosts") or getattr(stack, "netns_hosts", None)
         if not isinstance(hosts, NetnsHosts):
             raise ValueError("--nemesis netns: the stack's processes must run in network namespaces "
-                             "(test.live['netns_hosts'], a nemesis.netns.NetnsHosts): start the local stack "
+                             "(test.live['netns_hosts'], a nemesis.netns_partition.NetnsHosts): start the local stack "
                              "with StackOptions(netns=True)")
         # every grudge that applies, both ways and one-way (the Toxiproxy partition draws the same)
         members.append(netns_partition(hosts, rng=_rng_for(seed, "netns"), directions=DIRECTIONS))

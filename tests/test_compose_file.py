@@ -23,7 +23,7 @@ import yaml
 
 from lab.paths import REPO_ROOT
 from lab.stack.compose import compose_limits, load_proxies
-from nemesis.topology import link_name
+from lab.stack.topology import link_name
 
 COMPOSE_DIR = REPO_ROOT / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"

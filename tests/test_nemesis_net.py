@@ -29,8 +29,8 @@ from lab.paths import REPO_ROOT
 from lab.stack.toxiproxy import ToxiproxyProcess
 from nemesis.core import Nemesis, NemesisUnavailable, compose, heal_all, running
 from nemesis.network import bandwidth, grudge_pairs, latency, partition, reset_peer, slicer
-from nemesis.topology import Topology, link_name, role, standard_links
-from nemesis.toxiproxy_api import ToxiproxyClient
+from lab.stack.topology import Topology, link_name, role, standard_links
+from lab.stack.toxiproxy_api import ToxiproxyClient
 from nemesis.core import invocation as op
 
 TEST = {"name": "nemesis-net"}  # the nemeses ignore the test value; any value does
@@ -143,9 +143,9 @@ async def test_topology_reset_clears_toxics_and_reenables_proxies(tp, topo):
 
 
 def test_public_names_exist():
-    import nemesis.core, nemesis.netns, nemesis.network, nemesis.topology, nemesis.toxiproxy_api
+    import nemesis.core, nemesis.netns_partition, nemesis.network, lab.stack.topology, lab.stack.toxiproxy_api
 
-    for module in (nemesis.core, nemesis.netns, nemesis.network, nemesis.topology, nemesis.toxiproxy_api):
+    for module in (nemesis.core, nemesis.netns_partition, nemesis.network, lab.stack.topology, lab.stack.toxiproxy_api):
         missing = [n for n in module.__all__ if not hasattr(module, n)]
         assert missing == [], f"{module.__name__}.__all__ names missing attributes: {missing}"
 
@@ -500,8 +500,8 @@ def test_ctrl_c_heals_the_partition(toxiproxy_server, valkey, tmp_path):
         sys.path.insert(0, {str(REPO_ROOT)!r})
         from nemesis.core import running
         from nemesis.network import partition
-        from nemesis.topology import Topology
-        from nemesis.toxiproxy_api import ToxiproxyClient
+        from lab.stack.topology import Topology
+        from lab.stack.toxiproxy_api import ToxiproxyClient
 
         async def main():
             client = ToxiproxyClient({toxiproxy_server.url!r})

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-import nemesis.netns as netns
+import lab.stack.netns as netns  # the namespace substrate (its checks and commands are patched below)
 from nemesis.core import Nemesis, NemesisUnavailable, running
-from nemesis.netns import NetnsHosts, check_netns_available, netns_partition
+from nemesis.netns_partition import NetnsHosts, check_netns_available, netns_partition
 from nemesis.core import invocation as op
 
 TEST = {"name": "nemesis-netns"}

@@ -28,7 +28,7 @@ from lab.testmap import Test
 from nemesis import registry
 from nemesis.process_faults import is_stopped, stack_targets
 from nemesis.schedule import Fault, final_heal, nemesis_generator, plan
-from nemesis.toxiproxy_api import ToxiproxyClient
+from lab.stack.toxiproxy_api import ToxiproxyClient
 
 # everything the local stack can run (leader-pause needs a system that names its leader: tests/test_sut_etcd.py)
 # client-clock is the client half of clock (the two are exclusive): tests/test_external_runs.py runs it

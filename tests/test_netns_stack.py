@@ -30,7 +30,7 @@ from lab.client import LeaseClient
 from lab.stack.local import LocalStack, StackError, StackOptions
 from nemesis import registry
 from nemesis.core import running
-from nemesis.netns import NetnsHosts, netns_partition, sweep_stale
+from nemesis.netns_partition import NetnsHosts, netns_partition, sweep_stale
 from workloads.common import identity_for, pick_credential
 from nemesis.core import invocation as op
 
@@ -92,9 +92,9 @@ def test_netns_excludes_toxiproxy_and_an_external_store(opts, message):
 
 
 def test_netns_stack_needs_root_in_one_line(monkeypatch):
-    import nemesis.netns
+    import lab.stack.netns
 
-    monkeypatch.setattr(nemesis.netns.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(lab.stack.netns.os, "geteuid", lambda: 1000)
     with pytest.raises(StackError, match=r"^netns nemesis needs root .* running as uid 1000$"):
         StackOptions(netns=True).validate()
     from lab.runner import RunError, validate

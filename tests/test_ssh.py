@@ -35,6 +35,7 @@ from lab.stack.local import StackError
 from lab.stack.process import free_port
 from lab.stack.remote import RemoteError, RemoteProcess, SshHost, parse_target, remote_process
 from lab.stack.ssh import SshOptions, SshStack
+from nemesis.ssh import ssh_clock, ssh_partition
 
 SSHD = "/usr/sbin/sshd"
 is_root = os.geteuid() == 0
@@ -375,7 +376,7 @@ class SshLab:
     """Three namespace hosts running sshd, reachable from the lab; knows what to check at the end."""
 
     def __init__(self, tmp: Path):
-        from nemesis.netns import NetnsHosts
+        from nemesis.netns_partition import NetnsHosts
 
         self.tmp = tmp
         self.keys = Keys(tmp / "ssh")
@@ -479,7 +480,7 @@ def test_workload_over_ssh_with_kernel_partitions(ssh_lab, tmp_path, workload):
     import lab.generator as gen
     from lab.history import HistoryWriter, read_history
     from lab.testmap import Test
-    from nemesis.netns import netns_partition
+    from nemesis.netns_partition import netns_partition
     from workloads import get_workload
 
     stack = SshStack(name="ssh-test", root=tmp_path / "stack")
@@ -620,7 +621,7 @@ async def test_process_clock_and_partition_nemeses_run_on_the_hosts(ssh_lab, tmp
         # clock: the remote offset file moves Valkey's TIME (libfaketime on the host)
         vk = redis.Redis.from_url(stack.status()["valkey"], socket_timeout=2)
         try:
-            cn = stack.clock_nemesis(rng=0, targets=["valkey"])
+            cn = ssh_clock(stack, rng=0, targets=["valkey"])
             await cn.setup(test)
             done = (await cn.invoke(test, nemesis_op("bump-clock", {"targets": ["valkey"], "delta_s": 3600})))["value"]
             assert done["offsets"] == {"valkey": 3600}
@@ -634,7 +635,7 @@ async def test_process_clock_and_partition_nemeses_run_on_the_hosts(ssh_lab, tmp
             vk.close()
 
         # partitions: iptables DROP rules added on the hosts over SSH, tagged, and healed
-        part = stack.partition(rng=0)
+        part = ssh_partition(stack, rng=0)
         await part.setup(test)
         assert part.pairs == [("lease-1", "valkey"), ("lease-2", "valkey"), ("lease-2", "store")]
         done = (await part.invoke(test, nemesis_op("start-partition",

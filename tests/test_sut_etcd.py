@@ -128,8 +128,8 @@ def test_each_nemesis_takes_effect_on_the_etcd_processes(cluster):
     requests through the isolated member time out, and it answers again after the heal."""
     from nemesis import network, process_faults
     from nemesis.core import invocation
-    from nemesis.topology import Topology
-    from nemesis.toxiproxy_api import ToxiproxyClient
+    from lab.stack.topology import Topology
+    from lab.stack.toxiproxy_api import ToxiproxyClient
 
     ident = identity_for("k1")
     targets = process_faults.stack_targets(cluster)

@@ -78,8 +78,8 @@ def test_declared_processes_are_owned_and_proxied(kv_stack):
 def test_existing_nemeses_act_on_declared_processes(kv_stack):
     from nemesis import network, process_faults
     from nemesis.core import invocation
-    from nemesis.topology import Topology
-    from nemesis.toxiproxy_api import ToxiproxyClient
+    from lab.stack.topology import Topology
+    from lab.stack.toxiproxy_api import ToxiproxyClient
 
     status = kv_stack.up(StackOptions(store=False, toxiproxy=True))
     targets = process_faults.stack_targets(kv_stack)

@@ -306,8 +306,8 @@ def test_each_nemesis_takes_effect_on_the_lab_owned_valkey(tmp_path):
     from lab.testmap import Test
     from nemesis import network, process_faults
     from nemesis.core import invocation
-    from nemesis.topology import Topology
-    from nemesis.toxiproxy_api import ToxiproxyClient
+    from lab.stack.topology import Topology
+    from lab.stack.toxiproxy_api import ToxiproxyClient
     from tests.conftest import until
 
     stack = SutStack(valkey_processes(Test(workload="fenced-append", extra={"sut": "valkey-lock-fenced"})),

@@ -12,8 +12,8 @@ from redis.retry import Retry
 
 from lab.stack.process import free_port, port_open
 from lab.stack.toxiproxy import ToxiproxyProcess
-from nemesis.topology import Topology
-from nemesis.toxiproxy_api import ToxiproxyClient, ToxiproxyError, validate_toxic
+from lab.stack.topology import Topology
+from lab.stack.toxiproxy_api import ToxiproxyClient, ToxiproxyError, validate_toxic
 from conftest import SESSION_PIDS
 
 

@@ -5,9 +5,10 @@ registry use of a placement (Jepsen's DB: set up, tear down, and the nodes'
 processes): `up(options)` -> status, `down()`, `status()`, `processes`,
 `process(name)`, `dir`, and `info` (addresses, Toxiproxy topology, clock
 files). `LocalStack`, `ComposeStack` and `SshStack` implement it
-(tests/test_stack_protocol.py); a backend-specific ability (the SSH stack's
-`partition` and `clock_nemesis`, the local stack's `netns_hosts`) is asked for
-with `hasattr`, as Jepsen's optional DB protocols are.
+(tests/test_stack_protocol.py); a backend-specific ability (the local stack's
+`netns_hosts`, a system's `leader_nemesis`) is asked for with `hasattr`, as
+Jepsen's optional DB protocols are; the nemeses of SSH hosts live in
+`nemesis.ssh` and take the stack.
 
 A backend is a class with `name`, `home`, `root`, `processes` and `info`;
 mixing in `StackFiles` gives it the directory layout, `save_state`, the

@@ -54,6 +54,7 @@ from lab.stack.faketime import FakeClock
 from lab.stack.images import ImageSet, ensure_images
 from lab.stack.local import StackError, StackOptions, stack_dir, write_private_json
 from lab.stack.process import ManagedProcess, ProcessError
+from lab.stack.topology import Topology, link_name, standard_links
 
 __all__ = [
     "BACKEND",
@@ -198,8 +199,6 @@ def project_name(stack_name: str) -> str:
 # -- the Toxiproxy configuration ----------------------------------------------------
 def load_proxies(path: Path) -> dict[str, dict[str, Any]]:
     """The proxies of `toxiproxy.json` by name, checked: `<from>_<to>` names, `host:port` addresses."""
-    from nemesis.topology import link_name
-
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -814,8 +813,6 @@ class ComposeStack(StackFiles):
 
     def _describe(self, opts: StackOptions, proxies: dict[str, dict[str, Any]]) -> None:
         """URLs on 127.0.0.1 and the Toxiproxy topology, as LocalStack records them."""
-        from nemesis.topology import Topology, standard_links
-
         def url(service: str, scheme: str, suffix: str = "") -> str:
             port = self.process(service).host_port()
             if port is None:

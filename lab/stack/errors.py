@@ -1,4 +1,4 @@
-"""Stack names, where their state lives, and the error every backend raises."""
+"""Stack names, where their state lives, and the errors every backend raises."""
 
 from __future__ import annotations
 
@@ -11,6 +11,11 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 class StackError(RuntimeError):
     """A stack cannot be brought up, found, or stopped as asked."""
+
+
+class NemesisUnavailable(RuntimeError):
+    """A fault cannot be injected here (not root, a binary or library missing); the message is one line.
+    Raised by the nemeses and by the stack's fault substrates (network namespaces); `nemesis.core` re-exports it."""
 
 
 def fencelab_home() -> Path:

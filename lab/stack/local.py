@@ -7,7 +7,7 @@ from another command, much later) always finds and stops exactly what `up()`
 started, by pid.
 
 With `StackOptions(netns=True)` (root) every server process runs in its own
-network namespace host (`nemesis.netns.NetnsHosts`: `valkey`, `store`,
+network namespace host (`lab.stack.netns.NetnsHosts`: `valkey`, `store`,
 `lease-N`), listening on that host's address, and this (the lab's) namespace
 joins their bridge through one veth as endpoint `c1`, where the workload's
 clients run; the `netns` nemesis cuts links between them with iptables.
@@ -33,12 +33,15 @@ from lab.secrets import redact_url
 from lab.server.auth import provision_demo_principals, write_principals_file
 from lab.server.mutants import MUTANT_NAMES
 from lab.stack.base import StackFiles, write_private_json  # noqa: F401 - re-exported
-from lab.stack.errors import NAME_RE, StackError, fencelab_home, stack_dir  # noqa: F401 - re-exported
+from lab.stack.errors import NAME_RE, NemesisUnavailable, StackError, fencelab_home, stack_dir  # noqa: F401 - re-exported
 from lab.stack.faketime import faketime_env
 from lab.stack.leaseserver import LeaseServerProcess
+from lab.stack.netns import NetnsHosts, check_netns_available, free_subnet, sweep_stale
 from lab.stack.process import ManagedProcess, ProcessError, free_port
 from lab.stack.store import PouchDBProcess
+from lab.stack.topology import Topology, standard_links
 from lab.stack.toxiproxy import ToxiproxyProcess
+from lab.stack.toxiproxy_api import ToxiproxyClient
 from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess
 from lab.testmap import servers_problem
 
@@ -113,9 +116,6 @@ class StackOptions:
 
     def _validate_netns(self) -> None:
         """netns excludes Toxiproxy and an external store (no route leaves the namespaces); needs root, ip, iptables."""
-        from nemesis.core import NemesisUnavailable
-        from nemesis.netns import check_netns_available
-
         if self.toxiproxy:
             raise StackError("netns and toxiproxy are mutually exclusive: the servers run either in network "
                              "namespaces or on loopback behind Toxiproxy")
@@ -209,9 +209,6 @@ class LocalStack(StackFiles):
         """Start Toxiproxy and create one proxy per link; the description goes into state.json."""
         import asyncio
 
-        from nemesis.topology import Topology, standard_links
-        from nemesis.toxiproxy_api import ToxiproxyClient
-
         tp = self._start(ToxiproxyProcess(self.dir))
         self.info["toxiproxy"] = tp.url
         upstreams = {"valkey": f"127.0.0.1:{valkey.port}", **{n: f"127.0.0.1:{p}" for n, p in ports.items()}}
@@ -242,8 +239,6 @@ class LocalStack(StackFiles):
     # -- network namespaces (netns=True) ---------------------------------------------------
     def _create_netns(self, opts: StackOptions) -> None:
         """One namespace host per server process, and this namespace on their bridge as `c1`."""
-        from nemesis.netns import NetnsHosts, free_subnet, sweep_stale
-
         try:
             sweep_stale()  # what killed runs left
             names = ["valkey", *(["store"] if opts.wants_store else []),
@@ -277,9 +272,6 @@ class LocalStack(StackFiles):
 
     def _remove_netns(self) -> list[str]:
         """Delete this stack's namespaces and veth (its processes stopped), then those of killed runs."""
-        from nemesis.core import NemesisUnavailable
-        from nemesis.netns import NetnsHosts, check_netns_available, sweep_stale
-
         errors = []
         if self.netns_hosts is not None or self.info.get("netns"):
             try:

@@ -63,8 +63,8 @@ from lab.sut.registry import sut_of
 from nemesis.core import completion
 from nemesis.process_faults import PauseNemesis
 from nemesis.registry import NEMESES, _split
-from nemesis.topology import Link, Topology, _check_endpoint, link_name, role
-from nemesis.toxiproxy_api import ToxiproxyClient, ToxiproxyError
+from lab.stack.topology import Link, Topology, _check_endpoint, link_name, role
+from lab.stack.toxiproxy_api import ToxiproxyClient, ToxiproxyError
 
 CLIENTS = "clients"  # the `frm` of a link every client group dials (one proxy per group: c1_<to>, c2_<to>, ...)
 STORE = "store"  # the lab's CouchDB-API store, as a link's `to`

@@ -4,7 +4,7 @@ Against a system the lab does not run, the only links it can fault are its
 own clients' links to the servers. `ProxiedUrls` starts a Toxiproxy
 (`lab.stack.toxiproxy.ToxiproxyProcess`, listening on loopback) and makes one
 proxy per link `c<g>_lease-<i>`: client group `g` to the `i`-th `--url`, as
-the local stack does (`nemesis.topology`). The workload's clients then dial
+the local stack does (`lab.stack.topology`). The workload's clients then dial
 `client_nodes` (thread t talks to `client_nodes[t % len]`), so `partition`,
 `latency`, `reset-peer`, `bandwidth` and `slicer` act on client -> server
 links only; the grudges that need Valkey or the store links have no target
@@ -24,8 +24,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from lab.stack.process import ManagedProcess
 from lab.stack.toxiproxy import ToxiproxyProcess
-from nemesis.topology import Topology, standard_links
-from nemesis.toxiproxy_api import ToxiproxyClient
+from lab.stack.topology import Topology, standard_links
+from lab.stack.toxiproxy_api import ToxiproxyClient
 
 
 def server_address(url: str) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemesis.toxiproxy_api import ToxiproxyClient, ToxiproxyError, _check_address
+from lab.stack.toxiproxy_api import ToxiproxyClient, ToxiproxyError, _check_address
 
 __all__ = ["Link", "Topology", "link_name", "role", "standard_links"]
 
