@@ -135,3 +135,18 @@ def test_stop_reaches_a_paused_process(run_dir):
     assert not v.alive()
     with pytest.raises(ProcessError):
         v.signal(signal.SIGCONT)
+
+
+def test_free_ports_are_below_the_ephemeral_range_where_no_outgoing_connection_takes_them():
+    """A port from the kernel's ephemeral range can be taken as an outgoing connection's source port before
+    the program we start binds it (etcd failed to start so in CI): free_port draws below that range."""
+    import socket
+
+    from lab.stack.process import _ephemeral_low, free_port
+
+    low = _ephemeral_low()
+    ports = [free_port() for _ in range(100)]
+    assert all(10000 <= p < low for p in ports), [p for p in ports if not 10000 <= p < low]
+    assert len(set(ports)) > 90  # drawn, not one port over and over
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))  # free when returned

@@ -10,6 +10,7 @@ the recorded process start time guards against killing a recycled pid.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -25,8 +26,30 @@ class ProcessError(RuntimeError):
     """A managed process failed to start, become healthy, or stop."""
 
 
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (source ports of outgoing connections)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on `host` right now (the kernel picks it)."""
+    """A TCP port that is free on `host` right now, below the kernel's ephemeral range.
+
+    A port the kernel hands out for bind(0) comes from the ephemeral range, where any outgoing connection may
+    take it as its source port before the program we start binds it (etcd failed start-up so in CI); a port
+    below that range is never taken that way. Drawn at random (not seeded: ports are not part of a run's
+    replay), checked by binding it; the kernel's pick is the fallback."""
+    low, high = 10000, min(_ephemeral_low(), 65536)
+    for _ in range(50):
+        port = low + secrets.randbelow(max(high - low, 1))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
