@@ -551,10 +551,15 @@ def older_holder_final(s: Script) -> Any:
     return [s.op("read", k, f"read-{k}") for k in keys]
 
 
+def _msg(p) -> str | None:
+    """The message of a completed op's error object (the driver records errors as {"code", "msg"})."""
+    err = p.comp.get("error") if p is not None and p.comp else None
+    return err.get("msg") if isinstance(err, dict) else None
+
+
 def enforcement_point(p) -> str:
     """Which part of the fenced-write boundary refused a commit, from its message (docs/server.md)."""
-    err = p.comp.get("error") if p is not None and p.comp else None
-    msg = (err.get("msg") or "") if isinstance(err, dict) else ""
+    msg = _msg(p) or ""
     if "document already holds" in msg:
         return "store-guard"
     if "high-water mark" in msg:
@@ -874,12 +879,6 @@ def timeout_script(s: Script) -> Any:
                   s.on(0, s.again(ren, f"retry-renew-{r}", deadline_ms=2000)),
                   s.on(1, s.again(ren, f"retry2-renew-{r}", deadline_ms=2000))]
     return s.steps(*parts)
-
-
-def _msg(p) -> str | None:
-    """The message of a completed op's error object (the driver records errors as {"code", "msg"})."""
-    err = p.comp.get("error") if p is not None and p.comp else None
-    return err.get("msg") if isinstance(err, dict) else None
 
 
 def timeout_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
