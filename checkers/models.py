@@ -585,6 +585,12 @@ def _sent_mismatch(f: str, out: Output) -> bool:
     return any(sent.get(a) is not None and v.get(b) is not None and sent[a] != v[b] for a, b in pairs)
 
 
+def _names_no_lease(v: Any) -> bool:
+    """An invoke value naming neither a lease id nor a token: a client that held no lease asked for a renew,
+    release or commit (the workloads fail it without sending it; a run killed in between leaves it open)."""
+    return not isinstance(v, dict) or ("lease_id" not in v and "fencing_token" not in v)
+
+
 def _never(_state: Any) -> Any:
     """The step of an op that no state explains."""
     return ILLEGAL
@@ -595,6 +601,8 @@ def _lease_compile(inp: Input, out: Output) -> Callable[[Any], Any] | None:
     f, ok = inp.f, out.type == "ok"
     if f in _LEASE_REF_OPS and _sent_mismatch(f, out):
         return _never
+    if f in _LEASE_REF_OPS and not ok and _names_no_lease(inp.value):
+        return None  # unanswered, naming no lease: nothing it could send acts on one (C12, C13, C25)
     if f == "acquire":
         return _lease_acquire(inp, out) if ok else _lease_acquire_info
     if f == "renew":

@@ -77,6 +77,22 @@ def test_an_unanswered_acquire_may_or_may_not_have_taken_effect():
     assert linear_result(b.ops)["valid"] is True
 
 
+def test_an_open_op_naming_no_lease_acts_on_none():
+    """A run killed between the invoke of a release its client never sent (the session held no lease) and the
+    local `not_held` failure leaves that release open; it names no lease, so it can act on none (C12): the
+    history is judged, not `unknown` with a model error. An open release naming the lease may have ended it."""
+    def history(release_value: dict, seen: str) -> list[dict]:
+        b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 9000))
+        b.invoke(1, "release", release_value, key="k")  # never completes: the run was killed
+        return b.invoke(2, "inspect", None, key="k").ok(2, lease("L1", 1, 1000, 9000, seen)).ops
+
+    nameless = {"request_id": "r2", "session": "s"}
+    assert linear_result(history(nameless, "active"))["valid"] is True
+    assert linear_result(history(nameless, "released"))["valid"] is False  # nothing could have released L1
+    named = {"request_id": "r2", "lease_id": "L1", "fencing_token": 1}
+    assert linear_result(history(named, "released"))["valid"] is True
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_agrees_with_the_engine_on_simulated_and_mutated_lease_histories(seed):
     """Composed or alone, one verdict: valid on linearizable-by-construction histories, and on mutated ones
