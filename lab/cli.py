@@ -22,6 +22,7 @@ from lab.paths import MissingTool, libfaketime
 from lab.secrets import redact_secrets, redact_url
 from lab.stack.local import LocalStack, StackError, StackOptions
 from lab.stack.process import ProcessError
+from lab.test_options import test_options
 from lab.testmap import Test
 
 # Each subcommand imports what it runs inside its own function, so `fencelab --help` and the quick subcommands
@@ -261,56 +262,7 @@ class _TestCommand(click.Command):
 
 
 @main.command("test", cls=_TestCommand)
-@click.option("--workload", "-w", default="lease", show_default=True, help="Workload name (see docs/workloads.md).")
-@click.option("--time-limit", default=10.0, show_default=True, type=float, help="Seconds of the main phase.")
-@click.option("--concurrency", "-c", default=5, show_default=True, type=int, help="Client processes.")
-@click.option("--rate", default=50.0, show_default=True, type=float, help="Target ops/s over all clients.")
-@click.option("--keys", default=3, show_default=True, type=int, help="Independent keys (lock identities).")
-@click.option("--ttl-ms", default=2000, show_default=True, type=int, help="Lease TTL the workloads ask for.")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed: same seed, same op choices.")
-@click.option("--run-salt", default="new", show_default=True, metavar="SALT|new",
-              help="Makes the run's request ids and service instances its own (test.json run_salt): 'new' draws a "
-                   "fresh one, so a server that remembers an earlier run's requests cannot answer from them; give an "
-                   "earlier run's salt to send its very request ids again (docs/cli.md#run-identity).")
-@click.option("--test-count", default=1, show_default=True, type=int, help="Run the test this many times.")
-@click.option("--nemesis", default="", help="Comma-separated faults, e.g. partition,clock,kill.")
-@click.option("--nemesis-interval", default=5.0, show_default=True, type=float, help="Seconds between faults.")
-@click.option("--servers", default=2, show_default=True, type=int, help="Reference lease server instances.")
-@click.option("--name", default=None, help="Test name (the store sub-directory) [default: the workload].")
-@click.option("--store-dir", default="store", show_default=True, type=click.Path(path_type=Path),
-              help="Where runs are stored.")
-@click.option("--sut", default="reference", show_default=True,
-              help="System under test: reference, starintel, a registered name or module:Factory "
-                   "(docs/plugging-in-a-system.md).")
-@click.option("--url", "urls", multiple=True, help="An external lease server (repeatable); no local stack is started.")
-@click.option("--proxy-urls", is_flag=True,
-              help="With --url: start the lab's own Toxiproxy in front of each URL, so network nemeses act on the "
-                   "client -> server links (docs/external-systems.md).")
-@click.option("--store-db", default=None,
-              help="With --url and --store-url: the database the server writes its documents into [default: fencelab].")
-@click.option("--lab-owns-store", is_flag=True,
-              help="The --store-url store is a scratch store the lab may set up (create the database, install the "
-                   "lab's fence guard); without it the lab installs nothing into a store it did not start.")
-@click.option("--api-key-file", type=click.Path(path_type=Path), default=None,
-              help="File with the API key for an external system (else $FENCELAB_API_KEY).")
-@click.option("--scenario", default=None,
-              help="A named race scenario (docs/scenarios.md): its workload, faults, options and checker.")
-@click.option("--store-url", envvar="FENCELAB_STORE_URL", default=None,
-              help="Use this CouchDB-API store (e.g. a real CouchDB, http://user:pass@host:5984) instead of "
-                   "starting pouchdb-server [env FENCELAB_STORE_URL]; its password is never written down.")
-@click.option("--mutant", default=None,
-              help="Plant a named bug in the lab's reference servers (docs/mutants.md): the checkers must catch it.")
-@click.option("--backend", "backend", type=click.Choice(["local", "compose", "ssh"]), default="local",
-              show_default=True,
-              help="Where the lab places its reference stack: local processes, Docker Compose containers "
-                   "(docs/compose.md; needs a Docker engine, which the lab starts as root when none answers), or "
-                   "SSH nodes named by --hosts (docs/ssh-backend.md).")
-@click.option("--hosts", "hosts_file", type=click.Path(path_type=Path), default=None,
-              help="With --backend ssh: a TOML file of the nodes (nodes = [...], key_file, known_hosts, ...).")
-@click.option("--commit-mode", type=click.Choice(["fenced", "unfenced"]), default=None,
-              help="For a third-party system (docs/third-party.md): commit through the store's token guard (fenced, "
-                   "the default when the system hands out a fencing token) or whenever the client believes it "
-                   "holds the lock (unfenced).")
+@test_options
 def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
              servers, name, store_dir, sut, urls, api_key_file, scenario, store_url, mutant, proxy_urls=False,
              store_db=None, lab_owns_store=False, run_salt="new", commit_mode=None, backend="local",

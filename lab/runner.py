@@ -42,7 +42,8 @@ from lab.sut import SutError, get_sut, is_external, validate_test
 from lab.sut.probe import ProbeError, probe_external as probe, store_db
 from lab.sut.processes import stack_for
 from lab.sut.proxy import ProxiedUrls
-from lab.sut.registry import claimed_checker
+from lab.sut.registry import claimed_checker, client_clock_problem
+from lab.test_options import TEST_OPTIONS
 from lab.testmap import COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem
 from nemesis.registry import build, external_problem, stack_options, validate_names
 from workloads import WORKLOADS, get_workload, needs_of
@@ -180,7 +181,7 @@ def _validate_external(test: Test) -> None:
                        "--store-url")
     if test.nemesis:
         for name in test.nemesis:
-            problem = external_problem(name, test)
+            problem = external_problem(name, test, client_clock=client_clock_problem(test))
             if problem:
                 raise RunError(f"--nemesis {name}: {problem}")
 
@@ -256,13 +257,9 @@ def replay_command(test: Test) -> str:
     the replay with the first run's replies: add `--run-salt` from test.json to reuse it anyway. URLs keep
     no user info (give the password back, or set FENCELAB_STORE_URL).
     """
-    import click
-
-    from lab.cli import test_cmd  # upward (listed in .importlinter): the replay reads the CLI's own option list
-
     args = ["fencelab", "test"]
-    for p in test_cmd.params:
-        if not isinstance(p, click.Option) or p.name in ("test_count", "store_dir"):
+    for p in TEST_OPTIONS:
+        if p.name in ("test_count", "store_dir"):
             continue
         if p.name in _REPLAY_FIELDS:
             value = getattr(test, p.name)

@@ -168,12 +168,13 @@ def stack_options(names: Any) -> dict[str, Any]:
 
 
 # -- external systems ---------------------------------------------------------------
-def external_problem(name: str, test: Any) -> str | None:
+def external_problem(name: str, test: Any, *, client_clock: str | None = None) -> str | None:
     """Why nemesis `name` cannot act on the test's external system under test (None: it can).
 
     Against a system the lab does not run, only the lab's own side can be faulted: its client threads
     (client-pause), their clocks (client-clock, when the system's client has a settable `clock_ms`), and,
     with `--proxy-urls`, the client -> server links through the lab's own Toxiproxy (docs/external-systems.md).
+    `client_clock` is why the system's client has no settable clock (None: it has one).
     """
     spec = NEMESES.get(name)
     if spec is None:
@@ -183,13 +184,7 @@ def external_problem(name: str, test: Any) -> str | None:
     if name == "client-pause":
         return None
     if name == "client-clock":
-        from lab.sut import get_sut
-
-        entry = get_sut(getattr(test, "sut", None) or "reference")
-        if entry.name in ("reference", "starintel") or hasattr(entry.factory, "clock_ms"):
-            return None
-        return (f"{system} ({entry.name}) has no settable client clock: its LeaseSystem class declares no "
-                "`clock_ms` attribute (docs/plugging-in-a-system.md)")
+        return client_clock  # the caller asks the SUT layer (lab.sut.client_clock_problem): it sits above us
     if spec.family == "network":
         if not urls:
             return f"{system} has no network link the lab could proxy"

@@ -141,6 +141,20 @@ def sut_names() -> list[str]:
     return sorted(set(_REGISTRY) | {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
 
 
+def client_clock_problem(test: Any) -> str | None:
+    """Why the test's system has no client clock the client-clock nemesis could set (None: it has one).
+
+    The lab's own client (`reference`, `starintel`) has one; another system's LeaseSystem class declares a
+    `clock_ms` attribute to say it has (docs/plugging-in-a-system.md)."""
+    entry = get_sut(getattr(test, "sut", None) or DEFAULT_SUT)
+    if entry.name in ("reference", "starintel") or hasattr(entry.factory, "clock_ms"):
+        return None
+    urls = list(getattr(test, "urls", None) or [])
+    system = f"the external system {', '.join(urls)}" if urls else f"the in-process SUT {getattr(test, 'sut', None)!r}"
+    return (f"{system} ({entry.name}) has no settable client clock: its LeaseSystem class declares no "
+            "`clock_ms` attribute (docs/plugging-in-a-system.md)")
+
+
 def get_sut(name: str) -> SutEntry:
     """The system registered (or installed, or importable as `module:Factory`) under `name`."""
     if not isinstance(name, str) or not name:
