@@ -16,6 +16,7 @@ import pytest
 
 from checkers.core import DOMAIN_CHECKERS, compose, get_checker, pair_ops
 from checkers.linear import Linearizable, pair_history
+from checkers.linear.history import pair_partitions, partition_ops
 from lab.history import NEMESIS, HistoryError, HistoryWarning, pair
 from lab.history import pair_ops as history_pair_ops
 from lab.scenarios import SCENARIOS
@@ -185,3 +186,64 @@ def test_nemesis_pairing_only_when_asked():
     pairs, problems, _ = pair([_op(0, "info", NEMESIS, "a"), _op(1, "invoke", NEMESIS, "b"),
                             _op(2, "info", NEMESIS, "b")], strict=False, nemesis=True)
     assert [p[2:] for p in pairs] == [(0, None), (1, 2)] and "still open" in problems[0]
+
+
+def _fields(parts):
+    return [(k, [(o.index, o.process, o.f, o.key, o.input, o.output, o.call, o.ret) for o in p]) for k, p in parts]
+
+
+def _one_pairing(h, model):
+    ops = pair_history(h)
+    return len(ops), partition_ops(ops, model)
+
+
+def test_the_fused_pairing_gives_what_the_one_pairing_gives(history):
+    """checkers.linear's one-pass pairing + partitioning (`pair_partitions`) builds the same ops, in the same
+    partitions and order, as `pair_history` + `partition_ops`, and a broken history raises the one pairing's
+    error."""
+    import random
+
+    from checkers.linear.testing import mutate, mutate_lease, simulate, simulate_lease
+    from checkers.models import get_model
+
+    rng = random.Random(13)
+    cases = []
+    for i in range(60):
+        name = ["register", "cas-register", "mutex", "kv", "fenced-register"][i % 5]
+        h = simulate(name, rng, 60, 5, keys=1 + i % 4)
+        cases.append((name, h))
+        cases.append((name, mutate(h, rng)))  # a fail made ok, or an ok made fail (fails are dropped)
+        # some invocations name no key, their completions do; a few ops fail
+        k = [dict(op) for op in h]
+        for op in k:
+            if op["type"] == "invoke" and "key" in op and rng.random() < 0.3:
+                del op["key"]
+            elif op["type"] == "ok" and rng.random() < 0.1:
+                op["type"] = "fail"
+        cases.append((name, k))
+        cases.append(("lease", simulate_lease(rng, 50, 4)))
+        cases.append(("lease", mutate_lease(cases[-1][1], rng)))
+    cases.append(("lease", history))
+    nemesis = [{"index": 0, "time": 0, "type": "info", "process": NEMESIS, "f": "start", "value": None}]
+    cases.append(("cas-register", nemesis + [{**op, "index": op["index"] + 1} for op in cases[1][1]]))
+    # an unhashable (list) key, frozen by partition_ops, and an op with bool / float / dict values
+    cases.append(("cas-register", [_op(0, "invoke", key=[1, 2]), _op(1, "ok", key=[1, 2]),
+                                   {**_op(2, "invoke", f="write"), "value": True, "key": "a"},
+                                   {**_op(3, "ok", f="write"), "value": True, "key": "a"},
+                                   {**_op(4, "invoke", process=1, f="write"), "value": 1.5, "key": "a"}]))
+    n_parts = 0
+    for name, h in cases:
+        model = get_model(name)
+        n, parts = pair_partitions(h, model)
+        n1, parts1 = _one_pairing(h, model)
+        assert n == n1 and _fields(parts) == _fields(parts1), name
+        n_parts += len(parts) > 1
+    assert n_parts > 20  # multi-key histories were among them
+    for malform in MALFORMATIONS:
+        bad, phrase = malform(history)
+        for name in ("cas-register", "lease"):
+            with pytest.raises(HistoryError, match=phrase) as e:
+                pair_partitions(bad, get_model(name))
+            with pytest.raises(HistoryError) as e1:
+                pair_history(bad)
+            assert str(e.value) == str(e1.value)

@@ -14,7 +14,7 @@ from typing import Any
 
 from checkers.core import gc_paused
 from checkers.linear.engine import prepare_partition, search
-from checkers.linear.history import Op, pair_history, partition_ops
+from checkers.linear.history import Op, pair_partitions
 from checkers.models import ILLEGAL, LEASE_FS, Model, get_model
 
 __all__ = ["LEASE_TIME_LIMIT_S", "Linearizable", "check_history", "lease_linearizable"]
@@ -52,10 +52,9 @@ def _check(history: list[dict], model: Model, time_limit: float | None, max_cach
     if max_cache_entries is not None and max_cache_entries < 1:
         raise ValueError(f"max_cache_entries must be >= 1, got {max_cache_entries}")
     deadline = None if time_limit is None else t0 + time_limit
-    ops = pair_history(model.faults(history))
-    parts = partition_ops(ops, model)
+    n_ops, parts = pair_partitions(model.faults(history), model)
     parts.sort(key=lambda kp: len(kp[1]))
-    result: dict[str, Any] = {"valid": True, "partitions": len(parts), "ops": len(ops)}
+    result: dict[str, Any] = {"valid": True, "partitions": len(parts), "ops": n_ops}
     unknown: list[str] = []
     memo: dict = {}  # compiled ops, shared by the partitions
     for key, part in parts:

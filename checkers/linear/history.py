@@ -22,7 +22,7 @@ from typing import Any
 from checkers.models import _SCALARS, Input, Model, Output, freeze, merge_retries
 from lab.history.ops import HistoryError, pair
 
-__all__ = ["HistoryError", "Op", "merge_retries", "pair_history", "partition_ops"]
+__all__ = ["HistoryError", "Op", "merge_retries", "pair_history", "pair_partitions", "partition_ops"]
 
 
 class Op:
@@ -63,12 +63,169 @@ def pair_history(history: Iterable[dict]) -> list[Op]:
     return [op for op in pair(history, strict=True, make=_recorder()).pairs if op is not None]
 
 
-def _recorder() -> Callable[[dict, dict | None, int, int | None], Op | None]:
+class _Irregular(Exception):
+    """Raised inside `pair_partitions`'s fast pass at anything but a plain well-formed record."""
+
+
+def pair_partitions(history: list[dict], model: Model) -> tuple[int, list[tuple[Any, list[Op]]]]:
+    """`partition_ops(pair_history(history), model)` and the number of ops, in one pass over the history.
+
+    The pass pairs a well-formed history exactly as `lab.history.pair` does (an invocation with the next
+    completion of its process; nemesis ops skipped; `fail`s dropped; never-completed ops indeterminate) and
+    files each op into its partition's list at its invocation's place, so each list is in call order. At
+    anything else -- a record that is not a plain op, a rule of the pairing broken, an unhashable key --
+    it stops and the history goes through `pair_history` and `partition_ops`, the one pairing, which
+    raises the `HistoryError` naming the problem. Why a second walk of the pairing rule: the general one
+    builds a slot per invocation and a tuple or `make` call per pair, then a second pass partitions; on a
+    50,000-op history that costs as much as the whole search (bench/checker/run.py).
+    tests/test_history_pairing.py checks it gives what the one pairing gives, on valid and broken histories.
+    """
+    if model.partition is None:
+        try:
+            return _pair_partitions(history)
+        except _Irregular:
+            pass
+    ops = pair_history(history)
+    return len(ops), partition_ops(ops, model)
+
+
+def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]]]]:
+    """`pair_partitions`' fast pass (by `key`); `_Irregular` at anything it does not handle.
+
+    What an op needs from its invocation is read while that record is in the CPU's cache (at the invoke),
+    into the open-operation tuple: a second visit, at the completion, would miss it. The common ops
+    (int or null values, two-int cas lists) are built inline with `_recorder`'s shared inputs and outputs;
+    any other op through `_recorder` itself.
+    """
+    record, oks, oks2, ins = _recorder(shared=True)
+    new_tuple, info, OpC = _new_tuple, _INFO, Op
+    by_key: dict[Any, list] = {}
+    get = by_key.get
+    open_: dict[Any, tuple] = {}  # process -> (f, key, value, index, position, partition list or None, slot, inv)
+    pop = open_.pop
+    retired: set = set()
+    holes: set = set()  # keys of lists with a failed op's empty slot
+    late: list = []  # (invocation, position, completion, its position) of invocations that name no key
+    n = 0
+    for pos, op in enumerate(history):
+        try:
+            typ = op["type"]
+            proc = op["process"]
+        except (KeyError, TypeError):
+            raise _Irregular from None
+        if proc.__class__ is not int:
+            if proc == "nemesis":
+                continue
+            if proc.__class__ is not str:
+                raise _Irregular
+        if typ == "invoke":
+            if proc in open_ or proc in retired:
+                raise _Irregular
+            try:
+                f = op["f"]
+            except KeyError:
+                raise _Irregular from None
+            key = op.get("key")
+            if key is None:
+                open_[proc] = (f, None, None, None, pos, None, 0, op)
+                continue
+            try:
+                lst = get(key)
+            except TypeError:  # an unhashable key: partition_ops freezes it
+                raise _Irregular from None
+            if lst is None:
+                lst = by_key[key] = []
+            open_[proc] = (f, key, op.get("value"), op.get("index", pos), pos, lst, len(lst), op)
+            lst.append(None)
+            continue
+        t = pop(proc, None)
+        if t is None or (typ != "ok" and typ != "info" and typ != "fail"):
+            raise _Irregular
+        f, key, iv, index, ipos, lst, i, inv = t
+        if f != op.get("f"):
+            raise _Irregular
+        if lst is None:
+            if typ == "info":
+                retired.add(proc)
+            late.append((inv, ipos, op, pos))
+            continue
+        if typ == "ok":
+            cv = op.get("value")
+            if cv is None or cv.__class__ is int:
+                out = oks.get(cv)
+                if out is None:
+                    out = oks[cv] = new_tuple(Output, ("ok", cv))
+            elif cv.__class__ is list and len(cv) == 2 and cv[0].__class__ is int and cv[1].__class__ is int:
+                k = (cv[0], cv[1])
+                out = oks2.get(k)
+                if out is None:
+                    out = oks2[k] = new_tuple(Output, ("ok", k))
+            else:  # a dict (what was sent: _as_sent) or another value: the general path
+                lst[i] = record(inv, op, ipos, pos)
+                n += 1
+                continue
+            ret = pos
+        elif typ == "info":
+            retired.add(proc)
+            if op.get("value").__class__ is dict:
+                lst[i] = record(inv, op, ipos, pos)
+                n += 1
+                continue
+            out, ret = info, None
+        else:  # fail: it did not happen
+            holes.add(key)
+            continue
+        if iv is None or iv.__class__ is int:
+            inp = ins.get((f, iv))
+        elif iv.__class__ is list and len(iv) == 2 and iv[0].__class__ is int and iv[1].__class__ is int:
+            inp = ins.get((f, iv[0], iv[1]))
+        else:
+            lst[i] = record(inv, op, ipos, pos)
+            n += 1
+            continue
+        if inp is None:
+            lst[i] = record(inv, op, ipos, pos)  # builds and shares the input
+        else:
+            lst[i] = OpC(index, proc, f, key, inp, out, ipos, ret)
+        n += 1
+    for f, key, iv, index, ipos, lst, i, inv in open_.values():  # never completed
+        if lst is None:
+            late.append((inv, ipos, None, None))
+        else:
+            lst[i] = record(inv, None, ipos, None)
+            n += 1
+    for key in holes:
+        by_key[key] = [o for o in by_key[key] if o is not None]
+    if late:  # no key on the invocation: the completion's, or None; filed in call order afterwards
+        late.sort(key=lambda t: t[1])
+        touched = set()
+        for inv, ipos, comp, pos in late:
+            o = record(inv, comp, ipos, pos)
+            if o is None:
+                continue
+            try:
+                lst = get(o.key)
+            except TypeError:
+                raise _Irregular from None
+            if lst is None:
+                lst = by_key[o.key] = []
+            lst.append(o)
+            touched.add(o.key)
+            n += 1
+        for key in touched:
+            by_key[key].sort(key=lambda o: o.call)
+    parts = [kv for kv in by_key.items() if kv[1]]
+    parts.sort(key=lambda kv: kv[1][0].call)  # partition_ops' order: by each partition's first op
+    return n, parts
+
+
+def _recorder(shared: bool = False) -> Any:
     """`pair`'s `make` for one history: the Op of a pair, or None for a `fail` (it did not happen).
 
     Inputs and outputs are immutable and a history repeats a few dozen of them, so those of int or null
     values (and of two-int lists, a cas) are shared, built once per history: a dict lookup is cheaper
-    than a NamedTuple per op.
+    than a NamedTuple per op. With `shared`: (the function, and its tables of outputs, two-int outputs
+    and inputs, for `_pair_partitions` to build the common ops inline).
     """
     oks: dict[Any, Output] = {}  # int or None -> Output("ok", it)  (bool, float, str: equal ints, not shared)
     oks2: dict[tuple[int, int], Output] = {}  # a two-int list -> Output("ok", (int, int))
@@ -117,7 +274,7 @@ def _recorder() -> Callable[[dict, dict | None, int, int | None], Op | None]:
                 ins[k] = inp
         return Op(inv.get("index", ipos), inv["process"], f, key, inp, out, ipos, ret)
 
-    return record
+    return (record, oks, oks2, ins) if shared else record
 
 
 _SENT_FIELDS = ("request_id", "lease_id", "fencing_token")

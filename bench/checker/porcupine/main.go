@@ -87,6 +87,10 @@ type record struct {
 	F       string          `json:"f"`
 	Value   json.RawMessage `json:"value"`
 	Key     json.RawMessage `json:"key"`
+	// Decoded from Value while reading (untimed, like the Python side's json.loads): an invoke's input, an
+	// ok read's value.
+	in   casInput
+	read int64
 }
 
 func parseValue(raw json.RawMessage) (int64, error) {
@@ -125,8 +129,9 @@ type pending struct {
 	f          string
 }
 
-// readRecords parses one JSONL history (not timed: the Python side is timed
-// from parsed records too).
+// readRecords parses one JSONL history, op values included (not timed: the
+// Python side is timed from parsed records, values already Python ints and
+// lists, too).
 func readRecords(path string) ([]record, error) {
 	file, err := os.Open(path)
 	if err != nil {
@@ -146,6 +151,17 @@ func readRecords(path string) ([]record, error) {
 		var r record
 		if err := json.Unmarshal([]byte(text), &r); err != nil {
 			return nil, fmt.Errorf("%s:%d: %v", path, line, err)
+		}
+		if string(r.Process) != `"nemesis"` {
+			switch {
+			case r.Type == "invoke":
+				r.in, err = parseInput(r.F, r.Value)
+			case r.Type == "ok" && r.F == "read":
+				r.read, err = parseValue(r.Value)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s:%d: %v", path, line, err)
+			}
 		}
 		records = append(records, r)
 	}
@@ -172,10 +188,7 @@ func toEvents(path string, records []record) ([]keyed, int, error) {
 		}
 		switch r.Type {
 		case "invoke":
-			in, err := parseInput(r.F, r.Value)
-			if err != nil {
-				return nil, 0, fmt.Errorf("%s:%d: %v", path, line, err)
-			}
+			in := r.in
 			p := pending{id: nextID, client: client, key: string(r.Key), f: r.F}
 			nextID++
 			open[proc] = p
@@ -190,11 +203,10 @@ func toEvents(path string, records []record) ([]keyed, int, error) {
 			case "ok":
 				out := casOutput{}
 				if p.f == "read" {
-					v, err := parseValue(r.Value)
-					if err != nil {
-						return nil, 0, fmt.Errorf("%s:%d: %v", path, line, err)
+					if r.F != "read" {
+						return nil, 0, fmt.Errorf("%s:%d: completion f=%q does not match its invocation f=read", path, line, r.F)
 					}
-					out.value = v
+					out.value = r.read
 				}
 				events = append(events, keyed{p.key, porcupine.Event{ClientId: client, Kind: porcupine.ReturnEvent, Value: out, Id: p.id}})
 			case "info":
