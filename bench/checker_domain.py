@@ -294,7 +294,7 @@ def composed_breakdown(history: list[dict]) -> tuple[dict, dict[str, float], dic
     each: dict[str, float] = {}
     composed = compose({name: _CpuTimed(get_checker(name), each, name) for name in DOMAIN_CHECKERS})
     t = time.process_time()
-    with analysis(history), gc_paused():
+    with gc_paused(), analysis(history):  # as Compose.check: the analysis released before the GC runs again
         pairs = pair_ops(history)
         parts["pairing (lab.history.pair)"] = time.process_time() - t
         t = time.process_time()

@@ -29,11 +29,12 @@ with no operation, or none that succeeded (a wrong URL, a wrong key), it is
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
-from checkers.core import Pair, Violations, analyzed, error_code, history_end_time, nemesis_windows, pair_ops
+from checkers.core import Pair, Violations, analyzed, error_code, history_end_time, nemesis_windows, pair_columns
+from checkers.core import pair_ops
 
 __all__ = ["AvailabilityChecker", "DeadlinesChecker"]
 
@@ -67,7 +68,31 @@ class DeadlinesChecker:
         checked = no_deadline = unanchored = paused = not_started = 0
         worst = 0
         held = [(w["start"], w["end"]) for w in nemesis_windows(history) if w["fault"] in LAB_PAUSES]
-        for p in pair_ops(history):
+        pairs = pair_ops(history)
+        # the common case judged on numpy columns (1M-op histories): an op with no pause to ask about, not a
+        # failure, an integer deadline_ms and integer times, within its deadline plus slack, is only counted;
+        # every other op goes through `_judge` in history order, as all of them would without the columns
+        cols = None if held else pair_columns(history)
+        if cols is None or cols["t0"] is None:
+            todo: Any = range(len(pairs))
+            simple = None
+        else:
+            rel = _relative_deadlines(pairs)
+            simple = (cols["typ"] != 1) & (rel != _NO_DEADLINE)
+            rel[~simple] = 0  # (no overflow below: those ops are judged one by one)
+            done = np.where(cols["completed"], cols["t1"], end) if end.__class__ is int else None
+            if done is None:
+                todo, simple = range(len(pairs)), None
+            else:
+                over = done - (cols["t0"] + rel * 1_000_000)
+                over_simple = over[simple]
+                checked = int(over_simple.size)
+                if checked:
+                    worst = max(worst, int(over_simple.max()))
+                todo = np.flatnonzero(~simple | (over > slack)).tolist()
+                checked -= int(np.count_nonzero(simple & (over > slack)))  # counted again by `_judge`
+        for i in todo:
+            p = pairs[i]
             if held and _overlaps(p, held, end):
                 paused += 1  # the lab held this client: its lateness is the lab's, not the system's
                 continue
@@ -105,6 +130,20 @@ class DeadlinesChecker:
         return v.result(slack_ms=self.slack_ms, checked=checked, no_deadline=no_deadline,
                         unanchored=unanchored, client_paused=paused, not_started=not_started,
                         max_overrun_ms=worst / 1e6, unjudged=unjudged)
+
+
+_NO_DEADLINE = -(1 << 62)  # `_relative_deadlines`: no integer deadline_ms (the op is judged one by one)
+
+
+def _relative_deadlines(pairs: list[Pair]) -> np.ndarray:
+    """Each op's `deadline_ms` when it is an int of at most 2**31 ms (exact in int64 ns), else `_NO_DEADLINE`."""
+    out = []
+    add = out.append
+    for p in pairs:
+        val = p.inv.get("value")
+        rel = val.get("deadline_ms") if val.__class__ is dict else None
+        add(rel if rel.__class__ is int and -(1 << 31) < rel < (1 << 31) else _NO_DEADLINE)
+    return np.array(out, dtype=np.int64)
 
 
 def _overlaps(p: Pair, windows: list[tuple[int, int]], end: int) -> bool:
@@ -150,13 +189,22 @@ class AvailabilityChecker:
     def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
         """Measure availability overall, per f, and inside / outside each nemesis window."""
         pairs = pair_ops(history)
-        cols = _columns(pairs)
+        cols = _columns(pairs, pair_columns(history))
         windows = nemesis_windows(history)
         everything = np.ones(len(pairs), dtype=bool)
         outside = everything.copy()
         per_window = []
+        t0 = cols["t0"]
+        # pairs come in invocation order: with times that never go backwards a window's ops are one slice,
+        # found by bisection (the same ops in the same order as the mask would select)
+        ordered = t0.size < 2 or bool((t0[1:] >= t0[:-1]).all())
         for w in windows:
-            inside = (cols["t0"] >= w["start"]) & (cols["t0"] <= w["end"])
+            if ordered and _int64(w["start"]) and _int64(w["end"]):
+                a, b = np.searchsorted(t0, w["start"], "left"), np.searchsorted(t0, w["end"], "right")
+                outside[a:b] = False
+                per_window.append({**w, **_stats(cols, slice(a, b))})
+                continue
+            inside = (t0 >= w["start"]) & (t0 <= w["end"])
             outside &= ~inside
             per_window.append({**w, **_stats(cols, inside)})
         overall = _stats(cols, everything)
@@ -184,12 +232,23 @@ class AvailabilityChecker:
                   f=f, success_rate=got, minimum=minimum)
 
 
-def _columns(pairs: list[Pair]) -> dict:
-    """The pairs as numpy columns: invoke time, latency (ms, NaN if never completed), type, f index."""
+def _int64(x: object) -> bool:
+    """An int numpy compares exactly (not a bool, within int64)."""
+    return x.__class__ is int and -(1 << 62) < x < (1 << 62)
+
+
+def _columns(pairs: list[Pair], shared: dict | None = None) -> dict:
+    """The pairs as numpy columns: invoke time, latency (ms, NaN if never completed), type, f index.
+
+    `shared`: `pair_columns` of the same pairs, used when its times are all ints (the same numbers)."""
+    n = len(pairs)
+    if shared is not None and shared["t0"] is not None and not (shared["typ"] == 3).any():
+        t0 = shared["t0"]
+        t1 = np.where(shared["completed"], shared["t1"].astype(np.float64), np.nan)
+        return {"names": shared["names"], "t0": t0, "lat": (t1 - t0) / 1e6, "typ": shared["typ"], "f": shared["f"]}
     names = sorted({str(p.f) for p in pairs})
     fid = {f: i for i, f in enumerate(names)}
     tid = {t: i for i, t in enumerate(TYPES)}
-    n = len(pairs)
     t0 = np.fromiter([p.t0 for p in pairs], dtype=np.int64, count=n)
     # completion times with NaN for the never completed, the latency then computed on the arrays
     t1 = np.fromiter([p.t1 if p.t1 is not None else np.nan for p in pairs], dtype=np.float64, count=n)
@@ -210,8 +269,8 @@ def _summary(lat: np.ndarray, typ: np.ndarray) -> dict:
             "latency_ms": {"p50": q[0], "p95": q[1], "p99": q[2], "max": float(done.max()) if done.size else None}}
 
 
-def _stats(cols: dict, mask: np.ndarray) -> dict:
-    """Summary of the masked ops, overall and per f."""
+def _stats(cols: dict, mask: np.ndarray | slice) -> dict:
+    """Summary of the masked ops (a boolean mask, or a slice), overall and per f."""
     lat, typ, f = cols["lat"][mask], cols["typ"][mask], cols["f"][mask]
     by_f = {}
     for i, name in enumerate(cols["names"]):

@@ -47,7 +47,7 @@ from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_in
 from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key, successor_index
 from checkers.core import _shared, _successor_index
 
-__all__ = ["StaleCommitChecker", "commits_of"]
+__all__ = ["StaleCommitChecker", "commits_of", "final_reads"]
 
 
 class StaleCommitChecker:
@@ -63,7 +63,11 @@ class StaleCommitChecker:
         leases = lease_index(history)
         first_invoke = first_invocations(pairs)
         commits = commits_of(history)
-        reads = _final_reads(pairs)
+        reads = final_reads(history)
+        for read in reads.values():
+            if read.entries is None:
+                raise ValueError(f"op {read.p.i1}: read entries must be a list, got "
+                                 f"{type(read.p.result.get('entries')).__name__}")
         v = Violations(self.max_violations)
         accepted = [c for c in commits if c.p.type == "ok"]
         _check_realtime_order(accepted, v)  # each Commit knows its start (first_invoke)
@@ -95,44 +99,85 @@ class Commit:
     def __init__(self, p: Pair, first_invoke: dict | None = None):
         inv = p.inv.get("value")
         inv = inv if (inv.__class__ is dict or isinstance(inv, dict)) else _EMPTY
-        comp = p.result if (p.result.__class__ is dict or isinstance(p.result, dict)) else _EMPTY
-        res = comp if p.type == "ok" else _EMPTY
+        r = p.result
+        comp = r if (r.__class__ is dict or isinstance(r, dict)) else _EMPTY
+        typ = p.type
+        res = comp if typ == "ok" else _EMPTY
         # the client may fill in what it sent (its lease, the entry) only in the completion's value; `sent`
         # (docs/history-format.md) is what went on the wire and outranks the rest of the completion: a field is
         # the sent one, else the invocation's (when not None), else the completion's (`_carried`)
-        wire = p.sent or _EMPTY
-        # the lease the boundary says it accepted the commit under, when a history with `sent` reports one
-        self.returned_lease = res.get("lease_id") if wire else None
+        wire = p.sent
         self.p = p
         self.key = p.key
         # when it may have been accepted from: a replay (a retry with its request_id) from its request's first
         # invocation
-        self.start = p.t0 if first_invoke is None or p.rk is None else first_invoke.get(p.rk, p.t0)
-        self.carried = _carried("fencing_token", wire, inv, comp)
-        accepted = res.get("accepted_token")
-        self.token = self.carried if accepted is None else accepted  # what the boundary accepted
-        self.validated = res.get("validated_at_ms")
-        # a replayed commit (an idempotent retry) may report the document's revision at the time of the retry,
-        # not the one its original write made (the reference server does: lab/server/commit.py already_applied):
-        # its place in revision order is unknown, so it is left out of that order (the final read still has it)
-        self.rev = None if res.get("replayed") else _rev_number(res.get("rev"))
-        self.lease_id = _carried("lease_id", wire, inv, comp)
-        self.request_id = _carried("request_id", wire, inv, comp)
-        self.doc = _carried("doc", wire, inv, comp)
-        e = _carried("entry", wire, inv, comp)
-        # the entry as the final read lists it: the [process, token, n] triple itself, when it is one
-        self.entry = _hashable(e) if isinstance(e, list | tuple) and len(e) == 3 else (
-            p.process, self.carried, _hashable(e))
-        # stale-write reads the same fields with the invocation first ({**completion, **sent, **invocation
-        # without None}): (lease_id, entry, doc) as it reads them, computed here once for both checkers
-        if inv:
-            lid, e2, doc = inv.get("lease_id"), inv.get("entry"), inv.get("doc")
-            lid = lid if lid is not None else self.lease_id if "lease_id" in wire else comp.get("lease_id")
-            e2 = e2 if e2 is not None else e if "entry" in wire else comp.get("entry")
-            doc = doc if doc is not None else self.doc if "doc" in wire else comp.get("doc")
+        rk = p.rk
+        self.start = p.t0 if first_invoke is None or rk is None else first_invoke.get(rk, p.t0)
+        if not wire:
+            # no `sent` (the common case, written out: the hot path of a 1M-op history): each field is the
+            # invocation's when not None, else the completion's, for this checker and stale-write alike
+            self.returned_lease = None
+            ig, cg = inv.get, comp.get
+            carried = ig("fencing_token")
+            if carried is None:
+                carried = cg("fencing_token")
+            lid = ig("lease_id")
+            if lid is None:
+                lid = cg("lease_id")
+            rid = ig("request_id")
+            self.request_id = rid if rid is not None else cg("request_id")
+            doc = ig("doc")
+            if doc is None:
+                doc = cg("doc")
+            e = ig("entry")
+            if e is None:
+                e = cg("entry")
+            ec = e.__class__
+            he = (e if ec is tuple else tuple(e)) if ec is list or ec is tuple else None
+            if he is not None:
+                try:
+                    hash(he)  # the common case: a list of scalars (else `_hashable` itself)
+                except TypeError:
+                    he = _hashable(e)
+            elif isinstance(e, list | tuple):
+                he = _hashable(e)
+            self.entry = he if he is not None and len(he) == 3 else (p.process, carried, _hashable(e))
+            self.written = (lid, he, doc)
         else:
-            lid, e2, doc = self.lease_id, e, self.doc
-        self.written = (lid, _hashable(e2) if isinstance(e2, list | tuple) else None, doc)
+            # the lease the boundary says it accepted the commit under, when a history with `sent` reports one
+            self.returned_lease = res.get("lease_id")
+            carried = _carried("fencing_token", wire, inv, comp)
+            lid = _carried("lease_id", wire, inv, comp)
+            self.request_id = _carried("request_id", wire, inv, comp)
+            doc = _carried("doc", wire, inv, comp)
+            e = _carried("entry", wire, inv, comp)
+            # the entry as the final read lists it: the [process, token, n] triple itself, when it is one
+            self.entry = _hashable(e) if isinstance(e, list | tuple) and len(e) == 3 else (
+                p.process, carried, _hashable(e))
+            # stale-write reads the same fields with the invocation first ({**completion, **sent, **invocation
+            # without None}): (lease_id, entry, doc) as it reads them, computed here once for both checkers
+            if inv:
+                lid2, e2, doc2 = inv.get("lease_id"), inv.get("entry"), inv.get("doc")
+                lid2 = lid2 if lid2 is not None else lid if "lease_id" in wire else comp.get("lease_id")
+                e2 = e2 if e2 is not None else e if "entry" in wire else comp.get("entry")
+                doc2 = doc2 if doc2 is not None else doc if "doc" in wire else comp.get("doc")
+            else:
+                lid2, e2, doc2 = lid, e, doc
+            self.written = (lid2, _hashable(e2) if isinstance(e2, list | tuple) else None, doc2)
+        self.carried = carried
+        self.lease_id = lid
+        self.doc = doc
+        if res:
+            accepted = res.get("accepted_token")
+            self.token = carried if accepted is None else accepted  # what the boundary accepted
+            self.validated = res.get("validated_at_ms")
+            # a replayed commit (an idempotent retry) may report the document's revision at the time of the
+            # retry, not the one its original write made (the reference server does: lab/server/commit.py
+            # already_applied): its place in revision order is unknown, so it is left out of that order (the
+            # final read still has it)
+            self.rev = None if res.get("replayed") else _rev_number(res.get("rev"))
+        else:
+            self.token, self.validated, self.rev = carried, None, None
 
 
 _EMPTY: dict = {}
@@ -183,7 +228,7 @@ def _rev_number(rev: Any) -> int | None:
 
 
 class FinalRead:
-    """The last ok read of one document, with its entries as hashable tuples."""
+    """The last ok read of one document, with its entries as hashable tuples (None when not a list)."""
 
     __slots__ = ("p", "key", "doc", "entries")
 
@@ -193,13 +238,17 @@ class FinalRead:
         self.key = p.key
         self.doc = (val.get("doc") if isinstance(val, dict) else None) or p.result.get("doc")
         entries = p.result.get("entries") or []
-        if not isinstance(entries, list):
-            raise ValueError(f"op {p.i1}: read entries must be a list, got {type(entries).__name__}")
-        self.entries = [_hashable(e) for e in entries]
+        self.entries = [_hashable(e) for e in entries] if isinstance(entries, list) else None
+
+
+def final_reads(history: list[dict]) -> dict[tuple, FinalRead]:
+    """(key, doc) -> the last ok read of that document (by completion), shared inside `analysis(history)` by
+    stale-commit and stale-write: do not mutate them."""
+    return _shared("final-reads", history, lambda: _final_reads(pair_ops(history)))
 
 
 def _final_reads(pairs: list[Pair]) -> dict[tuple, FinalRead]:
-    """(key, doc) -> the last ok read of that document (by completion)."""
+    """`final_reads` itself."""
     last: dict[tuple, Pair] = {}
     for p in pairs:
         if p.f == "read" and p.type == "ok" and isinstance(p.result, dict):

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, Violations, acquisition_start, analyzed, first_invocations, lease_index
 from checkers.core import pair_ops
-from checkers.stale_commit import _hashable, _rev_number, commits_of  # one reading of entries and revisions
+from checkers.stale_commit import _hashable, commits_of, final_reads  # one reading of entries and revisions
 
 __all__ = ["StaleWriteChecker"]
 
@@ -44,19 +44,24 @@ class StaleWriteChecker:
         leases = lease_index(history)
         first = first_invocations(pairs)
         spans = {lid: _span(lease, first) for lid, lease in leases.items()}
-        commits = [_Write.of(c) for c in commits_of(history) if c.p.type == "ok"]
-        known = [w for w in commits if w.lease_id in spans]
-        by_entry = {w.entry: w for w in known if w.entry is not None}
+        # stale-commit's `Commit`s of the same ops, their fields read once for both checkers: `written` is
+        # (lease_id, entry, doc) as this checker reads them (`_Write`), `rev` the same
+        commits = [c for c in commits_of(history) if c.p.type == "ok"]
+        known = [c for c in commits if c.written[0] in spans]
+        by_entry = {c.written[1]: c for c in known if c.written[1] is not None}
         v = Violations(self.max_violations)
-        for read in _final_reads(pairs):
-            writes = [by_entry.get(_hashable(e)) for e in (read.result.get("entries") or [])]
-            _sweep([w for w in writes if w is not None], spans, leases, v, read=read)
-        by_doc: dict[tuple, list[_Write]] = defaultdict(list)
-        for w in known:
-            if w.rev is not None:
-                by_doc[(w.p.key, w.doc)].append(w)
+        for read in final_reads(history).values():
+            entries = read.entries
+            if entries is None:  # not a list: each item as it iterates
+                entries = [_hashable(e) for e in (read.p.result.get("entries") or [])]
+            writes = [by_entry.get(e) for e in entries]
+            _sweep([w for w in writes if w is not None], spans, leases, v, read=read.p)
+        by_doc: dict[tuple, list] = defaultdict(list)
+        for c in known:
+            if c.rev is not None:
+                by_doc[(c.p.key, c.written[2])].append(c)
         for ws in by_doc.values():
-            _sweep(sorted(ws, key=lambda w: w.rev), spans, leases, v, read=None)
+            _sweep(sorted(ws, key=_rev), spans, leases, v, read=None)
         ordered = _ordered_keys(leases, spans)
         res = v.result(accepted_commits=len(commits), commits_with_known_lease=len(known),
                        keys_with_ordered_holders=ordered)
@@ -68,50 +73,6 @@ class StaleWriteChecker:
         return res
 
 
-class _Write:
-    """An accepted commit: its lease, entry, document and revision."""
-
-    __slots__ = ("p", "lease_id", "entry", "doc", "rev")
-
-    @classmethod
-    def of(cls, c: Any) -> "_Write":
-        """From stale-commit's `Commit` of the same op (its fields read once for both checkers): what
-        `_Write(c.p)` would read."""
-        w = cls.__new__(cls)
-        w.p = c.p
-        w.lease_id, w.entry, w.doc = c.written
-        w.rev = c.rev  # both: None for a replayed commit, else the revision as an int (ok commits only here)
-        return w
-
-    def __init__(self, p: Pair):
-        inv = p.inv.get("value")
-        inv = inv if (inv.__class__ is dict or isinstance(inv, dict)) else _EMPTY
-        comp = p.result if (p.result.__class__ is dict or isinstance(p.result, dict)) else _EMPTY
-        sent = p.sent or _EMPTY
-        self.p = p
-        # each field as {**completion, **sent, **invocation-without-None} has it, one field at a time (hot path)
-        self.lease_id = _field("lease_id", inv, sent, comp)
-        e = _field("entry", inv, sent, comp)
-        self.entry = _hashable(e) if isinstance(e, list | tuple) else None
-        self.doc = _field("doc", inv, sent, comp)
-        # a replayed commit may report the document's revision at the retry, not its own write's (as in
-        # checkers/stale_commit.py): it is left out of the revision order
-        self.rev = None if comp.get("replayed") else _rev_number(comp.get("rev"))
-
-
-_EMPTY: dict = {}
-
-
-def _field(name: str, inv: dict, sent: dict, comp: dict) -> Any:
-    """One field of {**comp, **sent, **{k: x for k, x in inv.items() if x is not None}}."""
-    x = inv.get(name)
-    if x is not None:
-        return x
-    if name in sent:
-        return sent[name]
-    return comp.get(name)
-
-
 def _span(lease: Lease, first: dict) -> tuple[int, int]:
     """(start, end) of a lease's acquisition in real time: earliest invocation, first ok completion."""
     start = acquisition_start(lease, first)
@@ -119,23 +80,33 @@ def _span(lease: Lease, first: dict) -> tuple[int, int]:
     return start, end
 
 
-def _sweep(writes: list[_Write], spans: dict, leases: dict, v: Violations, *, read: Pair | None) -> None:
-    """Along the store's order, flag a write whose holder precedes an earlier-placed write's holder."""
-    best: tuple[int, _Write] | None = None  # the latest acquisition start among writes placed so far
+def _rev(c: Any) -> Any:
+    """A commit's revision (a sort key)."""
+    return c.rev
+
+
+def _sweep(writes: list, spans: dict, leases: dict, v: Violations, *, read: Pair | None) -> None:
+    """Along the store's order, flag a write whose holder precedes an earlier-placed write's holder.
+
+    `writes`: stale-commit's `Commit`s, (lease_id, entry, doc) as this checker reads them in `written`."""
+    best: tuple[int, Any] | None = None  # the latest acquisition start among writes placed so far
+    best_start = None
     for w in writes:
-        start, end = spans[w.lease_id]
-        if best is not None and end < best[0] and leases[w.lease_id].key == leases[best[1].lease_id].key:
+        lid, _, doc = w.written
+        start, end = spans[lid]
+        if best is not None and end < best_start and leases[lid].key == leases[best[1].written[0]].key:
             succ = best[1]
-            s_lease = leases[succ.lease_id]
-            where = f"doc {w.doc!r} " + ("final read" if read is not None else "revision order")
+            s_lid = succ.written[0]
+            s_lease = leases[s_lid]
+            where = f"doc {doc!r} " + ("final read" if read is not None else "revision order")
             ops = [s_lease.first.i1, *succ.p.indices, *w.p.indices, *([read.i1] if read is not None else [])]
             v.add("stale-write", [i for i in ops if i is not None],
-                  f"{where}: the write of lease {w.lease_id!r} (acquired before lease {succ.lease_id!r} was "
+                  f"{where}: the write of lease {lid!r} (acquired before lease {s_lid!r} was "
                   f"requested) was accepted after that successor's write",
-                  key=w.p.key, doc=w.doc, lease=w.lease_id, successor=succ.lease_id, stale_commit=w.p.i1,
+                  key=w.p.key, doc=doc, lease=lid, successor=s_lid, stale_commit=w.p.i1,
                   successor_commit=succ.p.i1, order="final-read" if read is not None else "rev")
-        if best is None or start > best[0]:
-            best = (start, w)
+        if best is None or start > best_start:
+            best, best_start = (start, w), start
 
 
 def _ordered_keys(leases: dict, spans: dict) -> int:
@@ -148,15 +119,3 @@ def _ordered_keys(leases: dict, spans: dict) -> int:
         if len(ss) > 1 and min(e for _, e in ss) < max(s for s, _ in ss):
             n += 1
     return n
-
-
-def _final_reads(pairs: list[Pair]) -> list[Pair]:
-    """The last ok read of each document."""
-    last: dict[tuple, Pair] = {}
-    for p in pairs:
-        if p.f == "read" and p.type == "ok" and isinstance(p.result, dict):
-            inv = p.inv.get("value")
-            k = (p.key, (inv.get("doc") if isinstance(inv, dict) else None) or p.result.get("doc"))
-            if k not in last or p.t1 >= last[k].t1:
-                last[k] = p
-    return list(last.values())
