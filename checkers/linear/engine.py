@@ -361,7 +361,6 @@ def search(si: SearchInput, *, deadline: float | None = None,
     cache: dict = {}  # (lo, w, state[, predecessor state]) -> info set, or a list of up to _DOMINANCE_SCAN of them
     cache_get = cache.get
     overflow: set = set()  # further (key, info set) pairs, matched exactly (R0) rather than by subset (R3)
-    entries = 0
     state = si.init
     # The linearized determinate set, compactly: every op below `lo` is linearized, and bit i of `w`
     # says whether op lo + i is (bit 0 is always clear). Ops are numbered in call order, and only ops
@@ -370,7 +369,8 @@ def search(si: SearchInput, *, deadline: float | None = None,
     lo = 0
     w = 0
     ilin = 0
-    frame: tuple | None = None  # persistent stack: (op, kind, state, lo, w, ilin, depth, parent)
+    frame: tuple | None = None  # persistent stack: (op, kind, state, lo, w, ilin, parent)
+    post = False  # whether the top frame is an info op's (R6)
     depth = 0
     best: tuple | None = None
     best_depth = 0
@@ -383,23 +383,22 @@ def search(si: SearchInput, *, deadline: float | None = None,
     while True:
         # ---- a new configuration
         if remaining == 0:
-            return PartitionResult(True, None, entries, [], [], monotonic() - t0)
+            return PartitionResult(True, None, len(cache) + len(overflow), [], [], monotonic() - t0)
         p = rpos[rnext[RH]]
         budget -= 1
         if budget <= 0:
             budget = _CHECK_EVERY
+            entries = len(cache) + len(overflow)  # cache entries: keys, and (key, info set) pairs beyond them
             if deadline is not None and monotonic() > deadline:
                 return PartitionResult("unknown", "time limit", entries, [], [], monotonic() - t0)
             if entries > max_cache_entries:
                 return PartitionResult("unknown", f"cache limit ({max_cache_entries} entries)", entries, [], [],
                                        monotonic() - t0)
-        post = frame is not None and frame[1] == 2  # R6: right after an info op, only dependent children
         forced = 0  # 0: none, 1: pushed, 2: dominated (this configuration fails)
         if post:
             prev = frame[2]  # type: ignore[index]
             xr = cnext[QH]
         else:
-            prev = None
             xr = QT
             # R1: a legal read-only candidate is the only child.
             x = cnext[QH]
@@ -417,7 +416,6 @@ def search(si: SearchInput, *, deadline: float | None = None,
                     old = cache_get(key)
                     if old is None:
                         cache[key] = ilin
-                        entries += 1
                     elif old.__class__ is int:
                         if old | ilin == ilin:
                             forced = 2
@@ -433,11 +431,8 @@ def search(si: SearchInput, *, deadline: float | None = None,
                         break
                     else:
                         overflow.add((key, ilin))
-                        entries += 1
                     depth += 1
-                    frame = (x, 0, state, lo, w, ilin, depth, frame)
-                    if depth > best_depth:
-                        best_depth, best = depth, frame
+                    frame = (x, 0, state, lo, w, ilin, frame)
                     a = cprev[x]
                     b = cnext[x]
                     cnext[a] = b
@@ -473,7 +468,7 @@ def search(si: SearchInput, *, deadline: float | None = None,
                 ns = fns[z](state)
                 if ns is ILLEGAL:
                     continue
-                if post:
+                if post:  # R6: right after an info op, only dependent children
                     ps = fns[z](prev)
                     if ps is not ILLEGAL and ps == ns:
                         continue  # R6: same outcome without the info op just taken
@@ -498,7 +493,6 @@ def search(si: SearchInput, *, deadline: float | None = None,
                 old = cache_get(key)
                 if old is None:
                     cache[key] = ilin
-                    entries += 1
                 elif old.__class__ is int:
                     if old | ilin == ilin:
                         continue
@@ -511,11 +505,8 @@ def search(si: SearchInput, *, deadline: float | None = None,
                     continue
                 else:
                     overflow.add((key, ilin))
-                    entries += 1
                 depth += 1
-                frame = (z, 1, state, lo, w, ilin, depth, frame)
-                if depth > best_depth:
-                    best_depth, best = depth, frame
+                frame = (z, 1, state, lo, w, ilin, frame)
                 a = cprev[z]
                 b = cnext[z]
                 cnext[a] = b
@@ -528,6 +519,7 @@ def search(si: SearchInput, *, deadline: float | None = None,
                 lo = nlo
                 w = nw
                 remaining -= 1
+                post = False
                 pushed = True
                 break
             if pushed:
@@ -548,7 +540,6 @@ def search(si: SearchInput, *, deadline: float | None = None,
                         ok = True
                         if old is None:
                             cache[key] = nil
-                            entries += 1
                         elif old.__class__ is int:
                             if old | nil == nil:
                                 ok = False
@@ -562,18 +553,16 @@ def search(si: SearchInput, *, deadline: float | None = None,
                             ok = False
                         else:
                             overflow.add((key, nil))
-                            entries += 1
                         if ok:
                             depth += 1
-                            frame = (y, 2, state, lo, w, ilin, depth, frame)
-                            if depth > best_depth:
-                                best_depth, best = depth, frame
+                            frame = (y, 2, state, lo, w, ilin, frame)
                             a = iprev[y]
                             b = inext[y]
                             inext[a] = b
                             iprev[b] = a
                             state = ns
                             ilin = nil
+                            post = True
                             pushed = True
                             break
                 y = inext[y]
@@ -582,8 +571,13 @@ def search(si: SearchInput, *, deadline: float | None = None,
             # ---- backtrack (an R1-forced child that failed fails its parent too)
             while True:
                 if frame is None:
-                    return _illegal(si, best, entries, monotonic() - t0)
-                z, kind, state, lo, w, ilin, depth, frame = frame
+                    return _illegal(si, best, len(cache) + len(overflow), monotonic() - t0)
+                # The longest prefix: every frame is popped before the search fails, the first one pushed at
+                # the greatest depth first (LIFO), so it is kept here rather than at every push.
+                if depth > best_depth:
+                    best_depth, best = depth, frame
+                depth -= 1
+                z, kind, state, lo, w, ilin, frame = frame
                 if kind == 2:
                     inext[iprev[z]] = z
                     iprev[inext[z]] = z
@@ -626,7 +620,7 @@ def _illegal(si: SearchInput, best: tuple | None, entries: int, elapsed: float) 
     while f is not None:
         z, kind = f[0], f[1]
         chain.append(si.iops[z] if kind == 2 else si.ops[z])
-        f = f[7]
+        f = f[6]
     chain.reverse()
     done = {id(o) for o in chain}
     pending = [o for o in si.ops if id(o) not in done]

@@ -135,7 +135,10 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
                 raise _Irregular from None
             if lst is None:
                 lst = by_key[key] = []
-            open_[proc] = (f, key, op.get("value"), op.get("index", pos), pos, lst, len(lst), op)
+            index = op.get("index", pos)
+            if index == pos and index.__class__ is int:
+                pos = index  # the record's own int object: no new int per op to allocate and free
+            open_[proc] = (f, key, op.get("value"), index, pos, lst, len(lst), op)
             lst.append(None)
             continue
         t = pop(proc, None)
@@ -164,7 +167,9 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
                 lst[i] = record(inv, op, ipos, pos)
                 n += 1
                 continue
-            ret = pos
+            ret = op.get("index")
+            if ret != pos or ret.__class__ is not int:
+                ret = pos
         elif typ == "info":
             retired.add(proc)
             if op.get("value").__class__ is dict:
