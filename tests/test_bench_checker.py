@@ -76,3 +76,29 @@ def test_verdicts_file_is_keyed_by_digest(run):
         if name in specs:
             assert v["digest"] == run.spec_digest(specs[name]), f"{name}: stale recorded verdict"
     assert rec["cas-5000-stale-read"]["valid"] is False  # the one Porcupine needs minutes for
+
+
+def test_a_harness_older_than_its_source_is_rebuilt(run, monkeypatch, tmp_path):
+    """The Go harness is rebuilt when its source changed (e.g. where its timed span starts); a stale one is
+    kept only when nothing can rebuild it; a binary elsewhere than the usual place is never rebuilt."""
+    import os
+
+    src = tmp_path / "porcupine"
+    src.mkdir()
+    (src / "main.go").write_text("package main\n")
+    binary = tmp_path / "porcupine-bench"
+    binary.write_text("old")
+    monkeypatch.setattr(run, "HERE", tmp_path)
+    monkeypatch.setattr(run, "BINARY", binary)
+    os.utime(binary, (1_000, 1_000))
+    assert run.porcupine_stale()
+    built = []
+    monkeypatch.setattr(run, "build_porcupine", lambda: built.append(1) or True)
+    assert run.ensure_binary() and built == [1]
+    monkeypatch.setattr(run, "build_porcupine", lambda: False)
+    assert run.ensure_binary()  # stale, no toolchain: the old one, with a warning
+    os.utime(binary, None)
+    os.utime(src / "main.go", (1_000, 1_000))
+    assert not run.porcupine_stale()
+    monkeypatch.setattr(run, "BINARY", tmp_path / "elsewhere")
+    assert not run.porcupine_stale() and not run.ensure_binary()

@@ -1,6 +1,6 @@
 """Side-by-side benchmark: our linearizability engine against Porcupine (Go) on one corpus.
 
-    go -C bench/checker/porcupine build -o ../porcupine-bench .   (run.py builds it when missing)
+    go -C bench/checker/porcupine build -o ../porcupine-bench .   (run.py builds it when missing or older than its source)
     .tools/venv/bin/python bench/checker/run.py [--only NAME] [--budget 60] [--porcupine-budget 10] [--repeat 3]
     .tools/venv/bin/python bench/checker/run.py --porcupine-budget 600 --write-verdicts   (Porcupine's verdicts)
 
@@ -12,7 +12,8 @@ partitions or pauses, crashed clients), category `valkey-register`. Each
 history is checked by the Go program (Porcupine v1.3.1, cas-register with
 Jepsen semantics) and by `checkers.linear.check_history` (60 s budget), each in
 its own process, best of `--repeat` checks. Both are timed from parsed records
-in memory to the verdict (pairing, partitioning and search; not JSON parsing),
+in memory to the verdict (pairing, partitioning and search; not JSON parsing:
+the Go harness decodes the op values while reading, as json.loads does for us),
 in CPU time (Go: every thread, the parallel partition checks and its GC
 included; wall time is printed too, but the machine is shared and noisy).
 Peak memory is each process's peak RSS (VmHWM), interpreter or runtime included.
@@ -251,7 +252,7 @@ def figures(quick: bool = False) -> list:
     from figures import Figure
 
     area = "linearizability"
-    if not BINARY.exists() and not build_porcupine():
+    if not ensure_binary():
         return [Figure(area, "ours / Porcupine CPU, every category", float("nan"), "x", "<= 1.0", False,
                        "porcupine-bench could not be built (Go toolchain missing): not measured")]
     specs = default_specs()
@@ -285,6 +286,28 @@ def figures(quick: bool = False) -> list:
     return out
 
 
+def porcupine_stale() -> bool:
+    """Whether the built harness (at its usual place) is older than its sources: the harness changed, e.g.
+    where its timed span starts, and must be rebuilt before its times mean what the doc says."""
+    if BINARY != HERE / "porcupine-bench" or not BINARY.exists():
+        return False
+    src = max(p.stat().st_mtime for p in (HERE / "porcupine").iterdir() if p.is_file())
+    return BINARY.stat().st_mtime < src
+
+
+def ensure_binary() -> bool:
+    """The Go harness is there and up to date: built when missing or stale (a stale one is kept, with a
+    warning, only when there is no toolchain to rebuild it)."""
+    if BINARY.exists() and not porcupine_stale():
+        return True
+    if build_porcupine():
+        return True
+    if BINARY.exists():
+        print(f"warning: {BINARY.name} is older than its source and could not be rebuilt", file=sys.stderr)
+        return True
+    return False
+
+
 def build_porcupine() -> bool:
     """Build the Go harness with the installed toolchain (PATH or .tools/go); False when there is none."""
     import shutil
@@ -313,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args.worker, args.budget, args.repeat)
         return 0
-    if not BINARY.exists() and not build_porcupine():
+    if not ensure_binary():
         print(f"missing {BINARY.relative_to(ROOT)} and no Go toolchain to build it; build it with:\n"
               "  go -C bench/checker/porcupine build -o ../porcupine-bench .", file=sys.stderr)
         return 2
