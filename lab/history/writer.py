@@ -202,9 +202,12 @@ class HistoryWriter:
         if extra:
             _check_extra(extra)
         lock = self._lock
-        lock.acquire()  # acquire/release, not `with`: about 50 ns less
+        # A lock, not the GIL alone: taking the index and the time and appending the line must be one step for
+        # every thread, and a thread switch may fall between any two bytecodes. acquire/release: 50 ns less than with.
+        lock.acquire()
         try:
-            if self._sink.broken:
+            sink = self._sink
+            if sink.broken:
                 self._check_open()
             t = _monotonic_ns() - self.start_ns
             if 0 <= t < self._last_time:  # only after append() was given a time ahead of the clock
@@ -231,14 +234,16 @@ class HistoryWriter:
             except TypeError:
                 line = _json_line(op, self.path)
             else:
-                # orjson writes NaN and Infinity as null: refuse them as json does (find: faster than `in`)
-                if line.find(b"null") >= 0 and _has_nonfinite(op):
+                # orjson writes NaN and Infinity as null: refuse them as json does. Only a float can be one, so a
+                # checked op with a scalar value and no extras skips the scan (about 0.1 us; find: faster than `in`).
+                if ((extra or type(value) not in _SCALARS or not self._validate)
+                        and line.find(b"null") >= 0 and _has_nonfinite(op)):
                     line = _json_line(op, self.path)
             if self._plain:  # batched, keeping no ops (the default): add the line to the batch
-                batch = self._sink.batch
+                batch = sink.batch
                 batch += line
                 if len(batch) > _BATCH_BYTES:
-                    self._sink.wake_once()
+                    sink.wake_once()
                 self._index = index + 1
                 self._last_time = t
                 return op
@@ -257,7 +262,8 @@ class HistoryWriter:
         lock = self._lock
         lock.acquire()
         try:
-            if self._sink.broken:
+            sink = self._sink
+            if sink.broken:
                 self._check_open()
             t = _monotonic_ns() - self.start_ns
             if 0 <= t < self._last_time:
@@ -290,13 +296,14 @@ class HistoryWriter:
             except TypeError:
                 line = _json_line(op, self.path)
             else:
-                if line.find(b"null") >= 0 and _has_nonfinite(op):
+                if ((extra or _type(value) not in _SCALARS or (error is not None and _type(error) is not str)
+                        or not self._validate) and line.find(b"null") >= 0 and _has_nonfinite(op)):
                     line = _json_line(op, self.path)
             if self._plain:
-                batch = self._sink.batch
+                batch = sink.batch
                 batch += line
                 if len(batch) > _BATCH_BYTES:
-                    self._sink.wake_once()
+                    sink.wake_once()
                 self._index = index + 1
                 self._last_time = t
                 return op
@@ -408,6 +415,8 @@ class HistoryWriter:
 
 _dumps = orjson.dumps
 _type = type  # complete()'s `type` argument shadows the builtin
+# Values that cannot hold a float (so no NaN or Infinity); key and node, when the fast checks pass, are str or int.
+_SCALARS = frozenset({int, str, bool, type(None)})
 _monotonic_ns = time.monotonic_ns
 
 
@@ -438,6 +447,6 @@ def _keyed_ok(op: dict) -> bool:
 
 def _check_extra(extra: dict) -> None:
     """Refuse extra fields that would overwrite the record's own fields."""
-    clash = _RESERVED.intersection(extra)
-    if clash:
-        raise HistoryError(f"extra fields may not set {', '.join(sorted(clash))}; pass them as arguments")
+    if not _RESERVED.isdisjoint(extra):  # isdisjoint: no set built in the common case
+        clash = ", ".join(sorted(_RESERVED.intersection(extra)))
+        raise HistoryError(f"extra fields may not set {clash}; pass them as arguments")
