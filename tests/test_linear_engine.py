@@ -190,6 +190,9 @@ def test_pathological_history_is_decided_without_budget_when_small():
 
 def test_read_only_ops_are_forced_without_branching():
     # 12 concurrent reads of the current value and one write: R1 linearizes each legal read at once.
+    # One cache entry: the write's configuration. A forced read is its parent's only child and gets no
+    # entry (R0); a read that branched like other ops would be cached, and with R1 gone none would be
+    # linearized at all outside an info op's R6 window (the search would fail).
     b = HistoryBuilder()
     for p in range(12):
         b.invoke(p, "read")
@@ -199,7 +202,17 @@ def test_read_only_ops_are_forced_without_branching():
     b.ok(99)
     si = prepare_partition(pair_history(b.ops), get_model("cas-register"))
     res = search(si)
-    assert res.valid is True and res.cache_entries == 13
+    assert res.valid is True and res.cache_entries == 1
+    # reads of 1 after the write: forced too, once the write is in
+    c = HistoryBuilder()
+    c.invoke(99, "write", 1)
+    for p in range(12):
+        c.invoke(p, "read")
+    c.ok(99)
+    for p in range(12):
+        c.ok(p, 1)
+    res = search(prepare_partition(pair_history(c.ops), get_model("cas-register")))
+    assert res.valid is True and res.cache_entries == 1
 
 
 def test_identical_info_ops_are_tried_once():
