@@ -37,6 +37,7 @@ class _Capture:
     def __init__(self) -> None:
         self.histories: list[list] = []
         self.seen: set[int] = set()
+        self.kept: list[list] = []
 
     def pytest_configure(self, config) -> None:  # noqa: ARG002 - pytest's hook signature
         import checkers.core as core
@@ -46,6 +47,7 @@ class _Capture:
         def pair(history, *a, **kw):
             if isinstance(history, list) and id(history) not in self.seen:
                 self.seen.add(id(history))
+                self.kept.append(history)  # alive, so that its id is not reused by another history
                 try:
                     self.histories.append(copy.deepcopy(history))
                 except Exception:  # noqa: BLE001 - an uncopyable history is simply not compared

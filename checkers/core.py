@@ -66,8 +66,8 @@ __all__ = [
     "nemesis_windows",
     "op_lease_id",
     "first_invocations",
-    "pair_columns",
     "pair_ops",
+    "pairs_of",
     "request_key",
     "safe_check",
     "sent",
@@ -219,11 +219,12 @@ class Pair:
 
     Besides the op's fields, what every lease checker asks of it is read once here (the hot path of a
     million-op history): `result` (the completion's value), `sent` (what the client put on the wire, see
-    `sent()`), `rk` (its idempotency key, `request_key()`) and `lid` (the lease it is about, `op_lease_id()`).
+    `sent()`), `rk` (its idempotency key, `request_key()`), `lid` (the lease it is about, `op_lease_id()`),
+    `dl` (the invocation's `deadline_ms`) and `vrid` (whether the invocation carries a request_id).
     """
 
     __slots__ = ("inv", "comp", "type", "f", "key", "process", "t0", "t1", "i0", "i1", "result", "sent", "rk",
-                 "lid")
+                 "lid", "dl", "vrid")
 
     def __init__(self, inv: dict, comp: dict | None, ipos: int, cpos: int | None):
         """From an invocation and its completion (None: never completed) at positions `ipos` / `cpos` of the
@@ -261,6 +262,12 @@ class Pair:
             rid = v.get("request_id")
             if lid is None:
                 lid = v.get("lease_id")
+            # read here, while the invocation is in the CPU's cache (a later pass over a 1M-op history's dicts
+            # costs ~0.3 s): its relative deadline, and whether it carries a request_id
+            self.dl = v.get("deadline_ms")
+            self.vrid = rid is not None
+        else:
+            self.dl, self.vrid = None, False
         if r is not None:
             if rid is None:
                 rid = r.get("request_id")
@@ -340,36 +347,29 @@ def _pair_ops(history: list[dict], strict: bool) -> list[Pair]:
 
 
 
-_TYPE_CODES = {"ok": 0, "fail": 1, "info": 2}
+def pairs_of(history: list[dict], f: str) -> list[Pair]:
+    """The pairs of `pair_ops(history)` whose f is `f`, in invocation order: inside `analysis(history)` from
+    one grouping of the pairs by f, shared (a rule about one f reads its ops, not every op of a 1M-op
+    history): do not mutate it."""
+    by_f = _shared("by-f", history, lambda: _by_f(pair_ops(history)))
+    if by_f is None:  # an f that is no dict key
+        return [p for p in pair_ops(history) if p.f == f]
+    return by_f.get(f, [])
 
 
-def pair_columns(history: list[dict]) -> dict[str, Any]:
-    """`pair_ops(history)` as numpy columns, for the rules judged on arrays (1M-op histories), shared inside
-    `analysis(history)`: "t0" (invocation times, int64; None unless every one is an int that fits), "t1"
-    (completion times, 0 where "completed" is False), "completed" (bool), "typ" (0 ok, 1 fail, 2 info, 3 any
-    other type), "f" (int32 codes) and "names" (the sorted `str(f)`s the codes stand for)."""
-    return _shared("columns", history, lambda: _pair_columns(pair_ops(history)))
-
-
-def _pair_columns(pairs: list[Pair]) -> dict[str, Any]:
-    """`pair_columns` itself."""
-    import numpy as np  # a dependency already (availability); imported when first asked for
-
-    n = len(pairs)
-    t0 = np.array([p.t0 for p in pairs])
-    t1 = np.array([0 if p.t1 is None else p.t1 for p in pairs])
-    if n and (t0.dtype != np.int64 or t1.dtype != np.int64):
-        t0 = None  # not all ints (a float, a huge int): callers judge op by op
-    elif not n:
-        t0, t1 = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    completed = np.fromiter((p.t1 is not None for p in pairs), dtype=bool, count=n)
-    codes = _TYPE_CODES
-    typ = np.fromiter((codes.get(p.type, 3) for p in pairs), dtype=np.int8, count=n)
-    fs = [p.f if p.f.__class__ is str else str(p.f) for p in pairs]
-    names = sorted(set(fs))
-    fid = {f: i for i, f in enumerate(names)}
-    f = np.fromiter((fid[x] for x in fs), dtype=np.int32, count=n)
-    return {"t0": t0, "t1": t1, "completed": completed, "typ": typ, "f": f, "names": names}
+def _by_f(pairs: list[Pair]) -> dict[Any, list[Pair]] | None:
+    """`pairs_of`'s grouping: f -> its pairs in order (None when an f cannot be a key)."""
+    by_f: dict[Any, list[Pair]] = {}
+    try:
+        for p in pairs:
+            ps = by_f.get(p.f)
+            if ps is None:
+                by_f[p.f] = [p]
+            else:
+                ps.append(p)
+    except TypeError:
+        return None
+    return by_f
 
 
 def error_code(op: Mapping | None) -> str | None:
@@ -640,12 +640,13 @@ def op_lease_id(p: Pair) -> Any:
     return p.lid
 
 
-def index_leases(pairs: list[Pair]) -> dict[Any, Lease]:
-    """Every lease an ok acquire reported, with its grants (acquire/renew oks) and end ops."""
+def index_leases(pairs: list[Pair], acquires: list[Pair] | None = None) -> dict[Any, Lease]:
+    """Every lease an ok acquire reported, with its grants (acquire/renew oks) and end ops. `acquires`: the
+    acquire pairs of `pairs` in order, when the caller has them (`pairs_of`)."""
     leases: dict[Any, Lease] = {}
-    for p in pairs:
+    for p in pairs if acquires is None else acquires:
         if p.f == "acquire" and p.type == "ok":
-            r = p.comp.get("value")
+            r = p.result  # the completion's value (None unless a dict)
             if not isinstance(r, dict) or r.get("lease_id") is None:
                 continue
             lid = r["lease_id"]
@@ -689,7 +690,7 @@ def acquisition_start(lease: Lease, first: dict[tuple, int]) -> int:
 
 def lease_index(history: list[dict]) -> dict[Any, Lease]:
     """`index_leases(pair_ops(history))`, shared inside `analysis(history)`: do not mutate it."""
-    return _shared("leases", history, lambda: index_leases(pair_ops(history)))
+    return _shared("leases", history, lambda: index_leases(pair_ops(history), pairs_of(history, "acquire")))
 
 
 def successor_index(history: list[dict]) -> tuple[dict[Any, "PrefixMax"], dict[Any, "PrefixMax"]]:

@@ -70,16 +70,14 @@ class IdempotencyChecker:
         fs = IDEMPOTENT_FS
         for p in pair_ops(history):
             gkey = p.rk  # (f, key, request_id): the invocation's request_id when it has one, which is the rule's
-            if gkey is not None and p.f in fs:
-                val = p.inv.get("value")
-                if (val.__class__ is dict or isinstance(val, dict)) and val.get("request_id") is not None:
-                    g = groups.get(gkey)
-                    if g is None:
-                        groups[gkey] = p
-                    elif g.__class__ is list:
-                        g.append(p)
-                    else:
-                        groups[gkey] = [g, p]
+            if gkey is not None and p.vrid and p.f in fs:  # the invocation carries a request_id
+                g = groups.get(gkey)
+                if g is None:
+                    groups[gkey] = p
+                elif g.__class__ is list:
+                    g.append(p)
+                else:
+                    groups[gkey] = [g, p]
         v = Violations(self.max_violations)
         records: list[bool] = []  # whether the history records `sent` at all, found out when first needed
 

@@ -40,7 +40,7 @@ from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops
 from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, sent
-from checkers.core import successor_index
+from checkers.core import pairs_of, successor_index
 
 __all__ = ["LeaseStateChecker"]
 
@@ -117,7 +117,7 @@ class LeaseStateChecker:
                 i = bisect_left(bk.xs, at)
                 if i and bk.best[i - 1][0] > lease.token:
                     _check_stale(p, lease, started, rt, bk, v)
-        maybe = _maybe_renewed(pairs)
+        maybe = _maybe_renewed(pairs_of(history, "renew"))
         for lease in leases.values() if not moved else ():
             _check_renew_times(lease, v, maybe.get(lease.lease_id, []))
         unjudged = None
@@ -212,6 +212,9 @@ def _check_renew_times(lease: Lease, v: Violations, maybe: list[Pair] = ()) -> N
     A renew whose outcome is unknown (`maybe`: info, C19) may have extended the lease unseen, by at most
     one TTL each, so an ok renew is after the expiry only past that too.
     """
+    ended = lease.ended_at_ms
+    if ended is None and len(lease.grants) < 2:
+        return  # a lone grant has no earlier expiry to be late for, and no end time to be after
     grants = []  # (renewed_at_ms, expires_at_ms, grant), each read once (the hot path: every grant of every lease)
     for g in lease.grants:
         r = g.result
@@ -230,8 +233,11 @@ def _check_renew_times(lease: Lease, v: Violations, maybe: list[Pair] = ()) -> N
         while j < n and grants[j][0] == at:
             j += 1
         for _, _, p in grants[i:j]:
-            if p.f == "renew" and (best is not None or lease.ended_at_ms is not None):
-                _check_renew_at(p, at, best, lease, v, _unseen_extension(p, best, maybe), best_exp)
+            if p.f == "renew" and (best is not None or ended is not None):
+                unseen = _unseen_extension(p, best, maybe) if maybe else 0
+                # _check_renew_at's questions asked here, the function run only where a rule is broken
+                if (best is not None and at >= best_exp + unseen) or (ended is not None and at > ended):
+                    _check_renew_at(p, at, best, lease, v, unseen, best_exp)
         for _, exp, g in grants[i:j]:
             if exp is not None and (best is None or exp > best_exp):
                 best, best_exp = g, exp

@@ -42,7 +42,7 @@ import itertools
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Pair, Violations, analyzed, error_code, lease_index, pair_ops
+from checkers.core import Lease, Pair, Violations, analyzed, error_code, lease_index, pair_ops, pairs_of
 from checkers.core import (backend_clock_moves, backend_rules_note, clock_segments, clock_strobe_windows,
                            segment_of, valkey_losses)
 
@@ -74,7 +74,7 @@ class MutualExclusionChecker:
         excused = _RollbackExcuse(history, pairs)
         for key, ls in groups:
             compared += _check_backend_overlaps(key[0] if moved else key, ls, v, excused)
-        windows = _unsafe_windows(pairs, leases, by_key, self.max_windows)
+        windows = _unsafe_windows(pairs, leases, by_key, self.max_windows, pairs_of(history, "commit"))
         rules = backend_rules_note(moved) if not moved else (
             "per stretch between clock moves: the nemesis moved Valkey's clock, so only leases whose timed ops "
             "all lie between the same two moves are compared")
@@ -121,13 +121,18 @@ def _unjudged(leases: dict[Any, Lease], moved: list[int], compared: int) -> str 
 
 def _backend_end(lease: Lease) -> Any:
     """The backend time at which the lease stopped being valid, as far as backend times tell."""
-    ends = [t for t in (lease.expires_at_ms, lease.ended_at_ms) if t is not None]
-    return min(ends) if ends else None
+    exp, ended = lease.expires_at_ms, lease.ended_at_ms
+    if exp is None or ended is None:
+        return ended if exp is None else exp
+    return min(exp, ended)
 
 
 def _release_invoked(lease: Lease) -> int | None:
     """Monotonic time of the first release/revoke of the lease that ok'd or may have (None: never)."""
-    return min((p.t0 for p in lease.ends), default=None)
+    ends = lease.ends
+    if len(ends) < 2:  # the common case without a generator
+        return ends[0].t0 if ends else None
+    return min(p.t0 for p in ends)
 
 
 class _RollbackExcuse:
@@ -289,11 +294,12 @@ def _local_expiry(lease: Lease) -> int | None:
 
 
 def _unsafe_windows(pairs: list[Pair], leases: dict[Any, Lease], by_key: dict[Any, list[Lease]],
-                    limit: int) -> dict:
-    """Overlapping client beliefs per key, with the commits the older holder made inside them."""
+                    limit: int, commit_pairs: list[Pair] | None = None) -> dict:
+    """Overlapping client beliefs per key, with the commits the older holder made inside them.
+    `commit_pairs`: the commits of `pairs` in order, when the caller has them (`pairs_of`)."""
     ends = _belief_ends(pairs, leases)
     commits: dict[Any, list[Pair]] = defaultdict(list)
-    for p in pairs:
+    for p in pairs if commit_pairs is None else commit_pairs:
         if p.f == "commit":
             commits[p.lid].append(p)  # pairs come in invocation order: sorted by t0
     commit_times: dict[Any, list[int]] = {}

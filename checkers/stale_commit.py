@@ -45,7 +45,7 @@ from typing import Any, Mapping
 
 from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops
 from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key, successor_index
-from checkers.core import _shared, _successor_index
+from checkers.core import _shared, _successor_index, pairs_of
 
 __all__ = ["StaleCommitChecker", "commits_of", "final_reads"]
 
@@ -74,7 +74,8 @@ class StaleCommitChecker:
         _check_rev_order(accepted, v)
         moved = backend_clock_moves(history)
         unknown = _check_against_leases(accepted, leases, first_invoke, v, backend_times=not moved,
-                                        successors=successor_index(history))
+                                        successors=successor_index(history),
+                                        starts_known=True)  # commits_of read them from first_invoke
         for read in reads.values():
             _check_read(read, v)
         _check_lost_and_phantom(commits, reads, v)
@@ -196,9 +197,8 @@ def commits_of(history: list[dict]) -> list[Commit]:
     """The commit ops of `history` as `Commit`s (in invocation order), shared inside `analysis(history)` by
     stale-commit and stale-write: do not mutate them."""
     def build() -> list[Commit]:
-        pairs = pair_ops(history)
-        first = first_invocations(pairs)
-        return [Commit(p, first) for p in pairs if p.f == "commit"]
+        first = first_invocations(pair_ops(history))
+        return [Commit(p, first) for p in pairs_of(history, "commit")]
 
     return _shared("commits", history, build)
 
@@ -244,7 +244,7 @@ class FinalRead:
 def final_reads(history: list[dict]) -> dict[tuple, FinalRead]:
     """(key, doc) -> the last ok read of that document (by completion), shared inside `analysis(history)` by
     stale-commit and stale-write: do not mutate them."""
-    return _shared("final-reads", history, lambda: _final_reads(pair_ops(history)))
+    return _shared("final-reads", history, lambda: _final_reads(pairs_of(history, "read")))
 
 
 def _final_reads(pairs: list[Pair]) -> dict[tuple, FinalRead]:
@@ -316,7 +316,7 @@ def _successor_indexes(leases: dict[Any, Lease]) -> tuple[dict, dict]:
 
 def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
                           first_invoke: dict[Any, int], v: Violations, *, backend_times: bool = True,
-                          successors: tuple[dict, dict] | None = None) -> int:
+                          successors: tuple[dict, dict] | None = None, starts_known: bool = False) -> int:
     """Expiry, release and successor rules for each accepted commit; returns how many had no known lease.
 
     Without `backend_times` (the backend's clock was moved) only the real-time rules run. `successors`:
@@ -337,7 +337,8 @@ def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
         if lease is None:
             unknown += 1
             continue
-        started = first_invoke.get(p.rk, p.t0) if p.rk is not None else p.t0
+        # when it may have been accepted from: `Commit.start` when the commits were built from `first_invoke`
+        started = c.start if starts_known else first_invoke.get(p.rk, p.t0) if p.rk is not None else p.t0
         at = c.validated
         if backend_times and at is not None and (
                 (lease.expires_at_ms is not None and at >= lease.expires_at_ms)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Pair, Violations, acquisition_start, analyzed, first_invocations, lease_index
+from checkers.core import Pair, Violations, acquisition_start, analyzed, first_invocations, lease_index
 from checkers.core import pair_ops
 from checkers.stale_commit import _hashable, commits_of, final_reads  # one reading of entries and revisions
 
@@ -43,25 +43,33 @@ class StaleWriteChecker:
         pairs = pair_ops(history)
         leases = lease_index(history)
         first = first_invocations(pairs)
-        spans = {lid: _span(lease, first) for lid, lease in leases.items()}
+        spans = {}  # lease_id -> `_span`, written out (the hot path: every lease of a 1M-op history)
+        for lid, lease in leases.items():
+            start = lease.started
+            spans[lid] = (acquisition_start(lease, first) if start is None else start, lease.granted)
         # stale-commit's `Commit`s of the same ops, their fields read once for both checkers: `written` is
         # (lease_id, entry, doc) as this checker reads them (`_Write`), `rev` the same
         commits = [c for c in commits_of(history) if c.p.type == "ok"]
-        known = [c for c in commits if c.written[0] in spans]
-        by_entry = {c.written[1]: c for c in known if c.written[1] is not None}
+        known = []  # (acquisition start, end, commit) of each accepted commit of a known lease
+        for c in commits:
+            span = spans.get(c.written[0])
+            if span is not None:
+                known.append((*span, c))
+        by_entry = {w[2].written[1]: w for w in known if w[2].written[1] is not None}
         v = Violations(self.max_violations)
         for read in final_reads(history).values():
             entries = read.entries
             if entries is None:  # not a list: each item as it iterates
                 entries = [_hashable(e) for e in (read.p.result.get("entries") or [])]
             writes = [by_entry.get(e) for e in entries]
-            _sweep([w for w in writes if w is not None], spans, leases, v, read=read.p)
+            _sweep([w for w in writes if w is not None], leases, v, read=read.p)
         by_doc: dict[tuple, list] = defaultdict(list)
-        for c in known:
+        for w in known:
+            c = w[2]
             if c.rev is not None:
-                by_doc[(c.p.key, c.written[2])].append(c)
+                by_doc[(c.p.key, c.written[2])].append(w)
         for ws in by_doc.values():
-            _sweep(sorted(ws, key=_rev), spans, leases, v, read=None)
+            _sweep(sorted(ws, key=_rev), leases, v, read=None)
         ordered = _ordered_keys(leases, spans)
         res = v.result(accepted_commits=len(commits), commits_with_known_lease=len(known),
                        keys_with_ordered_holders=ordered)
@@ -73,29 +81,24 @@ class StaleWriteChecker:
         return res
 
 
-def _span(lease: Lease, first: dict) -> tuple[int, int]:
-    """(start, end) of a lease's acquisition in real time: earliest invocation, first ok completion."""
-    start = acquisition_start(lease, first)
-    end = lease.granted  # min(p.t1 for p in lease.acquires)
-    return start, end
+def _rev(w: tuple) -> Any:
+    """The revision of a (start, end, commit) (a sort key)."""
+    return w[2].rev
 
 
-def _rev(c: Any) -> Any:
-    """A commit's revision (a sort key)."""
-    return c.rev
-
-
-def _sweep(writes: list, spans: dict, leases: dict, v: Violations, *, read: Pair | None) -> None:
+def _sweep(writes: list[tuple], leases: dict, v: Violations, *, read: Pair | None) -> None:
     """Along the store's order, flag a write whose holder precedes an earlier-placed write's holder.
 
-    `writes`: stale-commit's `Commit`s, (lease_id, entry, doc) as this checker reads them in `written`."""
-    best: tuple[int, Any] | None = None  # the latest acquisition start among writes placed so far
-    best_start = None
-    for w in writes:
-        lid, _, doc = w.written
-        start, end = spans[lid]
-        if best is not None and end < best_start and leases[lid].key == leases[best[1].written[0]].key:
-            succ = best[1]
+    `writes`: (acquisition start, acquisition end, stale-commit's `Commit`) of the lease of each write, in the
+    store's order; (lease_id, entry, doc) as this checker reads them are the commit's `written`."""
+    if not writes:
+        return
+    best_start, _, best = writes[0]  # the latest acquisition start among writes placed so far, and its write
+    for i in range(1, len(writes)):
+        start, end, w = writes[i]
+        if end < best_start and leases[w.written[0]].key == leases[best.written[0]].key:
+            lid, _, doc = w.written
+            succ = best
             s_lid = succ.written[0]
             s_lease = leases[s_lid]
             where = f"doc {doc!r} " + ("final read" if read is not None else "revision order")
@@ -105,17 +108,25 @@ def _sweep(writes: list, spans: dict, leases: dict, v: Violations, *, read: Pair
                   f"requested) was accepted after that successor's write",
                   key=w.p.key, doc=doc, lease=lid, successor=s_lid, stale_commit=w.p.i1,
                   successor_commit=succ.p.i1, order="final-read" if read is not None else "rev")
-        if best is None or start > best_start:
-            best, best_start = (start, w), start
+        if start > best_start:
+            best_start, best = start, w
 
 
 def _ordered_keys(leases: dict, spans: dict) -> int:
-    """How many keys have two leases ordered in real time (something this rule can judge)."""
-    by_key: dict[Any, list] = defaultdict(list)
+    """How many keys have two leases ordered in real time (something this rule can judge): per key, the
+    earliest acquisition end before the latest start."""
+    lo: dict[Any, Any] = {}  # key -> the earliest acquisition end
+    hi: dict[Any, Any] = {}  # key -> the latest acquisition start
+    many: set = set()  # keys with two leases or more
     for lid, lease in leases.items():
-        by_key[lease.key].append(spans[lid])
-    n = 0
-    for ss in by_key.values():
-        if len(ss) > 1 and min(e for _, e in ss) < max(s for s, _ in ss):
-            n += 1
-    return n
+        s, e = spans[lid]
+        k = lease.key
+        if k in lo:
+            many.add(k)
+            if e < lo[k]:
+                lo[k] = e
+            if s > hi[k]:
+                hi[k] = s
+        else:
+            lo[k], hi[k] = e, s
+    return sum(1 for k in many if lo[k] < hi[k])
