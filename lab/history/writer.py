@@ -154,6 +154,9 @@ class HistoryWriter:
         self._keep = keep
         self.ops: list[dict] = []
         self._validate = validate
+        # The value types whose ops skip the NaN scan: none when ops are not checked (then key, node, process or f
+        # may be a float).
+        self._scalars = _SCALARS if validate else frozenset()
         self._each = flush == "each"
         self._plain = not self._each and not keep  # the hot path's one test for the default policy
         self._index = 0
@@ -210,7 +213,7 @@ class HistoryWriter:
             if sink.broken:
                 self._check_open()
             t = _monotonic_ns() - self.start_ns
-            if 0 <= t < self._last_time:  # only after append() was given a time ahead of the clock
+            if t < self._last_time and t >= 0:  # only after append() was given a time ahead of the clock
                 t = self._last_time
             index = self._index
             op = {"index": index, "time": t,
@@ -236,8 +239,7 @@ class HistoryWriter:
             else:
                 # orjson writes NaN and Infinity as null: refuse them as json does. Only a float can be one, so a
                 # checked op with a scalar value and no extras skips the scan (about 0.1 us; find: faster than `in`).
-                if ((extra or type(value) not in _SCALARS or not self._validate)
-                        and line.find(b"null") >= 0 and _has_nonfinite(op)):
+                if (extra or type(value) not in self._scalars) and line.find(b"null") >= 0 and _has_nonfinite(op):
                     line = _json_line(op, self.path)
             if self._plain:  # batched, keeping no ops (the default): add the line to the batch
                 batch = sink.batch
@@ -266,7 +268,7 @@ class HistoryWriter:
             if sink.broken:
                 self._check_open()
             t = _monotonic_ns() - self.start_ns
-            if 0 <= t < self._last_time:
+            if t < self._last_time and t >= 0:
                 t = self._last_time
             index = self._index
             op = {"index": index, "time": t, "type": type, "process": process, "f": f, "value": value}
@@ -296,8 +298,8 @@ class HistoryWriter:
             except TypeError:
                 line = _json_line(op, self.path)
             else:
-                if ((extra or _type(value) not in _SCALARS or (error is not None and _type(error) is not str)
-                        or not self._validate) and line.find(b"null") >= 0 and _has_nonfinite(op)):
+                if ((extra or _type(value) not in self._scalars or (error is not None and _type(error) is not str))
+                        and line.find(b"null") >= 0 and _has_nonfinite(op)):
                     line = _json_line(op, self.path)
             if self._plain:
                 batch = sink.batch
