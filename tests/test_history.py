@@ -320,6 +320,36 @@ def test_writer_serializes_like_json(tmp_path):
             assert w.count == 0
 
 
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_writer_refuses_nan_and_infinity_wherever_they_are(tmp_path, validate):
+    """orjson writes NaN and Infinity as null; the writer refuses them in every field a caller fills (the value,
+    an extra, the error, a key or node carried over from the invocation; with validate=False also the process
+    and f), whether the value beside them is a scalar or not, and records nothing for them."""
+    nan, inf = float("nan"), float("-inf")
+    cases = [
+        lambda w: w.invoke(0, "write", nan),
+        lambda w: w.invoke(0, "write", [1, inf]),
+        lambda w: w.invoke(0, "write", 1, key="k", extra=nan),
+        lambda w: w.invoke(0, "write", None, key=inf),
+        lambda w: w.invoke("nemesis", "kill", {"at": inf}),
+        lambda w: w.complete({"process": 0, "f": "read"}, "ok", nan),
+        lambda w: w.complete({"process": 0, "f": "read"}, "ok", 1, {"code": "x", "after": inf}),
+        lambda w: w.complete({"process": 0, "f": "read", "key": nan}, "ok", 1),
+        lambda w: w.complete({"process": 0, "f": "read", "node": inf}, "fail", "s"),
+        lambda w: w.complete({"process": 0, "f": "read"}, "info", None, None, extra={"x": [nan]}),
+    ]
+    if not validate:  # unchecked ops may carry a float anywhere
+        cases += [lambda w: w.invoke(nan, "write", 1), lambda w: w.complete({"process": 0, "f": inf}, "ok", 1)]
+    with HistoryWriter(tmp_path / "h.jsonl", validate=validate) as w:
+        for record in cases:  # refused as not JSON, or (a key or node) by the op format's own rule
+            with pytest.raises(HistoryError, match="not JSON-serializable|'(key|node)' must be a string"):
+                record(w)
+        assert w.count == 0
+        ok = [w.invoke(0, "write", 1.5), w.invoke(1, "write", None, key="k"), w.invoke(2, "write", "null")]
+        assert w.count == 3
+    assert [o["value"] for o in read_history(tmp_path / "h.jsonl")] == [o["value"] for o in ok] == [1.5, None, "null"]
+
 # -- readers ----------------------------------------------------------------------------------
 
 
