@@ -581,9 +581,10 @@ def _nemesis_windows(history: list[dict]) -> list[dict]:
             closing[fault] = w
         elif fault in closing:  # the completion of the end op we already saw
             closing[fault]["end"], closing[fault]["end_index"] = t, idx
-    end = history_end_time(history)
-    for w in opened.values():
-        w["end"], w["open"] = end, True
+    if opened:  # (the history's end only when asked: a pass over every op of the history)
+        end = history_end_time(history)
+        for w in opened.values():
+            w["end"], w["open"] = end, True
     return windows
 
 

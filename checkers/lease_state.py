@@ -88,7 +88,6 @@ class LeaseStateChecker:
                 continue
             checked += 1
             judged += f != "acquire" or p is not lease.first
-            started = first.get(p.rk, p.t0) if p.rk is not None else p.t0  # request_key(p)
             if f == "inspect":
                 _check_inspect(p, lease, v)
                 continue
@@ -98,6 +97,7 @@ class LeaseStateChecker:
                 _check_identity(p, lease, v)
             if f == "acquire":
                 continue
+            started = first.get(p.rk, p.t0) if p.rk is not None else p.t0  # request_key(p)
             if f == "renew" and lease.ends and r.get("state") not in TERMINAL:
                 for end in lease.ends:  # _check_revived's question, asked inline
                     if end.type == "ok" and end.t1 < started:
