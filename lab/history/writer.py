@@ -18,9 +18,10 @@ ever buffered; about 1 us more per record). `flush()` writes the batch now;
 `close()` writes it and fsyncs. A write that fails (disk full) is raised by the
 next call of the writer, the unwritten lines kept in the batch.
 
-Cost (bench/recording_overhead.py, A): about 2 us of CPU per op (an invocation
-and its completion: orjson, a few type checks, the batch), against about 13 us
-per op with `json.dumps`, `validate_op` and a flush per line.
+Cost (bench/recording_overhead.py, A; docs/performance.md "Recording"): about
+1.8 us of CPU per op (an invocation and its completion: the lock, a few type
+checks, orjson, the batch, the flush thread's write), against about 13 us per
+op with `json.dumps`, `validate_op` and a flush per line.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ class HistoryWriter:
 
     def now(self) -> int:
         """Nanoseconds since the test started, on the writer's clock."""
-        return time.monotonic_ns() - self.start_ns
+        return _monotonic_ns() - self.start_ns
 
     @property
     def keep(self) -> bool:
