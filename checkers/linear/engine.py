@@ -381,7 +381,8 @@ def search(si: SearchInput, *, deadline: float | None = None,
     remaining = n
     budget = _CHECK_EVERY
     monotonic = time.monotonic
-    x = y = 0
+    x = y = xm = 0
+    rd = False
     p = 0
 
     while True:
@@ -400,9 +401,10 @@ def search(si: SearchInput, *, deadline: float | None = None,
                                        monotonic() - t0)
         if post:
             prev = frame[2]  # type: ignore[index]
-            xr = cnext[QH]
+            rd = True  # read-only candidates first (R1 does not apply after an info op), then mutating ones
+            x = cnext[QH]
+            xm = cnext[MH]
         else:
-            xr = QT
             # R1: a legal read-only candidate is the only child. Linearized here one after another, with a
             # frame each but no cache entry (see R0): reads before x in the list stay illegal (the state
             # is the same), so the scan goes on from x's successor.
@@ -433,18 +435,14 @@ def search(si: SearchInput, *, deadline: float | None = None,
                     x = b
                     continue
                 x = cnext[x]
-        x = cnext[MH]
+            rd = False
+            x = cnext[MH]
         y = inext[IH]
         # ---- scan candidates (read-only ones only after an info op), then backtrack when exhausted
         while True:
-            pushed = False
-            while cpos[xr] < p or cpos[x] < p:
-                if cpos[xr] < p:
-                    z = xr
-                    xr = cnext[xr]
-                else:
-                    z = x
-                    x = cnext[x]
+            while cpos[x] < p:
+                z = x
+                x = cnext[x]
                 ns = fns[z](state)
                 if ns is ILLEGAL:
                     continue
@@ -500,91 +498,94 @@ def search(si: SearchInput, *, deadline: float | None = None,
                 w = nw
                 remaining -= 1
                 post = False
-                pushed = True
-                break
-            if pushed:
-                break
-            while ipos[y] < p:
-                u = isym[y]
-                if u < 0 or ilin & ibits[u]:  # R4
-                    ns = ifns[y](state)
-                    if ns is not ILLEGAL and ns != state:  # R2
-                        if post:
-                            ps = ifns[y](prev)
-                            if ps is not ILLEGAL and ps == ns:  # R6
-                                y = inext[y]
-                                continue
-                        nil = ilin | ibits[y]
-                        key = (lo, w, ns, state)  # a post-info configuration: keyed with its predecessor state
-                        old = cache_get(key)
-                        ok = True
-                        if old is None:
-                            cache[key] = nil
-                        elif old.__class__ is int:
-                            if old | nil == nil:
+                break  # pushed: a new configuration
+            else:
+                if rd:  # the read-only candidates are done: on to the mutating ones
+                    rd = False
+                    x = xm
+                    continue
+                while ipos[y] < p:
+                    u = isym[y]
+                    if u < 0 or ilin & ibits[u]:  # R4
+                        ns = ifns[y](state)
+                        if ns is not ILLEGAL and ns != state:  # R2
+                            if post:
+                                ps = ifns[y](prev)
+                                if ps is not ILLEGAL and ps == ns:  # R6
+                                    y = inext[y]
+                                    continue
+                            nil = ilin | ibits[y]
+                            key = (lo, w, ns, state)  # a post-info configuration: keyed with its predecessor state
+                            old = cache_get(key)
+                            ok = True
+                            if old is None:
+                                cache[key] = nil
+                            elif old.__class__ is int:
+                                if old | nil == nil:
+                                    ok = False
+                                else:
+                                    cache[key] = [old, nil]
+                            elif any(q | nil == nil for q in old):
+                                ok = False
+                            elif len(old) < _DOMINANCE_SCAN:
+                                old.append(nil)
+                            elif (key, nil) in overflow:
                                 ok = False
                             else:
-                                cache[key] = [old, nil]
-                        elif any(q | nil == nil for q in old):
-                            ok = False
-                        elif len(old) < _DOMINANCE_SCAN:
-                            old.append(nil)
-                        elif (key, nil) in overflow:
-                            ok = False
+                                overflow.add((key, nil))
+                            if ok:
+                                depth += 1
+                                frame = (y, 2, state, lo, w, ilin, frame)
+                                a = iprev[y]
+                                b = inext[y]
+                                inext[a] = b
+                                iprev[b] = a
+                                state = ns
+                                ilin = nil
+                                post = True
+                                break  # pushed: a new configuration
+                    y = inext[y]
+                else:
+                    # ---- backtrack (an R1-forced child that failed fails its parent too)
+                    while True:
+                        if frame is None:
+                            return _illegal(si, best, len(cache) + len(overflow), monotonic() - t0)
+                        # The longest prefix: every frame is popped before the search fails, the first one
+                        # pushed at the greatest depth first (LIFO), so it is kept here rather than at every push.
+                        if depth > best_depth:
+                            best_depth, best = depth, frame
+                        depth -= 1
+                        z, kind, state, lo, w, ilin, frame = frame
+                        if kind == 2:
+                            inext[iprev[z]] = z
+                            iprev[inext[z]] = z
                         else:
-                            overflow.add((key, nil))
-                        if ok:
-                            depth += 1
-                            frame = (y, 2, state, lo, w, ilin, frame)
-                            a = iprev[y]
-                            b = inext[y]
-                            inext[a] = b
-                            iprev[b] = a
-                            state = ns
-                            ilin = nil
-                            post = True
-                            pushed = True
-                            break
-                y = inext[y]
-            if pushed:
-                break
-            # ---- backtrack (an R1-forced child that failed fails its parent too)
-            while True:
-                if frame is None:
-                    return _illegal(si, best, len(cache) + len(overflow), monotonic() - t0)
-                # The longest prefix: every frame is popped before the search fails, the first one pushed at
-                # the greatest depth first (LIFO), so it is kept here rather than at every push.
-                if depth > best_depth:
-                    best_depth, best = depth, frame
-                depth -= 1
-                z, kind, state, lo, w, ilin, frame = frame
-                if kind == 2:
-                    inext[iprev[z]] = z
-                    iprev[inext[z]] = z
-                else:
-                    cnext[cprev[z]] = z
-                    cprev[cnext[z]] = z
-                    rnext[rprev[z]] = z
-                    rprev[rnext[z]] = z
-                    remaining += 1
-                    if kind == 0:
-                        continue
-                p = rpos[rnext[RH]]
-                post = frame is not None and frame[1] == 2
-                prev = frame[2] if post else None  # type: ignore[index]
-                if kind == 2:
-                    xr = QT
-                    x = MT
-                    y = inext[z]
-                elif ro[z]:  # an unforced read-only child (after an info op): go on with the read-only list
-                    xr = cnext[z]
-                    x = cnext[MH]
-                    y = inext[IH]
-                else:
-                    xr = QT
-                    x = cnext[z]
-                    y = inext[IH]
-                break
+                            cnext[cprev[z]] = z
+                            cprev[cnext[z]] = z
+                            rnext[rprev[z]] = z
+                            rprev[rnext[z]] = z
+                            remaining += 1
+                            if kind == 0:
+                                continue
+                        p = rpos[rnext[RH]]
+                        post = frame is not None and frame[1] == 2
+                        prev = frame[2] if post else None  # type: ignore[index]
+                        rd = False
+                        if kind == 2:
+                            x = MT
+                            y = inext[z]
+                        elif ro[z]:  # an unforced read-only child (after an info op): go on with the read-only list
+                            rd = True
+                            x = cnext[z]
+                            xm = cnext[MH]
+                            y = inext[IH]
+                        else:
+                            x = cnext[z]
+                            y = inext[IH]
+                        break
+                    continue  # scan the configuration backtracked to
+                break  # an info op pushed
+            break  # a determinate op pushed
 
 
 def default_max_cache_entries(n: int, budget_bytes: int = 2 << 30) -> int:
