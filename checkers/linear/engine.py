@@ -273,29 +273,33 @@ def _twins(si: SearchInput, classes: list[int]) -> list[tuple[int, ...]]:
     twins: list[tuple[int, ...]] = [()] * len(si.ops)
     groups: dict[int, list[int]] = {}
     ro = si.ro
+    get = groups.get
     for i, cls in enumerate(classes):
         if cls >= 0 and not ro[i]:  # read-only ops are forced as soon as legal (R1)
-            groups.setdefault(cls, []).append(i)
+            g = get(cls)
+            if g is None:
+                groups[cls] = [i]
+            else:
+                g.append(i)
     calls, ret_of = si.calls, si.rets
-    bisect_left, bisect_right = bisect.bisect_left, bisect.bisect_right
+    bisect_right = bisect.bisect_right
     for members in groups.values():
         if len(members) < 2:
             continue
-        # Ordered by (ret, id) (members ascend by id and the sort is stable), as parallel lists: bisecting
-        # ints needs no key tuple per probe.
+        # Ordered by (ret, id) (members ascend by id and the sort is stable), x's twins are the members just
+        # before it that return after x is invoked: a run ending at x, non-empty iff its predecessor in
+        # this order returns after x's call. Most ops have none, so that one comparison is all they cost.
         ys = sorted(members, key=ret_of.__getitem__)
-        rets = [ret_of[y] for y in ys]
-        last = len(ys)
-        for x in members:
-            # y is a candidate together with x only if it returns after x is invoked (and, returning
-            # before x, it was invoked before x returns): returns in (x.call, (x.ret, x)).
-            a = bisect_right(rets, calls[x])
-            r = ret_of[x]
-            b = bisect_left(rets, r, a)
-            while b < last and rets[b] == r and ys[b] < x:  # ties on ret: by id, as (ret, id) orders them
-                b += 1
-            if b > a:
-                twins[x] = tuple(ys[a:b])
+        rs: list[int] | None = None
+        prev_ret = ret_of[ys[0]]
+        for k in range(1, len(ys)):
+            x = ys[k]
+            call = calls[x]
+            if prev_ret > call:
+                if rs is None:
+                    rs = [ret_of[y] for y in ys]
+                twins[x] = tuple(ys[bisect_right(rs, call, 0, k):k])
+            prev_ret = ret_of[x]
     return twins
 
 
