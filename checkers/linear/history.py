@@ -63,6 +63,9 @@ def pair_history(history: Iterable[dict]) -> list[Op]:
     return [op for op in pair(history, strict=True, make=_recorder()).pairs if op is not None]
 
 
+_RETIRED = ("retired",)  # _pair_partitions' mark of a process an info retired
+
+
 class _Irregular(Exception):
     """Raised inside `pair_partitions`'s fast pass at anything but a plain well-formed record."""
 
@@ -101,9 +104,11 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
     new_tuple, info, OpC = _new_tuple, _INFO, Op
     by_key: dict[Any, list] = {}
     get = by_key.get
-    open_: dict[Any, tuple] = {}  # process -> (f, key, value, index, position, partition list or None, slot, inv)
+    # process -> (f, key, value, index, position, partition list or None, slot, inv), or _RETIRED for a process
+    # an info retired (one lookup per invoke tells both rules)
+    open_: dict[Any, tuple] = {}
     pop = open_.pop
-    retired: set = set()
+    retired = _RETIRED
     holes: set = set()  # keys of lists with a failed op's empty slot
     late: list = []  # (invocation, position, completion, its position) of invocations that name no key
     n = 0
@@ -119,7 +124,7 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
             if proc.__class__ is not str:
                 raise _Irregular
         if typ == "invoke":
-            if proc in open_ or proc in retired:
+            if proc in open_:  # still open, or retired
                 raise _Irregular
             try:
                 f = op["f"]
@@ -142,14 +147,14 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
             lst.append(None)
             continue
         t = pop(proc, None)
-        if t is None or (typ != "ok" and typ != "info" and typ != "fail"):
+        if t is None or t is retired or (typ != "ok" and typ != "info" and typ != "fail"):
             raise _Irregular
         f, key, iv, index, ipos, lst, i, inv = t
         if f != op.get("f"):
             raise _Irregular
         if lst is None:
             if typ == "info":
-                retired.add(proc)
+                open_[proc] = retired
             late.append((inv, ipos, op, pos))
             continue
         if typ == "ok":
@@ -171,7 +176,7 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
             if ret != pos or ret.__class__ is not int:
                 ret = pos
         elif typ == "info":
-            retired.add(proc)
+            open_[proc] = retired
             if op.get("value").__class__ is dict:
                 lst[i] = record(inv, op, ipos, pos)
                 n += 1
@@ -193,7 +198,10 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
         else:
             lst[i] = OpC(index, proc, f, key, inp, out, ipos, ret)
         n += 1
-    for f, key, iv, index, ipos, lst, i, inv in open_.values():  # never completed
+    for t in open_.values():  # never completed
+        if t is retired:
+            continue
+        f, key, iv, index, ipos, lst, i, inv = t
         if lst is None:
             late.append((inv, ipos, None, None))
         else:
