@@ -132,6 +132,7 @@ def _first_difference(a, b, path="") -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--old", default="HEAD", help="the git revision of the old code (default HEAD)")
+    ap.add_argument("--old-tree", help="a directory holding the old checkers/ and lab/ (instead of --old)")
     ap.add_argument("--ops", type=int, default=200_000, help="ops per simulated history")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
@@ -140,11 +141,12 @@ def main() -> int:
         worker(*args.worker)
         return 0
     with tempfile.TemporaryDirectory(prefix="checker-compare-") as tmp:
-        old = Path(tmp) / "old"
-        old.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.old, "checkers", "lab"],
-                                 check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+        old = Path(args.old_tree) if args.old_tree else Path(tmp) / "old"
+        if not args.old_tree:
+            old.mkdir()
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.old, "checkers", "lab"],
+                                     check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
         histories = build_histories(args.ops, args.seeds)
         hpath = Path(tmp) / "histories.pkl"
         with open(hpath, "wb") as f:
@@ -163,7 +165,8 @@ def main() -> int:
         for d in diffs[:5]:
             print("    " + d)
         differing += bool(diffs)
-    print(f"{len(histories)} histories, {differing} with a difference (old {args.old} vs the working tree)")
+    print(f"{len(histories)} histories, {differing} with a difference (old {args.old_tree or args.old} vs the working "
+          "tree)")
     return 1 if differing else 0
 
 
