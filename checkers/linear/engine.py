@@ -347,13 +347,18 @@ def search(si: SearchInput, *, deadline: float | None = None,
     cnext = [0] * (n + 4)
     cprev = [0] * (n + 4)
     MH, MT, QH, QT = n, n + 1, n + 2, n + 3
-    for head, tail, members in ((MH, MT, [i for i in range(n) if not ro[i]]),
-                                (QH, QT, [i for i in range(n) if ro[i]])):
-        last = head
-        for x in members:
-            cnext[last] = x
-            cprev[x] = last
-            last = x
+    lm = MH  # the last op of each sub-list so far, both built in one pass
+    lq = QH
+    for x, r in enumerate(ro):
+        if r:
+            cnext[lq] = x
+            cprev[x] = lq
+            lq = x
+        else:
+            cnext[lm] = x
+            cprev[x] = lm
+            lm = x
+    for last, tail in ((lm, MT), (lq, QT)):
         cnext[last] = tail
         cprev[tail] = last
         cnext[tail] = tail
