@@ -239,6 +239,13 @@ def test_the_fused_pairing_gives_what_the_one_pairing_gives(history):
         assert n == n1 and _fields(parts) == _fields(parts1), name
         n_parts += len(parts) > 1
     assert n_parts > 20  # multi-key histories were among them
+    # an iterator is read once: a broken one still gets the one pairing's error, a good one its ops
+    bad, phrase = MALFORMATIONS[0](history)
+    with pytest.raises(HistoryError, match=phrase):
+        pair_partitions(iter(bad), get_model("cas-register"))
+    h = cases[1][1]
+    n, parts = pair_partitions(iter(h), get_model("cas-register"))
+    assert (n, _fields(parts)) == (lambda r: (r[0], _fields(r[1])))(_one_pairing(h, get_model("cas-register")))
     for malform in MALFORMATIONS:
         bad, phrase = malform(history)
         for name in ("cas-register", "lease"):

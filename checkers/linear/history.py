@@ -70,7 +70,7 @@ class _Irregular(Exception):
     """Raised inside `pair_partitions`'s fast pass at anything but a plain well-formed record."""
 
 
-def pair_partitions(history: list[dict], model: Model) -> tuple[int, list[tuple[Any, list[Op]]]]:
+def pair_partitions(history: Iterable[dict], model: Model) -> tuple[int, list[tuple[Any, list[Op]]]]:
     """`partition_ops(pair_history(history), model)` and the number of ops, in one pass over the history.
 
     The pass pairs a well-formed history exactly as `lab.history.pair` does (an invocation with the next
@@ -83,6 +83,8 @@ def pair_partitions(history: list[dict], model: Model) -> tuple[int, list[tuple[
     50,000-op history that costs as much as the whole search (bench/checker/run.py).
     tests/test_history_pairing.py checks it gives what the one pairing gives, on valid and broken histories.
     """
+    if not isinstance(history, list | tuple):
+        history = list(history)  # an iterator: read once, as the fallback may need to read it again
     if model.partition is None:
         try:
             return _pair_partitions(history)
