@@ -24,6 +24,7 @@ import functools
 import gc
 import importlib
 import time as _time
+from operator import itemgetter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -718,7 +719,7 @@ class PrefixMax:
     """Answers "the largest token among points before x" in O(log n): sorted xs, running max."""
 
     def __init__(self, points: Iterable[tuple[Any, Any, Any]]):
-        pts = sorted((p for p in points if p[0] is not None and p[1] is not None), key=lambda p: p[0])
+        pts = sorted((p for p in points if p[0] is not None and p[1] is not None), key=itemgetter(0))
         self.xs = [p[0] for p in pts]
         self.best: list[tuple[Any, Any]] = []  # (max token so far, the ref that carries it)
         cur: tuple[Any, Any] | None = None
