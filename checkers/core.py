@@ -313,12 +313,14 @@ def _first_invocations(pairs: list[Pair]) -> dict[tuple, int]:
     """`first_invocations` itself: pairs come in invocation order, so the first seen is the earliest
     unless a history's times go backwards (then the min is kept)."""
     first: dict[tuple, int] = {}
+    put = first.setdefault
     for p in pairs:
         k = p.rk
         if k is not None:
-            t = first.get(k)
-            if t is None or p.t0 < t:
-                first[k] = p.t0
+            t0 = p.t0
+            t = put(k, t0)  # one lookup for a request_id seen the first time (most of them)
+            if t is not t0 and (t is None or t0 < t):
+                first[k] = t0
     return first
 
 

@@ -207,17 +207,25 @@ def _int64(x: object) -> bool:
 def _columns(pairs: list[Pair]) -> dict:
     """The pairs as numpy columns: invoke time, latency (ms, NaN if never completed), type, f index."""
     n = len(pairs)
-    names = sorted({str(p.f) for p in pairs})
+    try:
+        fs = set(map(attrgetter("f"), pairs))
+        strs = all(f.__class__ is str for f in fs)
+    except TypeError:  # an f that cannot be hashed (it is named by its str)
+        strs = False
+    names = sorted(fs if strs else {str(p.f) for p in pairs})
     fid = {f: i for i, f in enumerate(names)}
     tid = {t: i for i, t in enumerate(TYPES)}
     # map and attrgetter where they do: the per-op loops in C (1M-op histories)
     t0 = np.fromiter(map(attrgetter("t0"), pairs), dtype=np.int64, count=n)
     # completion times with NaN for the never completed, the latency then computed on the arrays
-    t1 = np.fromiter([t if t is not None else np.nan for t in map(attrgetter("t1"), pairs)], dtype=np.float64,
-                     count=n)
+    t1 = np.array(list(map(attrgetter("t1"), pairs)), dtype=np.float64)  # None becomes NaN
+    if t1.shape != (n,):
+        t1 = np.fromiter([t if t is not None else np.nan for t in map(attrgetter("t1"), pairs)], dtype=np.float64,
+                         count=n)
     lat = (t1 - t0) / 1e6
     typ = np.fromiter(map(tid.__getitem__, map(attrgetter("type"), pairs)), dtype=np.int8, count=n)
-    f = np.fromiter([fid[p.f] if p.f.__class__ is str else fid[str(p.f)] for p in pairs], dtype=np.int32, count=n)
+    f = (np.fromiter(map(fid.__getitem__, map(attrgetter("f"), pairs)), dtype=np.int32, count=n) if strs else
+         np.fromiter([fid[p.f] if p.f.__class__ is str else fid[str(p.f)] for p in pairs], dtype=np.int32, count=n))
     return {"names": names, "t0": t0, "lat": lat, "typ": typ, "f": f}
 
 

@@ -264,18 +264,21 @@ def _belief_ends(pairs: list[Pair], leases: dict[Any, Lease]) -> dict[Any, int]:
     """lease_id -> monotonic time its holder stopped believing it held it (see the module docstring)."""
     stopped: dict[Any, int] = {}  # release invoked, or loss seen
     last_use: dict[Any, int] = {}
+    last = last_use.get
     for p in pairs:
         lid = p.lid  # op_lease_id(p)
         if lid not in leases:
             continue
-        t = p.t1 if p.t1 is not None else p.t0
-        if t > last_use.get(lid, -1):
+        t1 = p.t1
+        t = t1 if t1 is not None else p.t0
+        if t > last(lid, -1):
             last_use[lid] = t
-        end = None
         if p.f == "release":
             end = p.t0
         elif p.type == "fail" and error_code(p.comp) in LOSS_CODES:
-            end = p.t1
+            end = t1
+        else:
+            continue
         if end is not None and (lid not in stopped or end < stopped[lid]):
             stopped[lid] = end
     return {lid: stopped[lid] if lid in stopped else max(last_use[lid], _local_expiry(lease) or 0)
