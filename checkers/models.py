@@ -586,9 +586,34 @@ def _sent_mismatch(f: str, out: Output) -> bool:
 
 
 def _names_no_lease(v: Any) -> bool:
-    """An invoke value naming neither a lease id nor a token: a client that held no lease asked for a renew,
-    release or commit (the workloads fail it without sending it; a run killed in between leaves it open)."""
+    """An op whose input names neither a lease id nor a token. The workloads record the lease a renew, release
+    or commit named only in its completion (`value.sent`, merged into the input by the pairing), so an op
+    that never completed (a crashed client, a run killed before the completion was written) names none."""
     return not isinstance(v, dict) or ("lease_id" not in v and "fencing_token" not in v)
+
+
+def _lease_unnamed(f: str) -> Callable[[Any], Any]:
+    """An unanswered renew / release / end / commit whose lease is unknown: it may have acted on the current
+    lease, whatever it is, or on none.
+
+    The real op named the lease its session held (one an answered op returned, never an unseen PENDING grant)
+    or none at all; on a correct server it acted on that lease only if it was the current one. Letting it act
+    on whichever lease is current covers every such effect, so the model never convicts a history for an op
+    it cannot see (a false alarm); it is as permissive as an op can be, which only these rare ops are.
+    """
+    to = _REVOKED if f == "revoke" else _RELEASED
+
+    def step(s: tuple) -> Any:
+        lid, tok, exp, st, mx, hw = s
+        if lid is None or lid is PENDING or st != _ACTIVE:
+            return ILLEGAL  # no lease to act on: the op need not take effect
+        if f == "renew":
+            return (lid, tok, None, st, mx, hw)  # the expiry it set is unknown
+        if f == "commit":
+            return ILLEGAL if hw is not None and tok < hw else (lid, tok, exp, st, mx, tok)
+        return (lid, tok, exp, to, mx, hw)
+
+    return step
 
 
 def _never(_state: Any) -> Any:
@@ -602,7 +627,7 @@ def _lease_compile(inp: Input, out: Output) -> Callable[[Any], Any] | None:
     if f in _LEASE_REF_OPS and _sent_mismatch(f, out):
         return _never
     if f in _LEASE_REF_OPS and not ok and _names_no_lease(inp.value):
-        return None  # unanswered, naming no lease: nothing it could send acts on one (C12, C13, C25)
+        return _lease_unnamed(f)
     if f == "acquire":
         return _lease_acquire(inp, out) if ok else _lease_acquire_info
     if f == "renew":

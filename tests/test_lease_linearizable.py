@@ -77,20 +77,39 @@ def test_an_unanswered_acquire_may_or_may_not_have_taken_effect():
     assert linear_result(b.ops)["valid"] is True
 
 
-def test_an_open_op_naming_no_lease_acts_on_none():
-    """A run killed between the invoke of a release its client never sent (the session held no lease) and the
-    local `not_held` failure leaves that release open; it names no lease, so it can act on none (C12): the
-    history is judged, not `unknown` with a model error. An open release naming the lease may have ended it."""
-    def history(release_value: dict, seen: str) -> list[dict]:
+def test_an_open_op_naming_no_lease_may_act_on_the_current_lease_or_none():
+    """The workloads record the lease a release names only in its completion (`value.sent`), so an op that
+    never completed (a run killed mid-flight, a crashed client) names none: the history is judged (not
+    `unknown` with a model error), with the op acting on the current lease or on none, never a false alarm."""
+    def history(release_value: dict, seen: str, release_first: bool = True) -> list[dict]:
         b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 9000))
-        b.invoke(1, "release", release_value, key="k")  # never completes: the run was killed
-        return b.invoke(2, "inspect", None, key="k").ok(2, lease("L1", 1, 1000, 9000, seen)).ops
+        if release_first:
+            b.invoke(1, "release", release_value, key="k")  # never completes: the run was killed
+        b.invoke(2, "inspect", None, key="k").ok(2, lease("L1", 1, 1000, 9000, seen))
+        if not release_first:
+            b.invoke(1, "release", release_value, key="k")
+        return b.ops
 
     nameless = {"request_id": "r2", "session": "s"}
-    assert linear_result(history(nameless, "active"))["valid"] is True
-    assert linear_result(history(nameless, "released"))["valid"] is False  # nothing could have released L1
+    assert linear_result(history(nameless, "active"))["valid"] is True  # it need not have taken effect
+    assert linear_result(history(nameless, "released"))["valid"] is True  # it may have released L1
+    # a release invoked only after the inspect answered cannot explain it; nor can a release explain a revoke
+    assert linear_result(history(nameless, "released", release_first=False))["valid"] is False
+    assert linear_result(history(nameless, "revoked"))["valid"] is False
     named = {"request_id": "r2", "lease_id": "L1", "fencing_token": 1}
     assert linear_result(history(named, "released"))["valid"] is True
+    # the release went out and took effect, its completion was lost, and a successor acquired after it
+    b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 9000))
+    b.invoke(0, "release", nameless, key="k")
+    b = acq(b, 1, "r3", lease("L2", 2, 2000, 5000))
+    assert linear_result(b.ops)["valid"] is True
+    c = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 9000))
+    c.invoke(0, "release", nameless, key="k").info(0)  # the interpreter's crash completion: no value
+    c = acq(c, 1, "r3", lease("L2", 2, 2000, 5000))
+    assert linear_result(c.ops)["valid"] is True
+    d = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 9000))  # no release at all: two live leases
+    d = acq(d, 1, "r3", lease("L2", 2, 2000, 5000))
+    assert linear_result(d.ops)["valid"] is False
 
 
 @pytest.mark.parametrize("seed", range(40))
