@@ -124,13 +124,19 @@ class ClientClocks:
         return lambda: self.now_ms(process)
 
 
+
+# The range of a drawn step, in seconds, drawn log-uniformly: skews smaller than a call's deadline budget (a
+# server ahead by more refuses every call as deadline_exceeded, so only a smaller step reaches its lease logic)
+# as often as the large ones that stop a process's view of time outright.
+BUMP_S = (0.05, 30.0)
+
 class ClockNemesis:
     """bump / strobe / reset of stack processes' fake clocks and of client clocks."""
 
     fault = "clock"
 
     def __init__(self, clocks: Mapping[str, Any] | None, *, rng: Any, client_clocks: ClientClocks | None = None,
-                 targets: Sequence[str] | None = None, bump_s: tuple[float, float] = (1.0, 30.0),
+                 targets: Sequence[str] | None = None, bump_s: tuple[float, float] = BUMP_S,
                  strobe_period_ms: int = 100, strobe_duration_s: float = 10.0):
         if clocks is None:
             clocks = {}
@@ -223,7 +229,8 @@ class ClockNemesis:
         if "delta_s" in value:
             delta = _delta("delta_s", value["delta_s"])
         else:
-            delta = round(self.rng.uniform(*self.bump_s), 3) * self.rng.choice((-1, 1))
+            lo, hi = self.bump_s  # log-uniform (Jepsen's bump-time draws 2^(2..18) ms): every scale as often
+            delta = round(math.exp(self.rng.uniform(math.log(lo), math.log(hi))), 3) * self.rng.choice((-1, 1))
         return targets, delta
 
     def _set(self, name: str, seconds: float) -> None:
@@ -335,7 +342,7 @@ class ClockNemesis:
 
 
 def clock(clocks: Mapping[str, Any] | None, *, rng: Any, client_clocks: ClientClocks | None = None,
-          targets: Sequence[str] | None = None, bump_s: tuple[float, float] = (1.0, 30.0),
+          targets: Sequence[str] | None = None, bump_s: tuple[float, float] = BUMP_S,
           strobe_period_ms: int = 100, strobe_duration_s: float = 10.0) -> ClockNemesis:
     """Clock faults on fake-clocked stack processes and client clocks: `bump-clock`, `strobe-clock`, `reset-clock`."""
     return ClockNemesis(clocks, rng=rng, client_clocks=client_clocks, targets=targets, bump_s=bump_s,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import math
 import time
 
 import httpx
@@ -22,7 +23,7 @@ import redis
 from lab.client import LeaseClient
 from lab.stack.faketime import FakeClock
 from lab.stack.local import LocalStack, StackOptions
-from nemesis.clock import ClientClocks, clock
+from nemesis.clock import BUMP_S, ClientClocks, clock
 from nemesis.core import NemesisUnavailable
 from workloads.common import identity_for, pick_credential
 from nemesis.core import invocation as op
@@ -250,3 +251,20 @@ def test_clock_nemesis_validates(tmp_path):
         asyncio.run(nem.invoke(None, op("bump-clock", {"targets": ["lease-1"]})))
     with pytest.raises(ValueError, match="does not handle f 'start-clock'"):
         asyncio.run(nem.invoke(None, op("start-clock")))
+
+
+def test_drawn_steps_cover_every_scale_log_uniformly():
+    """Steps below a call's 2 s deadline budget (the only ones a skewed server's lease logic ever sees: above it
+    every call is refused as deadline_exceeded) are drawn as often as the large ones, at both signs."""
+    nem = clock(None, rng=7, client_clocks=ClientClocks(concurrency=1))
+    steps = [nem._choose({})[1] for _ in range(2000)]
+    sizes = sorted(abs(d) for d in steps)
+    lo, hi = BUMP_S
+    assert lo <= sizes[0] and sizes[-1] <= hi
+    below_budget = sum(lo <= s < 2.0 for s in sizes) / len(sizes)
+    expected = math.log(2.0 / lo) / math.log(hi / lo)  # 0.58 for (0.05, 30): uniform would give 0.07
+    assert abs(below_budget - expected) < 0.05, below_budget
+    assert 0.45 < sum(d > 0 for d in steps) / len(steps) < 0.55
+    deciles = [sizes[len(sizes) * k // 10] for k in range(1, 10)]
+    ratios = [b / a for a, b in zip(deciles, deciles[1:])]
+    assert max(ratios) / min(ratios) < 1.6, deciles  # log-uniform: equal ratios between deciles
