@@ -181,7 +181,7 @@ def _validate_external(test: Test) -> None:
                        "--store-url")
     if test.nemesis:
         for name in test.nemesis:
-            problem = external_problem(name, test, client_clock=client_clock_problem(test))
+            problem = external_problem(name, test, client_clock=lambda: client_clock_problem(test))
             if problem:
                 raise RunError(f"--nemesis {name}: {problem}")
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from lab import paths
 from nemesis import clock, network, process_faults, valkey
@@ -168,13 +168,14 @@ def stack_options(names: Any) -> dict[str, Any]:
 
 
 # -- external systems ---------------------------------------------------------------
-def external_problem(name: str, test: Any, *, client_clock: str | None = None) -> str | None:
+def external_problem(name: str, test: Any, *, client_clock: Callable[[], str | None]) -> str | None:
     """Why nemesis `name` cannot act on the test's external system under test (None: it can).
 
     Against a system the lab does not run, only the lab's own side can be faulted: its client threads
     (client-pause), their clocks (client-clock, when the system's client has a settable `clock_ms`), and,
     with `--proxy-urls`, the client -> server links through the lab's own Toxiproxy (docs/external-systems.md).
-    `client_clock` is why the system's client has no settable clock (None: it has one).
+    `client_clock()` says why the system's client has no settable clock (None: it has one); required, so a
+    caller cannot forget it and let client-clock through.
     """
     spec = NEMESES.get(name)
     if spec is None:
@@ -184,7 +185,7 @@ def external_problem(name: str, test: Any, *, client_clock: str | None = None) -
     if name == "client-pause":
         return None
     if name == "client-clock":
-        return client_clock  # the caller asks the SUT layer (lab.sut.client_clock_problem): it sits above us
+        return client_clock()  # the caller asks the SUT layer (lab.sut.registry.client_clock_problem): it sits above us
     if spec.family == "network":
         if not urls:
             return f"{system} has no network link the lab could proxy"

@@ -194,8 +194,10 @@ def pytest_configure(config):
         signal.signal(signal.SIGTERM, _terminated)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
-    """The suite as a whole must leave no child process behind (the session fixtures are stopped by now)."""
+    """The suite as a whole must leave no child process behind (the session fixtures are stopped by now: after
+    an interrupt pytest tears them down in its own sessionfinish, which trylast puts before this one)."""
     leftovers = []
     for p in psutil.Process(os.getpid()).children(recursive=True):
         try:

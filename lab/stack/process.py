@@ -9,6 +9,7 @@ the recorded process start time guards against killing a recycled pid.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
@@ -64,11 +65,14 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
+# prctl looked up once, in the parent: between fork and exec the child may only call it (a dlopen there could
+# deadlock on a lock another thread of the lab held at the fork)
+_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+
+
 def _die_with_parent() -> None:
     """In the child before exec: ask Linux to SIGKILL us when the lab process dies (prctl PR_SET_PDEATHSIG)."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    _PRCTL(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
 @runtime_checkable
