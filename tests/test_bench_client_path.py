@@ -2,20 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-def load_bench():
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("client_path", BENCH / "client_path.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.benches import load_bench
 
 
 def measured(lease_us: float, minimal_us: float, ops_per_s: float, requests: int = 500, ops: int = 1000) -> dict:
@@ -32,7 +19,7 @@ def by_name(figures) -> dict:
 
 
 def test_every_target_is_met_only_by_a_measurement_that_meets_it():
-    bench = load_bench()
+    bench = load_bench("client_path.py")
     good = by_name(bench.to_figures(measured(lease_us=60, minimal_us=40, ops_per_s=3200), 4))
     assert all(f.ok for f in good.values()), good
     assert good["LeaseClient CPU / minimal client"].value == 1.5
@@ -45,7 +32,7 @@ def test_every_target_is_met_only_by_a_measurement_that_meets_it():
 
 
 def test_a_skipped_or_missing_library_is_no_figure():
-    bench = load_bench()
+    bench = load_bench("client_path.py")
     res = measured(lease_us=60, minimal_us=40, ops_per_s=3200)
     res["libraries"] = [x for x in res["libraries"] if x["lib"] != "minimal"]
     names = set(by_name(bench.to_figures(res, 4)))

@@ -3,20 +3,7 @@ fail is no figure), and its measurement runs: the recorded rounds write every re
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parent.parent / "bench"
-
-
-def load_bench():
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("recording_overhead", BENCH / "recording_overhead.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.benches import load_bench
 
 
 def part_a(bench, recorded_us: float, unrecorded_us: float):
@@ -30,7 +17,7 @@ def by_name(figures) -> dict:
 
 
 def test_every_target_is_met_only_by_a_measurement_that_meets_it():
-    bench = load_bench()
+    bench = load_bench("recording_overhead.py")
     good = by_name(bench.to_figures(part_a(bench, recorded_us=11.5, unrecorded_us=10.0)))
     cpu, ratio = "recording CPU per op (invoke + completion)", "recorded / unrecorded ops per CPU second"
     assert good[cpu].value == 1.5 and good[cpu].ok
@@ -45,7 +32,7 @@ def test_every_target_is_met_only_by_a_measurement_that_meets_it():
 
 
 def test_part_a_measures_recorded_and_unrecorded_rounds():
-    bench = load_bench()
+    bench = load_bench("recording_overhead.py")
     r = bench.measure_a(ops=500, concurrency=4, rounds=1)
     assert r.records == 2 * 500  # every op's invocation and completion reached the history
     assert r.recorded_cpu > 0 and r.unrecorded_cpu > 0
