@@ -254,7 +254,7 @@ def _recorder(shared: bool = False) -> Any:
         if typ == "fail":
             return None
         cv = comp.get("value")
-        if typ == "ok":
+        if typ == "ok":  # the interning below is the one-pass loop's, written out again: a call per op costs more
             if cv is None or cv.__class__ is int:
                 out = oks.get(cv)
                 if out is None:
