@@ -23,7 +23,6 @@ import platform
 import shlex
 import sys
 import time
-import tomllib
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -36,28 +35,27 @@ from lab.history.ops import is_client_process
 from lab.scenarios import SCENARIOS, ScenarioError, scenario_workload, validate_scenario
 from lab.secrets import redact_secrets, redact_tree, redact_url
 from lab.server.mutants import MUTANT_NAMES
-from lab.stack.compose import ComposeStack
-from lab.stack.local import LocalStack, StackOptions
-from lab.sut import SutError, get_sut, is_external, validate_test
+from lab.sut import SutError, get_sut, validate_test
 from lab.sut.probe import ProbeError, probe_external as probe, store_db
-from lab.sut.processes import stack_for
-from lab.sut.proxy import ProxiedUrls
-from lab.sut.registry import claimed_checker, client_clock_problem
+from lab.sut.registry import claimed_checker
+from lab.sut.target import BACKENDS, Kind, Target, TargetError, load_hosts as _load_hosts, target_of
 from lab.test_options import TEST_OPTIONS
 from lab.testmap import COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem
-from nemesis.registry import build, external_problem, stack_options, validate_names
-from workloads import WORKLOADS, get_workload, needs_of
+from nemesis.registry import build
+from workloads import get_workload, needs_of
 
 
 class RunError(RuntimeError):
     """A test cannot be run as asked (bad options, missing store, ...)."""
 
 
-def validate(test: Test) -> None:
-    """Check every option before anything starts; raise RunError naming the bad one.
+def validate(test: Test) -> Target:
+    """Check every option before anything starts; raise RunError naming the bad one. Returns the test's Target.
 
     The one check of a Test: `fencelab test`, campaigns, evidence, mutants, the fault-exposure spec and the
     pytest plugin's `lab_run` all call it (and `run_test` again), so each refuses the same tests the same way.
+    What the system is and where it runs is decided once, by `lab.sut.target.target_of`; every question about
+    it (may it take this fault, this planted bug, this backend) is asked of that Target.
     """
     _validate_fields(test)
     try:
@@ -74,9 +72,6 @@ def validate(test: Test) -> None:
         (test.deadline_s is None or test.deadline_s > 0, f"deadline_s must be > 0 seconds, not {test.deadline_s}"),
         (test.commit_mode in (None, *COMMIT_MODES),
          f"--commit-mode must be one of {', '.join(COMMIT_MODES)}, not {test.commit_mode!r}"),
-        (not (test.servers is not None and test.urls),
-         "--servers sets how many lease servers the lab's own stack starts; with --url the system under test "
-         "is external: drop --servers (give one --url per server)"),
     ]
     for ok, msg in checks:
         if not ok:
@@ -84,33 +79,33 @@ def validate(test: Test) -> None:
     check_name(test.name)
     if test.run_salt and not RUN_SALT.fullmatch(str(test.run_salt)):
         raise RunError(f"--run-salt must be 1 to 32 letters or digits (or 'new'), not {test.run_salt!r}")
-
+    needs = needs_of(test.workload)
     try:
-        validate_test(test, needs_of(test.workload))  # what the workload declares it needs, passed down
+        target = target_of(test)
+        validate_test(test, needs)  # what the workload declares it needs, passed down
+        target.check(test)
     except SutError as e:
         raise RunError(str(e)) from None
     if test.scenario:  # a named race scenario (lab.scenarios): known, and applicable here
-
         try:
             validate_scenario(test)
         except ScenarioError as e:
             raise RunError(str(e)) from None
-    if needs_of(test.workload).lab_only and test.urls:
+    if needs.lab_only and not target.reads_backend:
         raise RunError(f"workload {test.workload!r} tests the lab's own Valkey (it needs the stack the lab starts), "
-                       "not a lease server at a URL: drop --url, or use a lease-API workload (lease, idempotency, "
-                       "fenced-append)")
-    _validate_backend(test)
-    if is_external(test):
-        _validate_external(test)
-    if test.mutant:
-        _validate_mutant(test)
+                       f"not {target.describe()}: use a lease-API workload (lease, idempotency, fenced-append)")
+    if target.external:
+        _validate_external(test, target)
+    if test.mutant and test.mutant not in MUTANT_NAMES:
+        raise RunError(f"--mutant: unknown mutant {test.mutant!r}; known: {', '.join(MUTANT_NAMES)}")
     if test.nemesis:
         try:
-            test.nemesis = validate_names(test.nemesis)
-        except ValueError as e:
+            test.nemesis = target.check_faults(test.nemesis)
+        except (ValueError, SutError) as e:
             raise RunError(str(e)) from None
         if not test.nemesis_interval > 0:
             raise RunError(f"--nemesis-interval must be > 0 seconds, not {test.nemesis_interval}")
+    return target
 
 
 def _validate_fields(test: Test) -> None:
@@ -123,86 +118,33 @@ def _validate_fields(test: Test) -> None:
         raise RunError(f"extra[{hidden[0]!r}]: {hidden[0]} is a Test field; set test.{hidden[0]} instead")
 
 
-def _validate_mutant(test: Test) -> None:
-    """`--mutant NAME`: a known planted bug, for the lab's own reference servers only (docs/mutants.md)."""
-    name = test.mutant
-    if name not in MUTANT_NAMES:
-        raise RunError(f"--mutant: unknown mutant {name!r}; known: {', '.join(MUTANT_NAMES)}")
-    if is_external(test):
-        raise RunError("--mutant plants a bug in the lab's own reference servers; it cannot apply to an external "
-                       "system under test: drop --mutant, or drop --sut / --url")
-
-
-# nemeses that need the local backend's host processes and files (compose: containers, no host data dir or netns)
-COMPOSE_REFUSES = {"netns": "network namespaces around host processes (the compose stack has its own networks; "
-                            "use partition)"}
-
-
-def _validate_backend(test: Test) -> None:
-    """`--backend`: a known placement, and one the rest of the test can use."""
-    if test.backend not in BACKENDS:
-        raise RunError(f"--backend must be one of {', '.join(BACKENDS)}, not {test.backend!r}")
-    if test.backend == "local":
-        if test.hosts_file:
-            raise RunError("--hosts names SSH nodes: it goes with --backend ssh")
-        return
-    if is_external(test) or test.sut_name() != "reference":
-        raise RunError(f"--backend {test.backend} places the lab's own reference stack; another system "
-                       "(--url, or a --sut that brings its own processes) is placed by itself: drop --backend")
-    if test.live.get("store_url") or test.store_url:
-        raise RunError(f"--store-url with --backend {test.backend}: that stack runs its own store; drop one of them")
-    if test.backend == "ssh":
-        if not test.hosts_file:
-            raise RunError("--backend ssh needs --hosts FILE: the nodes to run on (docs/ssh-backend.md)")
-        load_hosts(test.hosts_file)
-        for name in test.nemesis:
-            if name not in SSH_NEMESES:
-                raise RunError(f"--nemesis {name} cannot run on --backend ssh; there: {', '.join(SSH_NEMESES)}")
-        return
-    if test.hosts_file:
-        raise RunError("--hosts names SSH nodes: it goes with --backend ssh")
-    for name in test.nemesis:
-        if name in COMPOSE_REFUSES:
-            raise RunError(f"--nemesis {name} cannot run on --backend compose: it needs {COMPOSE_REFUSES[name]}")
-
-
-def _validate_external(test: Test) -> None:
+def _validate_external(test: Test, target: Target) -> None:
     """What an external run needs and may do (docs/external-systems.md); RunError naming what to change."""
-    urls = list(test.urls)
-    if test.proxy_urls:
-        if not urls:
-            raise RunError("--proxy-urls puts the lab's Toxiproxy in front of the --url servers: give --url")
-        tls = [u for u in urls if not u.startswith("http://")]
+    if target.proxied:
+        tls = [u for u in target.urls if not u.startswith("http://")]
         if tls:
             raise RunError(f"--proxy-urls: {redact_url(tls[0])} is not plain http://; the proxy listens on loopback, "
                            "so a TLS certificate naming the server's host would not match")
     if test.lab_owns_store and not test.store_url:
         raise RunError("--lab-owns-store says the --store-url store is a scratch store the lab may set up: give "
                        "--store-url")
-    if test.nemesis:
-        for name in test.nemesis:
-            problem = external_problem(name, test, client_clock=lambda: client_clock_problem(test))
-            if problem:
-                raise RunError(f"--nemesis {name}: {problem}")
-
-    if _needs_store(test) and not test.live.get("store_url") and not test.scenario:
+    if needs_store(test) and not test.live.get("store_url") and not test.scenario:
         raise RunError(f"workload {test.workload!r} against an external system needs --store-url: the store the "
                        f"server writes into (database {store_db(test)!r}, --store-db), which the final reads check")
 
 
-def _needs_store(test: Test) -> bool:
+def needs_store(test: Test) -> bool:
     """Does the test's workload (or scenario) commit into, and read back from, a document store?"""
     if test.scenario:
         sc = SCENARIOS.get(test.scenario)
         return bool(sc and sc.needs_store)
-
-    return test.workload == "fenced-append" or bool(getattr(WORKLOADS.get(test.workload), "NEEDS_STORE", False))
+    return needs_of(test.workload).store
 
 
 def probe_external(test: Test) -> None:
     """Health, auth and store probes of an external system before its run (RunError: bad input, exit 2)."""
     try:
-        test.extra["probe"] = probe(test, needs_store=_needs_store(test))
+        test.extra["probe"] = probe(test, needs_store=needs_store(test))
     except ProbeError as e:
         raise RunError(str(e)) from None
 
@@ -265,7 +207,7 @@ def replay_command(test: Test) -> str:
             value = getattr(test, p.name)
             if p.name == "nemesis":
                 value = ",".join(value)
-            elif p.name == "run_salt" and is_external(test):
+            elif p.name == "run_salt" and not _lab_ran(test):
                 value = None
         elif p.name == "sut":
             value = test.extra.get("sut_import") or test.sut_name()
@@ -288,6 +230,15 @@ def replay_command(test: Test) -> str:
     if store_dir is not None:
         args += ["--store-dir", str(store_dir)]
     return redact_secrets(shlex.join(args))
+
+
+def _lab_ran(test: Test) -> bool:
+    """Did the lab run the test's system (so a replay may send the very same request ids)? A system no longer
+    registered here (a plug-in gone with its process) is taken as external: the replay then draws a fresh salt."""
+    try:
+        return target_of(test).lab_runs
+    except SutError:
+        return False
 
 
 def _store_dir_of(test: Test) -> Path | None:
@@ -323,7 +274,8 @@ async def _run(test: Test, wl, writer) -> None:
         nemesis, script = wl.build_nemesis(test)
         main = gen.any_of(main, script)
     elif test.nemesis:
-        nemesis, lane = build(test, test.nemesis, interval_s=test.nemesis_interval, seed=test.seed)
+        nemesis, lane = build(test, test.nemesis, interval_s=test.nemesis_interval, seed=test.seed,
+                              builders=test.live["target"].fault_builders())
         main = gen.any_of(main, lane)
     phases = [main]
     if wl.final_generator is not None:
@@ -360,45 +312,32 @@ async def _show_progress(test: Test, writer, plain_every_s: float = 10.0) -> Non
             await asyncio.sleep(0.25)
 
 
-def _nemesis_stack_options(test: Test) -> dict[str, Any]:
-    """What the stack must provide for the test's nemeses (Toxiproxy, fake clocks, persistence)."""
-    if not test.nemesis:
-        return {}
-
-    return stack_options(test.nemesis)
-
-
 def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
-    """Run one test: stack up, workload, stack down, checkers. Returns results (also in results.json)."""
-    validate(test)
-    if is_external(test) and test.urls:  # a wrong URL, key or store: refused before the run
+    """Run one test: stack up, workload, stack down, checkers. Returns results (also in results.json).
+
+    One path for every kind of system: the Target makes the run's stack (the reference stack on its backend,
+    a system's own processes, or, for a system at a URL, nothing or the lab's Toxiproxy in front of it), whose
+    status says where the clients go.
+    """
+    target = validate(test)
+    if target.kind is Kind.URL:  # a wrong URL, key or store: refused before the run
         probe_external(test)
     prepare_run(test)
     test.run_dir = new_run_dir(store_dir, test.name)
     write_test_json(test)
     wl = get_workload(test.workload)(test)
     if test.scenario:  # the scenario replaces the workload: its client, script, faults and checker
-
         wl = scenario_workload(test, wl)
-    if is_external(test):
-        results = _run_external(test, wl)
-        link_latest(test.run_dir, store_dir, test.name)
-        return results
-
-    stack = stack_for(test, test.run_dir / "stack") or placement_stack(test, test.run_dir / "stack")
+    stack = target.make_stack(test, test.run_dir / "stack")
     writer = None
     try:
-        opts = StackOptions(servers=test.server_count(), store=wl.needs_store,
-                            store_url=test.live.get("store_url"), mutant=test.mutant or "",
-                            **_nemesis_stack_options(test))
-        status = stack.up(ssh_options(test, opts) if test.backend == "ssh" else opts)
+        status = stack.up(target.stack_options(test, store=wl.needs_store))
         test.live["stack"] = stack
-        if getattr(stack, "netns_hosts", None) is not None:  # servers in network namespaces: the netns nemesis cuts them
-            test.live["netns_hosts"] = stack.netns_hosts
-        test.lease_servers, test.valkey = status["lease_servers"], status["valkey"]
-        test.client_nodes = status["client_nodes"]
+        test.live["target"] = target
+        test.lease_servers, test.valkey = list(status["lease_servers"]), status["valkey"]
+        test.client_nodes = list(status["client_nodes"])
         test.store, test.credentials_file = status.get("store"), status["credentials"]
-        test.nodes = wl.nodes(test)
+        test.nodes = wl.nodes(test) or ["in-process"]  # no node to dial: the system runs inside its client
         write_test_json(test)
         writer = HistoryWriter(test.run_dir / "history.jsonl")  # time 0 of the history: the workload starts now
         asyncio.run(_run(test, wl, writer))
@@ -411,48 +350,12 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     return results
 
 
-BACKENDS = ("local", "compose", "ssh")
-# the nemeses SSH hosts can take: processes by pid over SSH, offset files on the hosts, iptables between them
-SSH_NEMESES = ("partition", "kill", "pause", "clock", "server-clock", "client-pause", "client-clock")
-HOSTS_KEYS = ("nodes", "user", "port", "key_file", "known_hosts", "remote_root", "remote_dir", "valkey_node",
-              "store_node", "server_nodes")
-
-
 def load_hosts(path: Any) -> dict[str, Any]:
-    """`--hosts FILE`: the SSH nodes and how to reach them (TOML; docs/ssh-backend.md); RunError naming the key."""
+    """`--hosts FILE`: the SSH nodes and how to reach them (lab.sut.target.load_hosts); RunError naming the key."""
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except OSError as e:
-        raise RunError(f"--hosts {path}: cannot read it ({e.strerror or e})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise RunError(f"--hosts {path}: not TOML ({e})") from None
-    unknown = sorted(set(data) - set(HOSTS_KEYS))
-    if unknown:
-        raise RunError(f"--hosts {path}: unknown key {unknown[0]!r}; known keys: {', '.join(HOSTS_KEYS)}")
-    if not isinstance(data.get("nodes"), list) or not data["nodes"]:
-        raise RunError(f"--hosts {path}: `nodes` must list the hosts, e.g. nodes = [\"root@10.0.0.1\", \"10.0.0.2\"]")
-    return data
-
-
-def ssh_options(test: Test, opts: Any) -> Any:
-    """The SSH stack's options: the hosts file, plus what the test's workload and nemeses need of the stack."""
-    from lab.stack.ssh import SshOptions  # paramiko (~80 ms): only for --backend ssh
-
-    hosts = load_hosts(test.hosts_file)
-    return SshOptions(**hosts, servers=opts.servers, persistence=opts.persistence, store=opts.wants_store,
-                      fake_clocks=opts.fake_clocks, mutant=opts.mutant)
-
-
-def placement_stack(test: Test, root: Path):
-    """The run's own stack of the reference system, placed as `test.backend` says (it dies with the run)."""
-    if test.backend == "ssh":
-        from lab.stack.ssh import SshStack  # paramiko (~80 ms): only for --backend ssh
-
-        return SshStack(name="stack", root=root)
-    if test.backend == "compose":
-        return ComposeStack(name=f"run-{test.run_dir.name.lower()}", root=root, start_engine=True, die_with_owner=True)
-
-    return LocalStack(name="stack", root=root, die_with_parent=True)
+        return _load_hosts(path)
+    except TargetError as e:
+        raise RunError(str(e)) from None
 
 
 def prepare_run(test: Test) -> None:
@@ -474,37 +377,6 @@ def _record_sut_import(test: Test) -> None:
     module, qual = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
     if module and qual and "<" not in qual and module != "__main__":
         test.extra["sut_import"] = f"{module}:{qual}"
-
-
-def _run_external(test: Test, wl) -> dict[str, Any]:
-    """Run against a system the lab does not start: the given URLs (or an in-process SUT)."""
-    urls = list(test.urls)
-    test.lease_servers = urls
-    test.client_nodes = urls
-    test.nodes = urls or ["in-process"]
-    test.credentials_file = None
-    # the system's own store (--store-url): final reads go there; test.json keeps the redacted form
-    test.store = test.store_url if test.live.get("store_url") else None
-    proxies = None
-    if test.proxy_urls:  # the lab's Toxiproxy in front of the given URLs: client -> server links only
-
-        proxies = ProxiedUrls(urls, test.run_dir / "stack", client_groups=2)
-    writer = None
-    try:
-        if proxies is not None:
-            proxies.up()
-            test.live["stack"] = proxies  # the network nemeses find the topology where a local stack keeps it
-            test.client_nodes = proxies.client_nodes
-            test.nodes = wl.nodes(test)
-        write_test_json(test)
-        writer = HistoryWriter(test.run_dir / "history.jsonl")
-        asyncio.run(_run(test, wl, writer))
-    finally:
-        if writer is not None:
-            writer.close()
-        if proxies is not None:
-            proxies.down()
-    return analyze(test.run_dir, checker=wl.checker, test=test)
 
 
 def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[str, Any]:

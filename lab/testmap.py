@@ -27,7 +27,6 @@ from typing import Any, Literal
 RUN_SALT = re.compile(r"[0-9A-Za-z]{1,32}")
 DEFAULT_SERVERS = 2  # lease servers the lab's own stack starts when a test does not say
 MAX_SERVERS = 16
-BACKENDS = ("local", "compose", "ssh")
 COMMIT_MODES = ("fenced", "unfenced")
 # the first-class options that a test.json (or a caller) of before the typed fields kept in `extra`
 FIRST_CLASS = ("sut", "urls", "api_key_file", "servers", "store_url", "store_db", "proxy_urls", "lab_owns_store",
@@ -162,6 +161,8 @@ OPTION_TYPES: dict[str, tuple[Any, str]] = {
     "ttl_ms": (int, "an integer lease TTL in ms"),
     "nemesis_interval": (float, "a number of seconds between faults"),
     "servers": (int, f"an integer number of reference lease servers (1-{MAX_SERVERS})"),
+    # a spec table's own backends: those that need no more than their name (lab.sut.target.BACKENDS has every row;
+    # ssh needs its hosts file, so it is set by an implementation with backend = "ssh" and hosts)
     "backend": (Literal["local", "compose"], "local or compose (where the reference stack is placed; ssh: an "
                                              "implementation with backend = \"ssh\" and hosts)"),
     "deadline_s": (float, "a number of seconds (each request's deadline)"),

@@ -7,8 +7,13 @@
 - `stack_options(names)`: the `StackOptions` fields the nemeses need
   (Toxiproxy for the network faults, network namespaces for `netns`, fake
   clocks for `clock`, a persistence mode for the Valkey faults).
-- `build(test, names, *, interval_s, seed)`: the composed nemesis over the
-  running stack (`test.live["stack"]`) and the nemesis lane generator
+- `NEMESES`: one row per fault: its windows, what it needs of the system and
+  its placement (`needs`, held against the Target by
+  `lab.sut.target.Target.fault_problem` before anything starts) and its
+  builder. A new fault is its module and one row here.
+- `build(test, names, *, interval_s, seed, builders)`: the composed nemesis over
+  the running stack (`test.live["stack"]`), each group of names built by its
+  row's builder or the placement's own, and the nemesis lane generator
   (`nemesis.schedule`). It also puts `ClientClocks` and `ClientPauses` in
   `test.live["client_clocks"]` / `test.live["client_pauses"]` for the
   workload clients to read.
@@ -23,7 +28,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 from lab import paths
 from nemesis import clock, network, process_faults, valkey
@@ -34,20 +39,53 @@ from nemesis.schedule import Fault, nemesis_generator
 from lab.stack.topology import Topology
 from lab.stack.toxiproxy_api import ToxiproxyClient
 
-__all__ = ["NEMESES", "NemesisSpec", "ToxiproxyNemeses", "build", "external_problem", "known_names", "stack_options",
-           "validate_names"]
+__all__ = ["NEMESES", "Builder", "FaultContext", "LeaderStack", "NemesisSpec", "ToxiproxyNemeses", "build", "known_names",
+           "stack_options", "validate_names"]
+
+
+@dataclass
+class FaultContext:
+    """What a fault's builder gets: the running stack, the run's seed and the lab's own client handles."""
+
+    test: Any
+    stack: Any  # the run's stack (None when no fault of the run acts on it)
+    seed: int
+    client_clocks: Any
+    client_pauses: Any
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The stack's addresses, Toxiproxy topology and clock files (empty without a stack)."""
+        return self.stack.info if self.stack is not None else {}
+
+    def rng(self, name: str) -> random.Random:
+        """The rng of nemesis `name`, derived from the run's seed (the same seed replays the same faults)."""
+        return _rng_for(self.seed, name)
+
+
+# a fault group's builder: (the context, the group's names asked for) -> one nemesis member
+Builder = Callable[[FaultContext, list[str]], Any]
 
 
 @dataclass(frozen=True)
 class NemesisSpec:
-    """One nemesis name: what it does, its window's `f`s, and what the stack must provide."""
+    """One nemesis name: what it does, its window's `f`s, what it needs, and how it is built.
+
+    `needs` names abilities of the system and its placement (`lab.sut.target.ABILITIES`); the Target holds
+    them against what it has, before anything starts. `group`: the names built together by one `build`
+    (the Toxiproxy faults share one client); `rank`: the order members are built in (healed in reverse).
+    """
 
     name: str
     doc: str
     starts: tuple[str, ...]
     stop: str
     family: str  # network | netns | clock | process | client | valkey
+    build: Builder
+    needs: frozenset[str] = frozenset()
     stack: dict[str, Any] = field(default_factory=dict)
+    group: str = ""
+    rank: int = 50
 
     @property
     def fault(self) -> Fault:
@@ -55,39 +93,122 @@ class NemesisSpec:
         return Fault(self.name, self.starts, self.stop)
 
 
-def _spec(name: str, doc: str, family: str, stack: dict[str, Any] | None = None,
-          starts: tuple[str, ...] | None = None, stop: str | None = None) -> NemesisSpec:
-    """A spec whose window is `start-<name>` / `stop-<name>` unless given."""
-    return NemesisSpec(name, doc, starts or (f"start-{name}",), stop or f"stop-{name}", family, stack or {})
+def _spec(name: str, doc: str, family: str, build: Builder, needs: tuple[str, ...], rank: int,
+          stack: dict[str, Any] | None = None, starts: tuple[str, ...] | None = None, stop: str | None = None,
+          group: str | None = None) -> NemesisSpec:
+    """A spec whose window is `start-<name>` / `stop-<name>` unless given, built alone unless grouped."""
+    return NemesisSpec(name, doc, starts or (f"start-{name}",), stop or f"stop-{name}", family, build,
+                       frozenset(needs), stack or {}, group or name, rank)
+
+
+# -- the builders, one per fault group ------------------------------------------------------------------------
+def _build_kill(ctx: FaultContext, names: list[str]) -> Any:
+    return process_faults.kill(process_faults.stack_targets(ctx.stack), rng=ctx.rng("kill"))
+
+
+def _build_pause(ctx: FaultContext, names: list[str]) -> Any:
+    return process_faults.pause(process_faults.stack_targets(ctx.stack), rng=ctx.rng("pause"))
+
+
+def _build_valkey_crash(ctx: FaultContext, names: list[str]) -> Any:
+    return valkey.valkey_crash(ctx.stack.process("valkey"))
+
+
+def _build_valkey_restore(ctx: FaultContext, names: list[str]) -> Any:
+    return valkey.valkey_restore(ctx.stack.process("valkey"), ctx.stack.dir / "valkey-snapshots")
+
+
+def _build_client_pause(ctx: FaultContext, names: list[str]) -> Any:
+    return process_faults.client_pause(ctx.client_pauses, rng=ctx.rng("client-pause"))
+
+
+def _build_leader_pause(ctx: FaultContext, names: list[str]) -> Any:
+    """A system that declares its leader (lab.sut.processes.SutStack.leader_nemesis)."""
+    if not isinstance(ctx.stack, LeaderStack):
+        raise ValueError("--nemesis leader-pause: the system under test declares no leader")
+    return ctx.stack.leader_nemesis(rng=ctx.rng("leader-pause"))
+
+
+def _build_clock(ctx: FaultContext, names: list[str]) -> Any:
+    if not ctx.info.get("clocks"):
+        raise ValueError("--nemesis clock: the stack was started without fake clocks (StackOptions fake_clocks=True)")
+    return clock.clock(ctx.info["clocks"], rng=ctx.rng("clock"), client_clocks=ctx.client_clocks)
+
+
+def _build_server_clock(ctx: FaultContext, names: list[str]) -> Any:
+    """The lease servers only: backend time (Valkey's clock) never moves."""
+    clocks = ctx.info.get("clocks") or {}
+    servers = sorted(n for n in clocks if n.startswith("lease-"))
+    if not servers:
+        raise ValueError("--nemesis server-clock: the stack was started without fake clocks "
+                         "(StackOptions fake_clocks=True)")
+    return clock.clock({n: clocks[n] for n in servers}, rng=ctx.rng("server-clock"), targets=servers)
+
+
+def _build_client_clock(ctx: FaultContext, names: list[str]) -> Any:
+    """The lab's own clients only: no stack process is touched."""
+    return clock.clock(None, rng=ctx.rng("client-clock"), client_clocks=ctx.client_clocks)
+
+
+def _build_network(ctx: FaultContext, names: list[str]) -> Any:
+    """Every Toxiproxy fault asked, over the stack's topology, as one nemesis."""
+    if not ctx.info.get("toxiproxy") or not ctx.info.get("topology"):
+        raise ValueError(f"--nemesis {','.join(names)}: the stack was started without Toxiproxy "
+                         "(StackOptions toxiproxy=True)")
+    return ToxiproxyNemeses(ctx.info["toxiproxy"], ctx.info["topology"], names, ctx.seed)
+
+
+def _build_netns(ctx: FaultContext, names: list[str]) -> Any:
+    hosts = ctx.test.live.get("netns_hosts") or getattr(ctx.stack, "netns_hosts", None)
+    if not isinstance(hosts, NetnsHosts):
+        raise ValueError("--nemesis netns: the stack's processes must run in network namespaces "
+                         "(a nemesis.netns_partition.NetnsHosts): start the local stack with StackOptions(netns=True)")
+    # every grudge that applies, both ways and one-way (the Toxiproxy partition draws the same)
+    return netns_partition(hosts, rng=ctx.rng("netns"), directions=DIRECTIONS)
+
+
+@runtime_checkable
+class LeaderStack(Protocol):
+    """A stack whose system names its leader (the leader-pause nemesis's target)."""
+
+    def leader_nemesis(self, *, rng: Any) -> Any: ...
 
 
 _NET = {"toxiproxy": True}
 NEMESES: dict[str, NemesisSpec] = {s.name: s for s in (
     _spec("partition", "blackhole links a grudge picks (one server from Valkey, a server, a client, halves)",
-          "network", _NET),
-    _spec("latency", "delay on a link, a server's links, or every link (latency +/- jitter)", "network", _NET),
-    _spec("bandwidth", "a slow link (KB/s)", "network", _NET),
-    _spec("reset-peer", "connections reset once data flows", "network", _NET),
-    _spec("slicer", "every write cut into small delayed pieces", "network", _NET),
+          "network", _build_network, ("partition",), 90, _NET, group="network"),
+    _spec("latency", "delay on a link, a server's links, or every link (latency +/- jitter)", "network",
+          _build_network, ("links",), 90, _NET, group="network"),
+    _spec("bandwidth", "a slow link (KB/s)", "network", _build_network, ("links",), 90, _NET, group="network"),
+    _spec("reset-peer", "connections reset once data flows", "network", _build_network, ("links",), 90, _NET,
+          group="network"),
+    _spec("slicer", "every write cut into small delayed pieces", "network", _build_network, ("links",), 90, _NET,
+          group="network"),
     _spec("netns", "kernel partitions between the servers' network namespaces and the clients (root; "
-          "replaces partition)", "netns", {"netns": True}, starts=("start-partition",), stop="stop-partition"),
+          "replaces partition)", "netns", _build_netns, ("netns",), 100, {"netns": True},
+          starts=("start-partition",), stop="stop-partition"),
     _spec("clock", "bump or strobe the wall clocks of Valkey, lease servers and clients; reset",
-          "clock", {"fake_clocks": True}, starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
-    _spec("server-clock", "bump or strobe the wall clocks of the lease servers only (Valkey's clock, backend "
-          "time, never moves); reset", "clock", {"fake_clocks": True}, starts=("bump-clock", "strobe-clock"),
+          "clock", _build_clock, ("clocks",), 60, {"fake_clocks": True}, starts=("bump-clock", "strobe-clock"),
           stop="reset-clock"),
-    _spec("kill", "SIGKILL a lease server, Valkey or the store; restart it at the stop", "process",
-          {"persistence": "always", "recovery_store": True}),
-    _spec("pause", "SIGSTOP a lease server, Valkey or the store; SIGCONT at the stop", "process"),
-    _spec("client-pause", "hold one client thread at its gates (a GC-paused lease holder)", "client"),
+    _spec("server-clock", "bump or strobe the wall clocks of the lease servers only (Valkey's clock, backend "
+          "time, never moves); reset", "clock", _build_server_clock, ("server-clocks",), 70, {"fake_clocks": True},
+          starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
+    _spec("kill", "SIGKILL a lease server, Valkey or the store; restart it at the stop", "process", _build_kill,
+          ("processes",), 0, {"persistence": "always", "recovery_store": True}),
+    _spec("pause", "SIGSTOP a lease server, Valkey or the store; SIGCONT at the stop", "process", _build_pause,
+          ("processes",), 10),
+    _spec("client-pause", "hold one client thread at its gates (a GC-paused lease holder)", "client",
+          _build_client_pause, ("client",), 40),
     _spec("leader-pause", "SIGSTOP the current leader of a system that has one (etcd's raft leader); SIGCONT at "
-          "the stop", "process"),
+          "the stop", "process", _build_leader_pause, ("processes", "leader"), 50),
     _spec("client-clock", "bump or strobe the lab's client clocks only (no fake clocks needed; works against an "
-          "external system)", "client", starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
+          "external system)", "client", _build_client_clock, ("client", "client-clock"), 80,
+          starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
     _spec("valkey-crash", "SIGKILL Valkey, restart it from its own files (everysec: may lose ~1 s)", "valkey",
-          {"persistence": "everysec", "recovery_store": True}),
+          _build_valkey_crash, ("valkey",), 20, {"persistence": "everysec", "recovery_store": True}),
     _spec("valkey-restore", "snapshot Valkey, later restart it from that older snapshot (rolls counters back)",
-          "valkey", {"persistence": "always", "recovery_store": True}),
+          "valkey", _build_valkey_restore, ("valkey",), 30, {"persistence": "always", "recovery_store": True}),
 )}
 
 # When two names ask for different persistence, the one that exposes more wins:
@@ -167,42 +288,6 @@ def stack_options(names: Any) -> dict[str, Any]:
     return opts
 
 
-# -- external systems ---------------------------------------------------------------
-def external_problem(name: str, test: Any, *, client_clock: Callable[[], str | None]) -> str | None:
-    """Why nemesis `name` cannot act on the test's external system under test (None: it can).
-
-    Against a system the lab does not run, only the lab's own side can be faulted: its client threads
-    (client-pause), their clocks (client-clock, when the system's client has a settable `clock_ms`), and,
-    with `--proxy-urls`, the client -> server links through the lab's own Toxiproxy (docs/external-systems.md).
-    `client_clock()` says why the system's client has no settable clock (None: it has one); required, so a
-    caller cannot forget it and let client-clock through.
-    """
-    spec = NEMESES.get(name)
-    if spec is None:
-        return f"unknown nemesis; known: {', '.join(NEMESES)}"
-    urls = list(getattr(test, "urls", None) or [])
-    system = f"the external system {', '.join(urls)}" if urls else f"the in-process SUT {getattr(test, 'sut', None)!r}"
-    if name == "client-pause":
-        return None
-    if name == "client-clock":
-        return client_clock()  # the caller asks the SUT layer (lab.sut.registry.client_clock_problem): it sits above us
-    if spec.family == "network":
-        if not urls:
-            return f"{system} has no network link the lab could proxy"
-        if not getattr(test, "proxy_urls", False):
-            return (f"{system} is reached directly; add --proxy-urls to put the lab's Toxiproxy in front of it "
-                    "(the fault then acts on the client -> server links only)")
-        return None
-    needs = {"netns": "its lease servers running in the lab's network namespaces",
-             "clock": "fake clocks in its server processes (use client-clock for the lab's client clocks)",
-             "kill": "its processes, to SIGKILL and restart", "pause": "its processes, to SIGSTOP and SIGCONT",
-             "valkey-crash": "its Valkey process and data files", "valkey-restore": "its Valkey process and snapshots"}
-    need = needs.get(name, "the lab's own stack")
-    return (f"cannot apply to {system}: it needs {need}, which only the lab's own "
-            "stack gives; against an external system use client-pause, client-clock, or a network fault with "
-            "--proxy-urls")
-
-
 # -- building -----------------------------------------------------------------------
 class ToxiproxyNemeses:
     """The network nemeses over the stack's Toxiproxy topology, as one nemesis.
@@ -264,84 +349,33 @@ def _rng_for(seed: int, name: str) -> random.Random:
     return random.Random(f"{seed}:{name}")
 
 
-def _stack_of(test: Any) -> Any:
-    """The running LocalStack in `test.live["stack"]`, or ValueError."""
-    stack = getattr(test, "live", {}).get("stack")
-    if stack is None or not hasattr(stack, "processes"):
-        raise ValueError("the nemesis needs the running stack in test.live['stack'] (a LocalStack that is up)")
-    return stack
-
-
-def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float | None = None) -> tuple[Any, Any]:
+def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float | None = None,
+          builders: Mapping[str, Builder] | None = None) -> tuple[Any, Any]:
     """(the composed nemesis, the nemesis lane generator) for `names` over `test.live["stack"]`.
 
-    The generator runs for `test.time_limit` seconds from its first op, then
-    stops every fault once; run it next to the clients' time-limited
-    generator (`gen.any_of(...)`), not inside a `time_limit`.
+    Each group of names is built by its row's builder (`NEMESES`), or by the placement's own (`builders`:
+    group -> builder, from the Target: SSH hosts move clocks and cut links over SSH). The generator runs for
+    `test.time_limit` seconds from its first op, then stops every fault once; run it next to the clients'
+    time-limited generator (`gen.any_of(...)`), not inside a `time_limit`.
     """
     names = validate_names(names)
     if not names:
         raise ValueError("--nemesis: no nemesis named")
+    stack = test.live.get("stack")
     # the client nemeses act on the lab's own clients only: they need no stack (an external system has none)
-    stack = _stack_of(test) if any(NEMESES[n].family != "client" for n in names) else None
-    info = stack.info if stack is not None else {}
-    concurrency = int(getattr(test, "concurrency", 1))
-    client_clocks = test.live.setdefault("client_clocks", clock.ClientClocks(concurrency))
-    client_pauses = test.live.setdefault("client_pauses", process_faults.ClientPauses(concurrency))
-    members: list[Any] = []
-    # the heal runs in reverse: network first, then clocks and clients, then processes (backends first)
-    if "kill" in names:
-        members.append(process_faults.kill(process_faults.stack_targets(stack), rng=_rng_for(seed, "kill")))
-    if "pause" in names:
-        members.append(process_faults.pause(process_faults.stack_targets(stack), rng=_rng_for(seed, "pause")))
-    if "valkey-crash" in names:
-        members.append(valkey.valkey_crash(stack.process("valkey")))
-    if "valkey-restore" in names:
-        members.append(valkey.valkey_restore(stack.process("valkey"), stack.dir / "valkey-snapshots"))
-    if "client-pause" in names:
-        members.append(process_faults.client_pause(client_pauses, rng=_rng_for(seed, "client-pause")))
-    if "leader-pause" in names:  # a system that declares its leader (lab.sut.processes.SutStack.leader_nemesis)
-        if not hasattr(stack, "leader_nemesis"):
-            raise ValueError("--nemesis leader-pause: the system under test declares no leader")
-        members.append(stack.leader_nemesis(rng=_rng_for(seed, "leader-pause")))
-    on_ssh = info.get("backend") == "ssh"  # SSH hosts: offset files and iptables rules live on the hosts
-    if on_ssh and ("clock" in names or "partition" in names):
-        from nemesis.ssh import ssh_clock, ssh_partition  # paramiko (~80 ms): only for an SSH stack
-    if "clock" in names and on_ssh:
-        members.append(ssh_clock(stack, rng=_rng_for(seed, "clock"), client_clocks=client_clocks))
-    elif "clock" in names:
-        if not info.get("clocks"):
-            raise ValueError("--nemesis clock: the stack was started without fake clocks (StackOptions fake_clocks=True)")
-        members.append(clock.clock(info["clocks"], rng=_rng_for(seed, "clock"), client_clocks=client_clocks))
-    if "server-clock" in names:  # the lease servers only: backend time (Valkey's clock) never moves
-        servers = sorted(n for n in info.get("clocks") or {} if n.startswith("lease-"))
-        if not servers:
-            raise ValueError("--nemesis server-clock: the stack was started without fake clocks "
-                             "(StackOptions fake_clocks=True)")
-        members.append(clock.clock({n: info["clocks"][n] for n in servers}, rng=_rng_for(seed, "server-clock"),
-                                   targets=servers))
-    if "client-clock" in names:  # the lab's own clients only: no stack process is touched
-        members.append(clock.clock(None, rng=_rng_for(seed, "client-clock"), client_clocks=client_clocks))
-    network_names = [n for n in names if NEMESES[n].family == "network"]
-    if network_names and not info.get("toxiproxy") and on_ssh:
-        if network_names != ["partition"]:  # SSH hosts: kernel rules cut links; nothing there delays them
-            raise ValueError(f"--nemesis {','.join(network_names)}: on SSH hosts only partition (iptables) applies")
-        members.append(ssh_partition(stack, rng=_rng_for(seed, "partition"), directions=DIRECTIONS))
-    elif network_names:
-        if not info.get("toxiproxy") or not info.get("topology"):
-            raise ValueError(f"--nemesis {','.join(network_names)}: the stack was started without Toxiproxy "
-                             "(StackOptions toxiproxy=True)")
-        members.append(ToxiproxyNemeses(info["toxiproxy"], info["topology"], network_names, seed))
-    if "netns" in names:
-        hosts = test.live.get("netns_hosts") or getattr(stack, "netns_hosts", None)
-        if not isinstance(hosts, NetnsHosts):
-            raise ValueError("--nemesis netns: the stack's processes must run in network namespaces "
-                             "(test.live['netns_hosts'], a nemesis.netns_partition.NetnsHosts): start the local stack "
-                             "with StackOptions(netns=True)")
-        # every grudge that applies, both ways and one-way (the Toxiproxy partition draws the same)
-        members.append(netns_partition(hosts, rng=_rng_for(seed, "netns"), directions=DIRECTIONS))
+    if stack is None and any(NEMESES[n].needs - {"client", "client-clock"} for n in names):
+        raise ValueError("the nemesis needs the running stack in test.live['stack'] (a stack that is up)")
+    ctx = FaultContext(test=test, stack=stack, seed=seed,
+                       client_clocks=test.live.setdefault("client_clocks", clock.ClientClocks(test.concurrency)),
+                       client_pauses=test.live.setdefault("client_pauses",
+                                                          process_faults.ClientPauses(test.concurrency)))
+    groups: dict[str, list[str]] = {}
+    for n in sorted(names, key=lambda n: NEMESES[n].rank):
+        groups.setdefault(NEMESES[n].group, []).append(n)
+    own = builders or {}
+    members = [own.get(g, NEMESES[group_names[0]].build)(ctx, group_names) for g, group_names in groups.items()]
     nemesis = compose(members)
     faults = [NEMESES[n].fault for n in names]
-    generator = nemesis_generator(faults, interval_s=interval_s, hold_s=hold_s,
-                                  duration_s=float(getattr(test, "time_limit")), seed=seed)
+    generator = nemesis_generator(faults, interval_s=interval_s, hold_s=hold_s, duration_s=float(test.time_limit),
+                                  seed=seed)
     return nemesis, generator

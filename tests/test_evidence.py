@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from lab.cli import main
-from lab.evidence import EvidenceError, Row, RunRecord, Target, judge_row, load_spec, parse_spec, run_evidence
+from lab.evidence import EvidenceError, Row, RunRecord, EvidenceTarget, judge_row, load_spec, parse_spec, run_evidence
 from lab.scenarios import RACE_SCENARIOS
 
 SPEC = Path(__file__).resolve().parent.parent / "campaigns" / "contract-evidence.toml"
@@ -77,7 +77,7 @@ def test_spec_errors_name_the_key(data, message):
 @pytest.mark.parametrize("args, message", [
     (["--depth", "huge"], "unknown depth 'huge'; known: smoke, quick, standard, deep"),
     (["--url", "http://127.0.0.1:9"], "--url needs the service's API key"),
-    (["--sut", "starintel"], "--sut needs --url"),
+    (["--sut", "starintel"], "--sut starintel needs --url"),
     (["--spec", "nowhere.toml"], "cannot read the evidence spec nowhere.toml"),
 ])
 def test_bad_options_are_one_line_and_run_nothing(tmp_path, monkeypatch, args, message):
@@ -169,7 +169,7 @@ def test_external_system_marks_stack_rows_not_applicable_and_lists_findings(tmp_
         status = stack.up(StackOptions(servers=1, store=False))
         key = tmp_path / "key"
         key.write_text(pick_credential(json.loads(Path(status["credentials"]).read_text()))["api_key"])
-        evidence = run_evidence(spec, tmp_path / "store", target=Target((status["lease_servers"][0],), str(key)),
+        evidence = run_evidence(spec, tmp_path / "store", target=EvidenceTarget((status["lease_servers"][0],), str(key)),
                                 echo=lambda line: None, runner=runner_with_a_finding)
     finally:
         stack.down()
@@ -178,7 +178,7 @@ def test_external_system_marks_stack_rows_not_applicable_and_lists_findings(tmp_
     assert verdicts["R9"][0] == "pass" and verdicts["X1"][0] == "fail"
     assert evidence.exit_code == 1
     data = json.loads((evidence.dir / "evidence.json").read_text())
-    assert data["system"]["kind"] == "external" and data["findings"][0]["id"] == "renew-other-instance"
+    assert data["system"]["kind"] == "url" and data["findings"][0]["id"] == "renew-other-instance"
     html = (evidence.dir / "evidence.html").read_text()
     assert "only the acquiring node" in html and "not-applicable" in html
     links_resolve(evidence.dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab.runner import placement_stack
+from lab.sut.target import target_of
 from lab.stack.base import Stack
 from lab.stack.compose import ComposeStack
 from lab.stack.local import LocalStack
@@ -27,7 +27,7 @@ def test_each_backend_is_a_stack(cls, tmp_path):
 @pytest.mark.parametrize("backend, cls", [("local", LocalStack), ("compose", ComposeStack), ("ssh", SshStack)])
 def test_the_runner_places_each_backend(backend, cls, tmp_path):
     test = Test(backend=backend, run_dir=tmp_path / "20261201T000000.000000Z")
-    stack = placement_stack(test, tmp_path / "stack")
+    stack = target_of(test).make_stack(test, tmp_path / "stack")
     assert isinstance(stack, cls) and isinstance(stack, Stack)
 
 

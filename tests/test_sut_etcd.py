@@ -399,7 +399,7 @@ def test_nemeses_etcd_cannot_take_are_refused_before_the_run(tmp_path):
         validate(Test(workload="fenced-append", extra={"sut": "etcd"}, nemesis=["valkey-crash"]))
     with pytest.raises(RunError, match=r"--nemesis leader-pause cannot apply to SUT 'reference': it lacks a leader"):
         validate(Test(workload="fenced-append", nemesis=["leader-pause"]))
-    with pytest.raises(RunError, match=r"--backend compose places the reference stack; SUT 'etcd' runs its own"):
+    with pytest.raises(RunError, match=r"--backend compose places the lab.s own reference stack; another system"):
         validate(Test(workload="fenced-append", extra={"sut": "etcd"}, backend="compose"))
     validate(Test(workload="fenced-append", extra={"sut": "etcd"},
                   nemesis=["pause", "partition", "kill", "client-pause", "latency", "leader-pause"]))
@@ -408,12 +408,13 @@ def test_nemeses_etcd_cannot_take_are_refused_before_the_run(tmp_path):
 
 def test_url_still_reaches_an_etcd_the_lab_does_not_run(cluster, tmp_path):
     """`--sut etcd --url ...`: the same client against members someone else runs; the lab starts nothing."""
-    from lab.runner import is_external, run_test
+    from lab.runner import run_test
+    from lab.sut.target import Kind, target_of
 
     urls = list(cluster.info["members"].values())
     test = Test(name="etcd-url", workload="lease", time_limit=3.0, concurrency=3, keys=2,
                 extra={"sut": "etcd", "urls": urls})
-    assert is_external(test)
+    assert target_of(test).kind is Kind.URL
     results = run_test(test, tmp_path / "store")
     assert results["valid"] is True, {k: v.get("violation_counts") for k, v in results["results"].items()}
     assert not (test.run_dir / "stack" / "logs" / "etcd-1.log").exists()

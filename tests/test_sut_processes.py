@@ -18,7 +18,9 @@ import redis
 from lab import paths
 from lab.stack.local import StackOptions
 from lab.sut import SutError, register_sut, unregister_sut
-from lab.sut.processes import LinkSpec, ProcessSpec, SutStack, SystemProcesses, check_nemeses, check_test
+from lab.sut.processes import LinkSpec, ProcessSpec, SutStack, SystemProcesses, check_test
+from lab.sut.registry import SutEntry
+from lab.sut.target import BACKENDS, Kind, Target, target_of
 from lab.testmap import Test
 
 
@@ -128,6 +130,12 @@ def test_clock_nemesis_fakes_declared_clocks(kv_stack):
         assert p.env and p.env["FAKETIME_TIMESTAMP_FILE"] == clocks[p.name]
 
 
+def check_nemeses(decl: SystemProcesses, names) -> None:
+    """What the Target of a system declaring `decl` says of `names` (it raises the first refusal)."""
+    entry = SutEntry(name=decl.system, factory=lambda test, node, sid: None, capabilities=frozenset())
+    Target(kind=Kind.SYSTEM, sut=entry, backend=BACKENDS["local"], decl=decl).check_faults(names)
+
+
 def test_nemeses_that_cannot_apply_are_refused_naming_system_and_ability():
     with pytest.raises(SutError, match=r"--nemesis clock cannot apply to SUT 'kv': it lacks .*clocks.*a toy says no"):
         check_nemeses(kv_system(fake_clock=False), ["kill", "clock"])
@@ -154,7 +162,7 @@ def test_bad_declarations_are_one_line_errors():
 
 
 def test_run_validation_uses_the_declaration(tmp_path):
-    from lab.runner import RunError, is_external, validate
+    from lab.runner import RunError, validate
 
     def missing():
         raise FileNotFoundError("kv-server not found at /nowhere")
@@ -164,9 +172,9 @@ def test_run_validation_uses_the_declaration(tmp_path):
                  processes=lambda test: SystemProcesses(**{**kv_system().__dict__, "check_installed": missing}))
     try:
         t = Test(workload="lease", extra={"sut": "kv-test"}, nemesis=["kill", "partition"])
-        assert not is_external(t)  # the lab runs it
+        assert target_of(t).kind is Kind.SYSTEM and target_of(t).lab_runs  # the lab runs it
         validate(t)
-        assert is_external(Test(workload="lease", extra={"sut": "kv-test", "urls": ["http://127.0.0.1:1"]}))
+        assert target_of(Test(workload="lease", extra={"sut": "kv-test", "urls": ["http://127.0.0.1:1"]})).external
         with pytest.raises(RunError, match="--nemesis netns cannot apply to SUT 'kv'"):
             validate(Test(workload="lease", extra={"sut": "kv-test"}, nemesis=["netns"]))
         with pytest.raises(RunError, match="--mutant .* SUT 'kv' runs its own processes"):

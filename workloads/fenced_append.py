@@ -52,7 +52,7 @@ from workloads.common import (acquire_until_held, completion, exercise, identity
 from workloads.lease import LeaseDriver
 
 DOC = __doc__
-NEEDS = WorkloadNeeds("fenced-append", capabilities=frozenset({"commit"}))  # commits through the fenced boundary
+NEEDS = WorkloadNeeds("fenced-append", capabilities=frozenset({"commit"}), store=True)  # commits through the fenced boundary
 DB = "fencelab"
 
 
@@ -223,6 +223,6 @@ def workload(test):
                              "availability")},
                          "stale-write": StaleWriteChecker(),  # needs no token: judges token-less locks too
                          "linearizable": lease_linearizable()}),  # the lease model: acquire ... commit, final read
-        needs_store=True,
+        needs_store=NEEDS.store,
         doc=DOC,
     )

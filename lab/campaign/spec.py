@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lab.runner import RunError, validate
+from lab.sut.target import BACKENDS
 from lab.testmap import DEFAULT_SERVERS, OPTIONS, OptionError, Test, check_options, merge_options as _merge_options
 from nemesis.registry import known_names, validate_names
 from workloads import WORKLOADS, needs_of
@@ -42,7 +43,6 @@ EXCLUDE_KEYS = ("workload", "nemesis", "scenario", "implementation", "why")
 AXIS_FIELDS = {"workload": "workloads", "nemesis": "nemeses", "seed": "seeds", "name": "name"}
 REFERENCE = "reference"
 IMPL_KEYS = ("name", "sut", "url", "api_key_file", "commit_mode", "backend", "hosts")
-BACKENDS = ("local", "compose", "ssh")  # where the reference stack is placed (lab.runner.BACKENDS)
 
 
 class CampaignError(ValueError):

@@ -8,10 +8,10 @@ and writes `store/evidence/<timestamp>/evidence.json` and `evidence.html`.
 See docs/evidence.md.
 """
 
-from lab.evidence.run import Evidence, RowResult, RunRecord, Target, describe_depth, judge_row, plan, run_evidence
+from lab.evidence.run import Evidence, RowResult, RunRecord, EvidenceTarget, describe_depth, judge_row, plan, run_evidence
 from lab.evidence.spec import Depth, EvidenceError, EvidenceSpec, ExtraRun, Row, load_spec, parse_spec
 
 DEFAULT_SPEC = "campaigns/contract-evidence.toml"
 
 __all__ = ["DEFAULT_SPEC", "Depth", "Evidence", "EvidenceError", "EvidenceSpec", "ExtraRun", "Row", "RowResult",
-           "RunRecord", "Target", "describe_depth", "judge_row", "load_spec", "parse_spec", "plan", "run_evidence"]
+           "RunRecord", "EvidenceTarget", "describe_depth", "judge_row", "load_spec", "parse_spec", "plan", "run_evidence"]

@@ -32,7 +32,8 @@ from lab.history import read_history_report
 from lab.runner import RunError, run_test, validate
 from lab.scenarios import SCENARIOS, ScenarioError, apply_scenario
 from lab.secrets import redact_url
-from lab.sut import load_findings
+from lab.sut import SutError, load_findings
+from lab.sut.target import Kind, Target, target_of
 from lab.testmap import Test
 
 VERDICTS = ("pass", "fail", "inconclusive", "not-applicable")
@@ -89,8 +90,8 @@ class Evidence:
 
 
 @dataclass(frozen=True)
-class Target:
-    """The system the evidence is for: the lab's own stack per run, or an external lease service."""
+class EvidenceTarget:
+    """The options naming the system the evidence is for; what kind it is, the Target decides (lab.sut.target)."""
 
     urls: tuple[str, ...] = ()
     api_key_file: str | None = None
@@ -98,25 +99,34 @@ class Target:
     backend: str = "local"  # where the lab's own stack is placed per run: local processes, Docker Compose, SSH nodes
     hosts_file: str | None = None  # backend "ssh": the nodes (docs/ssh-backend.md)
 
-    @property
-    def external(self) -> bool:
-        """Is the target a system the lab does not start?"""
-        return bool(self.urls) or self.sut != "reference"
-
     def options(self) -> dict[str, Any]:
         """The Test fields the target sets on each run."""
         return {"sut": self.sut, "urls": list(self.urls), "api_key_file": self.api_key_file,
                 "hosts_file": self.hosts_file, "backend": self.backend}
 
+    def resolve(self) -> Target:
+        """The Target these options name, checked (TargetError / SutError: one line naming what to change)."""
+        test = Test(**self.options())
+        target = target_of(test)
+        target.check(test)
+        if target.sut.check is not None:  # the system's own check of its options (URLs, key)
+            target.sut.check(test)
+        return target
+
     def describe(self) -> dict[str, Any]:
         """The target as evidence.json records it (never a key)."""
-        if not self.external:
+        target = self.resolve()
+        d = target.summary()
+        if target.kind is Kind.REFERENCE:
             where = "a fresh local stack" if self.backend == "local" else f"a fresh {self.backend} stack"
-            return {"kind": "reference-stack", "backend": self.backend,
-                    "detail": f"the lab's reference servers on {where} per run"}
-
-        return {"kind": "external", "sut": self.sut, "urls": [redact_url(u) for u in self.urls],
-                "api_key_file": self.api_key_file}
+            d["detail"] = f"the lab's reference servers on {where} per run"
+        elif target.lab_runs:
+            d["detail"] = f"SUT {self.sut!r} on processes the lab starts per run"
+        else:
+            d["detail"] = f"{target.describe()} (SUT {self.sut!r})"
+        if self.api_key_file:
+            d["api_key_file"] = self.api_key_file
+        return d
 
 
 # -- planning ---------------------------------------------------------------------------------------
@@ -181,7 +191,7 @@ def summarize_run(rec: RunRecord, run_dir: Path, results: dict[str, Any], eviden
     return rec
 
 
-def _scenario_test(name: str, seed: int, base: str, depth: Depth, target: Target):
+def _scenario_test(name: str, seed: int, base: str, depth: Depth, target: EvidenceTarget):
     """The Test of one scenario run: the scenario's options, scaled, against the target."""
     test = Test(name=f"{base}/{name}-s{seed}", seed=seed, scenario=name, **target.options())
     apply_scenario(test, {"name"})
@@ -189,7 +199,7 @@ def _scenario_test(name: str, seed: int, base: str, depth: Depth, target: Target
     return test
 
 
-def _fault_test(run: ExtraRun, seed: int, base: str, target: Target):
+def _fault_test(run: ExtraRun, seed: int, base: str, target: EvidenceTarget):
     """The Test of one fault run (a registered workload under a random nemesis lane)."""
     opts = {"time_limit": 10.0, "concurrency": 5, "rate": 40.0, "keys": 2, "ttl_ms": 1000, "nemesis_interval": 1.5}
     opts.update(run.options)
@@ -229,7 +239,7 @@ def judge_row(row: Row, runs: list[RunRecord]) -> RowResult:
         verdict, reason = "fail", "no scenario maps to this row: zero runs executed"
     elif not executed and skipped and not broken:
         verdict = "not-applicable"
-        reason = "not applicable to an external system: " + "; ".join(sorted({r.not_applicable for r in skipped}))
+        reason = "not applicable to this system: " + "; ".join(sorted({r.not_applicable for r in skipped}))
     elif not executed:
         verdict, reason = "fail", "zero runs executed: " + "; ".join(r.error or r.not_applicable for r in runs)
     elif relevant == 0:
@@ -250,11 +260,15 @@ def judge_row(row: Row, runs: list[RunRecord]) -> RowResult:
     return RowResult(row, verdict, reason, runs, relevant, dict(faults), findings)
 
 
-def run_evidence(spec: EvidenceSpec, store_dir: Path, *, depth: str | None = None, target: Target = Target(),
+def run_evidence(spec: EvidenceSpec, store_dir: Path, *, depth: str | None = None, target: EvidenceTarget = EvidenceTarget(),
                  echo: Callable[[str], None] = print,
                  runner: Callable[[Any, Path], dict[str, Any]] | None = None) -> Evidence:
     """Run every scenario the depth's rows name (and its fault runs), judge each row, write the bundle."""
     runner = runner or run_test
+    try:
+        system = target.resolve()  # what the evidence is for, decided once
+    except SutError as e:
+        raise EvidenceError(str(e)) from None
     d = spec.depth(depth)
     store_dir = Path(store_dir)
     if store_dir.exists() and not store_dir.is_dir():
@@ -272,9 +286,10 @@ def run_evidence(spec: EvidenceSpec, store_dir: Path, *, depth: str | None = Non
         for name in names:
             rec = records[(name, seed)] = RunRecord(name=name, seed=seed)
             sc = SCENARIOS[name]
-            if target.external and sc.stack_only:
-                rec.not_applicable = sc.stack_only
-                echo(f"  {name} s{seed}: not applicable to an external system ({sc.stack_only})")
+            why = system.scenario_problem(sc.stack_only)
+            if why:
+                rec.not_applicable = why
+                echo(f"  {name} s{seed}: not applicable ({why})")
                 continue
             try:
                 test = _scenario_test(name, seed, base, d, target)
@@ -288,8 +303,9 @@ def run_evidence(spec: EvidenceSpec, store_dir: Path, *, depth: str | None = Non
             _write(spec, d, target, evidence_dir, records, started)
         for run in extra:
             rec = records[(run.name, seed)] = RunRecord(name=run.name, seed=seed, kind="fault-run")
-            if target.external:
-                rec.not_applicable = "its faults act on the lab's own stack"
+            why = next(filter(None, map(system.fault_problem, run.nemesis)), None)
+            if why:
+                rec.not_applicable = why
                 continue
             try:
                 test = _fault_test(run, seed, base, target)
@@ -320,7 +336,7 @@ def _row_runs(row: Row, depth: Depth, records: dict[tuple[str, int], RunRecord])
     return out
 
 
-def _write(spec: EvidenceSpec, depth: Depth, target: Target, evidence_dir: Path,
+def _write(spec: EvidenceSpec, depth: Depth, target: EvidenceTarget, evidence_dir: Path,
            records: dict[tuple[str, int], RunRecord], started: float) -> Evidence:
     """evidence.json and evidence.html for the rows as they stand now (rewritten after every run)."""
     rows = [judge_row(row, _row_runs(row, depth, records)) for row in spec.rows_for(depth)]

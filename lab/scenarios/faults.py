@@ -22,7 +22,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from lab.sut import is_external
+from lab.sut.target import target_of
 from nemesis import process_faults
 from nemesis.core import NemesisUnavailable, completion, compose
 from nemesis.registry import build
@@ -153,8 +153,10 @@ def build_nemesis(test: Any, scenario: Any, identity_for) -> Any:
     Always a nemesis (possibly with no member), so scripts can time steps on the nemesis thread.
     """
     members: list[Any] = []
-    if scenario.nemeses and not is_external(test):
-        registered, _random_lane = build(test, list(scenario.nemeses), interval_s=1.0, seed=test.seed)
+    target = target_of(test)
+    if scenario.nemeses and target.lab_runs:
+        registered, _random_lane = build(test, list(scenario.nemeses), interval_s=1.0, seed=test.seed,
+                                         builders=target.fault_builders())
         members.append(registered)
     if scenario.client_pause:
         pauses = test.live.setdefault("client_pauses", process_faults.ClientPauses(test.concurrency))

@@ -51,8 +51,8 @@ import lab.generator as gen
 from checkers.core import Compose, Pair, Violations, analyzed, error_code, get_checker, nemesis_windows, pair_ops
 from lab.scenarios.driver import ScenarioDriver, Shared
 from lab.scenarios.faults import build_nemesis
-from lab.sut import is_external, sut_of
-from nemesis.registry import validate_names
+from lab.sut import SutError, sut_of
+from lab.sut.target import target_of
 from workloads import needs_of
 from workloads.base import Workload
 
@@ -431,8 +431,10 @@ def scenario_of(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
 def validate_scenario(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
     """Check a Test naming a scenario before anything starts; ScenarioError says what to change."""
     sc = scenario_of(test, registry)
-    if is_external(test) and sc.stack_only:
-        raise ScenarioError(f"--scenario {sc.name}: not applicable to an external system: {sc.stack_only}")
+    target = target_of(test)
+    problem = target.scenario_problem(sc.stack_only)
+    if problem:
+        raise ScenarioError(f"--scenario {sc.name}: {problem}")
     if test.nemesis and list(test.nemesis) != list(sc.nemeses):
         raise ScenarioError(f"--scenario {sc.name} brings its own faults ({', '.join(sc.nemeses) or 'no nemesis'}); "
                             "run it without --nemesis")
@@ -440,13 +442,13 @@ def validate_scenario(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
         raise ScenarioError(f"--scenario {sc.name} drives {sc.min_concurrency} client threads: --concurrency must be "
                             f">= {sc.min_concurrency}, not {test.concurrency}")
     servers = test.server_count()
-    if not is_external(test) and servers < sc.min_servers:
+    if target.lab_runs and servers < sc.min_servers:
         raise ScenarioError(f"--scenario {sc.name} needs {sc.min_servers} lease servers: --servers must be "
                             f">= {sc.min_servers}, not {servers}")
-    if sc.nemeses and not is_external(test):
+    if sc.nemeses and target.lab_runs:
         try:
-            validate_names(list(sc.nemeses))
-        except ValueError as e:
+            target.check_faults(list(sc.nemeses))
+        except (ValueError, SutError) as e:
             raise ScenarioError(f"--scenario {sc.name}: {e}") from None
     missing = sorted(needs_of(sc.workload).capabilities - sut_of(test).capabilities)
     if missing:
@@ -479,7 +481,7 @@ def scenario_workload(test: Any, registry: Mapping[str, Scenario]) -> ScenarioWo
     test.extra.setdefault("key_nonce", getattr(test, "run_salt", "") or secrets.token_hex(3))
     test.extra.setdefault("identity", {"namespace": "fencelab", "workflow": f"s-{test.extra['key_nonce']}"})
     test.workload = sc.workload
-    local = not is_external(test)
+    local = target_of(test).lab_runs
     if local:
         test.nemesis = list(sc.nemeses)
     shared = Shared(test.extra["identity"])

@@ -11,7 +11,6 @@ docs/plugging-in-a-system.md. Built in: `reference` and `starintel`.
 
 from lab.findings import Finding, FindingsLog, load_findings, static_records
 from lab.sut import etcd, valkey_lock  # the built-in adapters, registered below
-from lab.sut.processes import is_external
 from lab.sut.protocol import (OPTIONAL_CAPABILITIES, FencedCommit, ForceRelease, LeaseSystem, Revoke, SutError,
                               check_result, check_system)
 from lab.sut.registry import (DEFAULT_SUT, ENTRY_POINT_GROUP, CheckedSystem, SutEntry, WorkloadNeeds, api_key_for,
@@ -33,6 +32,6 @@ register_sut("valkey-lock-fenced", valkey_lock.fenced_valkey_lock_system, capabi
 __all__ = [
     "DEFAULT_SUT", "ENTRY_POINT_GROUP", "OPTIONAL_CAPABILITIES", "CheckedSystem", "FencedCommit", "Finding",
     "FindingsLog", "ForceRelease", "LeaseSystem", "Revoke", "SutEntry", "SutError", "api_key_for", "check_result",
-    "check_system", "get_sut", "is_external", "load_findings", "open_system", "register_sut",
+    "check_system", "get_sut", "load_findings", "open_system", "register_sut",
     "static_records", "sut_names", "sut_of", "unregister_sut", "validate_test", "WorkloadNeeds",
 ]

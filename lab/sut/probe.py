@@ -33,7 +33,7 @@ import httpx
 
 from lab.secrets import redact_url
 from lab.sut.principal import identity_for
-from lab.sut.processes import is_external
+from lab.sut.target import target_of
 from lab.sut.registry import WorkloadNeeds, open_system
 
 PASSING_CODES = ("lease_inspected", "lease_not_found")
@@ -145,7 +145,7 @@ def lab_owns_store(test: Any) -> bool:
     """
     if test.lab_owns_store:
         return True
-    return not is_external(test) and not test.store_url
+    return target_of(test).lab_runs and not test.store_url
 
 
 def _json(r: httpx.Response) -> Any:

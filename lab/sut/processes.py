@@ -36,7 +36,7 @@ store when the workload needs one. It exposes the same `processes` / `info`
 existing nemeses (partition, latency, clock, kill, pause, client-pause) act on
 the system's processes unchanged. A nemesis that cannot apply to the system
 (a clock fault on processes libfaketime cannot reach, `netns`, the Valkey
-faults without a Valkey) is refused before the run by `check_nemeses`, naming
+faults without a Valkey) is refused before the run by the Target (`lab.sut.target`), naming
 the system and the missing ability. Systems the lab cannot own stay behind `--url`.
 """
 
@@ -62,7 +62,6 @@ from lab.sut.protocol import SutError
 from lab.sut.registry import sut_of
 from nemesis.core import completion
 from nemesis.process_faults import PauseNemesis
-from nemesis.registry import NEMESES, _split
 from lab.stack.topology import Link, Topology, _check_endpoint, link_name, role
 from lab.stack.toxiproxy_api import ToxiproxyClient, ToxiproxyError
 
@@ -157,36 +156,6 @@ class SystemProcesses:
         dialled = {link.to for link in self.links if link.frm == CLIENTS}
         return [p.name for p in self.processes if p.name in dialled]
 
-    def lacks(self, names: list[str]) -> list[tuple[str, str]]:
-        """(nemesis, why it cannot apply to this system) for each of `names` that cannot."""
-        out = []
-        for n in names:
-            spec = NEMESES.get(n)
-            if spec is None:
-                continue  # unknown names are reported by nemesis.registry.validate_names
-            family = spec.family
-            if family == "clock":
-                unfakeable = [p for p in self.processes if not p.fake_clock]
-                if unfakeable:
-                    by_note: dict[str, list[str]] = {}
-                    for p in unfakeable:
-                        by_note.setdefault(p.clock_note or "its clock cannot be faked", []).append(p.name)
-                    notes = "; ".join(f"{', '.join(names)}: {note}" for note, names in by_note.items())
-                    out.append((n, f"the ability to move its processes' clocks (libfaketime cannot reach {notes})"))
-            elif family == "netns":
-                out.append((n, "network namespaces (the lab runs a system's declared processes on loopback; "
-                               "use partition, which cuts every declared link through Toxiproxy)"))
-            elif family == "valkey":
-                if not any(p.name == "valkey" and p.make is not None for p in self.processes):
-                    out.append((n, "a Valkey process of its own (a lab.stack.valkey.ValkeyProcess named 'valkey')"))
-            elif n == "leader-pause" and self.leader is None:
-                out.append((n, "a leader (it declares no function naming its current leader)"))
-            elif n == "client-clock" and not self.client_clock:
-                out.append((n, f"a client clock to move ({self.client_clock_note or 'its client reads no clock'})"))
-            elif family == "network" and not self.links:
-                out.append((n, "declared links (the network faults act on links through Toxiproxy)"))
-        return out
-
 
 def declared_processes(test: Any) -> SystemProcesses | None:
     """The processes the test's system declares, or None (the reference stack, or a system behind --url)."""
@@ -202,28 +171,9 @@ def declared_processes(test: Any) -> SystemProcesses | None:
     return decl
 
 
-def declares_processes(test: Any) -> bool:
-    """Does the test's system bring processes the lab runs (and no --url was given)?"""
-    if getattr(test, "urls", None):
-        return False
-    try:
-        return sut_of(test).processes is not None
-    except SutError:  # an unknown system: validate_test names it
-        return False
-
-
-def is_external(test: Any) -> bool:
-    """Is the system under test outside the lab (a server at a given --url, or a system that brings no processes
-    for the lab to run), so that the lab can neither fault its processes nor read its backend?"""
-    if getattr(test, "urls", None):
-        return True
-    if test.sut_name() == "reference":
-        return False
-    return not declares_processes(test)
-
-
 def check_test(test: Any) -> None:
-    """Before anything starts: the system's binaries are installed, and every nemesis asked can apply to it."""
+    """Before anything starts: the system's declaration is consistent and its binaries are installed (what it can
+    take of the nemeses asked is the Target's answer: lab.sut.target)."""
     decl = declared_processes(test)
     if decl is None:
         return
@@ -233,25 +183,7 @@ def check_test(test: Any) -> None:
             decl.check_installed()
         except Exception as e:  # noqa: BLE001 - a missing tool is one clear line
             raise SutError(f"SUT {decl.system!r}: {e}" + (f"; {decl.install}" if decl.install else "")) from None
-    backend = getattr(test, "backend", None) or "local"
-    if backend != "local":
-        raise SutError(f"--backend {backend} places the reference stack; SUT {decl.system!r} runs its own "
-                       "processes on this machine's loopback: drop --backend")
-    if getattr(test, "mutant", None):
-        raise SutError(f"--mutant plants a bug in the lab's own reference servers; SUT {decl.system!r} runs "
-                       "its own processes: drop --mutant")
-    if getattr(test, "scenario", None):
-        raise SutError(f"--scenario drives the reference server's hooks; SUT {decl.system!r} runs its own "
-                       "processes: drop --scenario (use --nemesis)")
-    check_nemeses(decl, getattr(test, "nemesis", None) or [])
 
-
-def check_nemeses(decl: SystemProcesses, names: Any) -> None:
-    """SutError naming the system and the missing ability when a nemesis cannot apply to it."""
-    problems = decl.lacks([n for n in _split(names) if n])
-    if problems:
-        n, why = problems[0]
-        raise SutError(f"--nemesis {n} cannot apply to SUT {decl.system!r}: it lacks {why}")
 
 
 # -- placing the processes ---------------------------------------------------------------

@@ -52,6 +52,7 @@ class WorkloadNeeds:
     workload: str
     capabilities: frozenset[str] = frozenset()  # optional abilities beyond the core operations (e.g. commit)
     lab_only: bool = False  # it tests the lab's own stack (Valkey itself), not a lease system: reference only
+    store: bool = False  # it commits into, and reads back from, a CouchDB-API document store
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,8 @@ def _check_reference(test: Any) -> None:
 
 def _check_starintel(test: Any) -> None:
     """A StarIntel server needs http(s) URLs and a well-formed `star_sk_v1_...` key."""
+    if not test.urls:
+        raise SutError("--sut starintel needs --url: it is a client of a StarIntel service, which the lab does not run")
     _check_urls(test)
     try:
         check_api_key(api_key_for(test))

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from lab.sut.processes import check_test
-from lab.sut.protocol import SutError
 from lab.sut.registry import SutEntry, WorkloadNeeds, require_capabilities, sut_of
 
 
@@ -22,9 +21,6 @@ def validate_test(test: Any, needs: WorkloadNeeds) -> SutEntry:
     require_capabilities(entry, needs)
     if entry.check is not None:
         entry.check(test)
-    if entry.processes is not None:  # its binaries are installed, and every nemesis asked can apply to it
+    if entry.processes is not None:  # its declaration holds together and its binaries are installed
         check_test(test)
-    elif "leader-pause" in (getattr(test, "nemesis", None) or []):
-        raise SutError(f"--nemesis leader-pause cannot apply to SUT {entry.name!r}: it lacks a leader the lab can "
-                       "find (only a system that brings its own processes and names its leader has one, e.g. etcd)")
     return entry
