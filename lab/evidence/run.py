@@ -118,8 +118,7 @@ class EvidenceTarget:
         target = self.resolve()
         d = target.summary()
         if target.kind is Kind.REFERENCE:
-            where = "a fresh local stack" if self.backend == "local" else f"a fresh {self.backend} stack"
-            d["detail"] = f"the lab's reference servers on {where} per run"
+            d["detail"] = f"the lab's reference servers on a fresh {target.backend.name} stack per run"
         elif target.lab_runs:
             d["detail"] = f"SUT {self.sut!r} on processes the lab starts per run"
         else:

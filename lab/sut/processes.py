@@ -466,17 +466,11 @@ class SutStack(StackFiles):
                 shutil.rmtree(self.placement.root / spec.name, ignore_errors=True)
 
 
-def stack_for(test: Any, root: Path) -> SutStack | None:
-    """The stack that runs the test's system's own processes, or None (the reference LocalStack, or --url)."""
-    decl = declared_processes(test)
-    return None if decl is None else SutStack(decl, root=root, die_with_parent=True)
-
-
 def store_url_for(test: Any, node: str) -> str | None:
     """The store a worker bound to `node` writes into: its client group's link to the store, when the lab runs
     the system's processes; else the run's store (`test.live["store_url"]`, `test.store`)."""
     stack = (getattr(test, "live", None) or {}).get("stack")
-    if isinstance(stack, SutStack) and not test.live.get("store_url"):
+    if hasattr(stack, "store_url_for") and not test.live.get("store_url"):  # a stack that proxies each group's store
         found = stack.store_url_for(node)
         if found:
             return found
