@@ -41,7 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from lab.runner import RunError, run_test, validate
+from lab.server.mutants import MUTANT_NAMES
 from lab.testmap import OptionError, Test, check_options
+from nemesis.registry import NEMESES, validate_names
 
 __all__ = ["FaultRow", "FaultsError", "FaultsSpec", "RowResult", "load_spec", "render_markdown", "run_faults",
            "unavailable"]
@@ -104,9 +107,6 @@ def _options(where: str, table: dict[str, Any]) -> dict[str, Any]:
 
 def parse_spec(data: dict[str, Any], source: str = "<spec>") -> FaultsSpec:
     """A FaultsSpec from parsed TOML, or FaultsError naming the first problem."""
-    from lab.server.mutants import MUTANT_NAMES
-    from nemesis.registry import NEMESES
-
     unknown = set(data) - set(TOP_KEYS)
     if unknown:
         raise FaultsError(f"{source}: unknown key {sorted(unknown)[0]!r}; known: {', '.join(TOP_KEYS)}")
@@ -144,8 +144,6 @@ def parse_spec(data: dict[str, Any], source: str = "<spec>") -> FaultsSpec:
 
 
 def _validate(test: Test, where: str) -> None:
-    from lab.runner import RunError, validate
-
     try:
         validate(_without_nemesis_checks(test))
     except (RunError, ValueError) as e:
@@ -173,8 +171,6 @@ def load_spec(path: Path | str = DEFAULT_SPEC) -> FaultsSpec:
 
 def unavailable(names: Any) -> str | None:
     """Why these nemeses cannot run on this machine (netns needs root, ip, iptables; clocks need libfaketime)."""
-    from nemesis.registry import validate_names
-
     try:
         validate_names(list(names))
     except ValueError as e:
@@ -229,8 +225,6 @@ def _verdict(results: dict[str, Any], run_dir: Any, seconds: float) -> dict[str,
 
 def _one_run(test: Test, store_dir: str) -> dict[str, Any]:
     """One run (in a worker process when jobs > 1): its verdict for the table."""
-    from lab.runner import run_test
-
     started = time.monotonic()
     try:
         results = run_test(test, Path(store_dir))

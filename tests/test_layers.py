@@ -75,3 +75,17 @@ def test_the_import_count_finds_an_import_inside_a_function(tmp_path):
     counts = _import_counts()
     assert counts.count(tmp_path)[:2] == (2, 2)
     assert counts.count(tmp_path, first_party=True) == (1, 1, ["lab/m.py:6 lab.runner"])
+
+
+def test_no_module_imports_itself_back():
+    """No import cycle anywhere in the product code, function-level imports included (grimp sees both):
+    two modules that import each other cannot be read, or changed, one at a time (issue 17)."""
+    import grimp
+
+    graph = grimp.build_graph("lab", "nemesis", "checkers", "workloads")
+    for module in sorted(graph.modules):
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported.startswith(module + ".") or module.startswith(imported + "."):
+                continue  # a package and its own submodule
+            chain = graph.find_shortest_chain(importer=imported, imported=module)
+            assert chain is None, f"import cycle: {module} -> {' -> '.join(chain)}"

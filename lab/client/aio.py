@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from aiohttp.http_exceptions import ContentEncodingError
 
-from lab.client.lease import KEEPALIVE_EXPIRY_S
+from lab.client.http11 import KEEPALIVE_EXPIRY_S
 
 
 _PROBE: contextvars.ContextVar[Any] = contextvars.ContextVar("lab_client_probe", default=None)

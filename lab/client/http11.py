@@ -25,6 +25,9 @@ from typing import Any
 
 import httptools
 
+# below uvicorn's 5 s keep-alive timeout, so a client never reuses a socket the server is closing (both transports)
+KEEPALIVE_EXPIRY_S = 2.0
+
 
 class ConnectFailed(OSError):
     """The TCP connection could not be made: nothing of the request was sent."""

@@ -54,7 +54,7 @@ DEFAULT_MAX_CONNECTIONS = 512
 # auto: http11 for plain http:// (the lab's stacks, Toxiproxy links, most --url servers), aiohttp for https://
 # and for an HTTP(S)_PROXY from the environment; an `http=` httpx client always wins
 TRANSPORTS = ("auto", "http11", "aiohttp")
-KEEPALIVE_EXPIRY_S = 2.0  # below uvicorn's 5 s keep-alive timeout, so we never reuse a socket the server is closing
+KEEPALIVE_EXPIRY_S = http11.KEEPALIVE_EXPIRY_S  # both transports keep sockets the same time
 
 
 def _env_proxy(base_url: str) -> str | None:

@@ -33,6 +33,7 @@ from lab.sut.protocol import SutError
 from lab.sut.proxy import ProxiedUrls
 from lab.sut.registry import SutEntry, client_clock_problem, sut_of
 from lab.testmap import Test
+from nemesis.network import DIRECTIONS
 from nemesis.registry import NEMESES, Builder, validate_names
 from nemesis.registry import stack_options as nemesis_stack_options
 
@@ -99,37 +100,40 @@ def _compose_stack(test: Test, root: Path) -> Any:
                         die_with_owner=True)
 
 
-def _ssh_stack(test: Test, root: Path) -> Any:
-    from lab.stack.ssh import SshStack  # paramiko (~80 ms): only for --backend ssh
+def _ssh() -> Any:
+    """The SSH stack's module (`lab.stack.ssh`)."""
+    import lab.stack.ssh  # paramiko (~80 ms): only for --backend ssh
 
-    return SshStack(name="stack", root=root)
+    return lab.stack.ssh
+
+
+def _ssh_nemeses() -> Any:
+    """The SSH hosts' own clock and partition nemeses (`nemesis.ssh`)."""
+    import nemesis.ssh  # paramiko (~80 ms): only for an SSH stack
+
+    return nemesis.ssh
+
+
+def _ssh_stack(test: Test, root: Path) -> Any:
+    return _ssh().SshStack(name="stack", root=root)
 
 
 def _named_ssh(name: str, home: Path | None) -> Any:
-    from lab.stack.ssh import SshStack  # paramiko (~80 ms): only for --backend ssh
-
-    return SshStack(name=name, home=home)
+    return _ssh().SshStack(name=name, home=home)
 
 
 def _ssh_options(test: Test, opts: StackOptions) -> Any:
     """The SSH stack's options: the hosts file, plus what the workload and nemeses need of the stack."""
-    from lab.stack.ssh import SshOptions  # paramiko (~80 ms): only for --backend ssh
-
-    return SshOptions(**load_hosts(test.hosts_file), servers=opts.servers, persistence=opts.persistence,
-                      store=opts.wants_store, fake_clocks=opts.fake_clocks, mutant=opts.mutant)
+    return _ssh().SshOptions(**load_hosts(test.hosts_file), servers=opts.servers, persistence=opts.persistence,
+                             store=opts.wants_store, fake_clocks=opts.fake_clocks, mutant=opts.mutant)
 
 
 def _ssh_clock(ctx: Any, names: list[str]) -> Any:
-    from nemesis.ssh import ssh_clock  # paramiko (~80 ms): only for an SSH stack
-
-    return ssh_clock(ctx.stack, rng=ctx.rng("clock"), client_clocks=ctx.client_clocks)
+    return _ssh_nemeses().ssh_clock(ctx.stack, rng=ctx.rng("clock"), client_clocks=ctx.client_clocks)
 
 
 def _ssh_partition(ctx: Any, names: list[str]) -> Any:
-    from nemesis.network import DIRECTIONS
-    from nemesis.ssh import ssh_partition  # paramiko (~80 ms): only for an SSH stack
-
-    return ssh_partition(ctx.stack, rng=ctx.rng("partition"), directions=DIRECTIONS)
+    return _ssh_nemeses().ssh_partition(ctx.stack, rng=ctx.rng("partition"), directions=DIRECTIONS)
 
 
 @dataclass(frozen=True)
