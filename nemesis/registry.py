@@ -185,8 +185,8 @@ def timing_problem(names: Any, *, interval_s: float, time_limit: float) -> str |
         return None
     n = timing["faults"]
     return (f"--time-limit {time_limit:g} is too short for {n} nemes{'es' if n > 1 else 'is'}: each needs a quiet "
-            f"interval and a window of at least {MIN_WINDOW_S:g} s ({2 * n * MIN_WINDOW_S:g} s in all); give a "
-            "longer --time-limit or fewer nemeses")
+            f"interval and a window of at least {MIN_WINDOW_S:g} s, and one more quiet interval ends the round "
+            f"({(2 * n + 1) * MIN_WINDOW_S:g} s in all); give a longer --time-limit or fewer nemeses")
 
 
 def stack_options(names: Any) -> dict[str, Any]:

@@ -18,15 +18,16 @@ before `duration_s` is not started (the lane ends earlier instead), so the
 last window of a run is never healed a few ms after it began.
 
 A short run still gets a window of every fault: when one round (every fault
-once: `quiet + hold` each) does not fit in `duration_s`, the interval and the
-hold are scaled down by one factor so that it fits exactly (`fit`). With the
-hold equal to the interval (the default) that is
+once: `quiet + hold` each) and one more quiet interval do not fit in
+`duration_s`, the interval and the hold are scaled down by one factor so that
+they fit exactly (`fit`; the last quiet interval is slack for late ops). With
+the hold equal to the interval (the default) that is
 
-    effective interval = min(asked interval, duration_s / (2 x number of faults))
+    effective interval = min(asked interval, duration_s / (2 x number of faults + 1))
 
 e.g. `--time-limit 5 --nemesis partition,clock,kill` (asked 5 s) gets windows of
-0.83 s: quiet, partition, quiet, clock, quiet, kill. A run where one round fits
-(a 60 s run of three faults at 5 s) keeps its schedule as asked.
+0.71 s: quiet, partition, quiet, clock, quiet, kill, quiet. A run where the
+round fits (a 60 s run of three faults at 5 s) keeps its schedule as asked.
 
 The ops are scheduled by time (the op's `time`), not by `sleep` ops, so the
 lane ends exactly `duration_s` after it started; its first op is a `log`
@@ -94,9 +95,10 @@ def _faults(faults: Any) -> tuple[Fault, ...]:
 
 
 def _fit_ns(n: int, interval: int, hold: int, end: int) -> tuple[int, int]:
-    """(interval, hold) in ns: as given when one round of `n` windows fits in `end`, else both scaled by one
-    factor (floored, so the round still fits)."""
-    cycle = n * (interval + hold)
+    """(interval, hold) in ns: as given when one round of `n` windows and a last quiet interval fit in `end`, else
+    both scaled by one factor (floored, so they still fit). The last quiet interval is the slack a late op (a
+    slow restart) may use without dropping the round's last window."""
+    cycle = n * (interval + hold) + interval
     if cycle <= end:
         return interval, hold
     return interval * end // cycle, hold * end // cycle

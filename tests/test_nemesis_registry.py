@@ -187,14 +187,14 @@ def test_a_short_run_gets_a_window_of_every_named_fault():
     steps = plan(README_FAULTS, interval_s=5, duration_s=5, seed=1)
     wins = windows_of(steps, README_FAULTS)
     assert sorted(name for _, _, name in wins) == ["clock", "kill", "partition"]
-    assert fit(3, interval_s=5, duration_s=5) == (0.833333333, 0.833333333)  # min(5, 5 / (2 x 3))
-    assert all(t1 - t0 == 833_333_333 for t0, t1, _ in wins) and wins[-1][1] <= 5e9
-    # a 12 s run at 3 s: every fault a 2 s window, the last one healed 2 s after it started (not 20 ms)
+    assert fit(3, interval_s=5, duration_s=5) == (0.714285714, 0.714285714)  # min(5, 5 / (2 x 3 + 1))
+    assert all(t1 - t0 == 714_285_714 for t0, t1, _ in wins) and wins[-1][1] <= 5e9 - 714_285_714, "slack at the end"
+    # a 12 s run at 3 s: every fault a 1.7 s window, the last one healed 1.7 s after it started (not 20 ms)
     wins = windows_of(plan(README_FAULTS, interval_s=3, duration_s=12, seed=1), README_FAULTS)
     assert sorted(n for _, _, n in wins) == ["clock", "kill", "partition"] and {t1 - t0 for t0, t1, _ in wins} == {
-        2_000_000_000}
+        1_714_285_714}
     assert registry.lane_timing("partition,clock,kill", interval_s=5, time_limit=5) == {
-        "faults": 3, "asked_interval_s": 5.0, "interval_s": 0.833333, "hold_s": 0.833333, "scaled": True}
+        "faults": 3, "asked_interval_s": 5.0, "interval_s": 0.714286, "hold_s": 0.714286, "scaled": True}
     assert registry.lane_timing(["partition"], interval_s=5, time_limit=60)["scaled"] is False
 
 
@@ -202,7 +202,8 @@ def test_a_run_too_short_for_a_window_per_nemesis_is_refused_in_one_line():
     assert registry.timing_problem(["partition", "clock", "kill"], interval_s=5, time_limit=5) is None
     problem = registry.timing_problem(["partition", "clock", "kill"], interval_s=5, time_limit=0.5)
     assert problem == ("--time-limit 0.5 is too short for 3 nemeses: each needs a quiet interval and a window of at "
-                       f"least {MIN_WINDOW_S:g} s (0.6 s in all); give a longer --time-limit or fewer nemeses")
+                       f"least {MIN_WINDOW_S:g} s, and one more quiet interval ends the round (0.7 s in all); give a "
+                       "longer --time-limit or fewer nemeses")
     # an interval asked shorter than the floor on purpose is the user's: it still fits, so it is kept
     assert registry.timing_problem(["kill"], interval_s=0.05, time_limit=1) is None
     assert "finite" in registry.timing_problem(["kill"], interval_s=5, time_limit=float("inf"))
@@ -248,8 +249,9 @@ def test_no_window_is_ever_cut_short_and_one_round_always_fits(n, seed, duration
     if h_ns > 0 and i_ns > 0:
         assert sorted(name for _, _, name in wins[:n]) == sorted(f.name for f in faults), "one window of each"
     asked_h = hold if hold is not None else interval
-    if n * (round(interval * 1e9) + round(asked_h * 1e9)) <= round(duration * 1e9):  # one round fits as asked
-        assert (i_ns, h_ns) == (round(interval * 1e9), round(asked_h * 1e9))
+    i0, h0 = round(interval * 1e9), round(asked_h * 1e9)
+    if n * (i0 + h0) + i0 <= round(duration * 1e9):  # one round and a quiet interval fit as asked
+        assert (i_ns, h_ns) == (i0, h0)
 
 
 # -- a full schedule on the real stack ---------------------------------------------------
