@@ -46,8 +46,8 @@ from lab.sut.proxy import ProxiedUrls
 from lab.sut.registry import claimed_checker, client_clock_problem
 from lab.test_options import TEST_OPTIONS
 from lab.testmap import COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem
-from nemesis.registry import (build, external_problem, lane_timing, stack_options, start_fs, timing_problem,
-                              validate_names)
+from nemesis.registry import build, external_problem, stack_options, start_fs, validate_names
+from nemesis.schedule import lane_timing, timing_problem
 from workloads import WORKLOADS, get_workload, needs_of
 
 
@@ -113,7 +113,7 @@ def validate(test: Test) -> None:
             raise RunError(str(e)) from None
         if not test.nemesis_interval > 0:
             raise RunError(f"--nemesis-interval must be > 0 seconds, not {test.nemesis_interval}")
-        problem = None if test.scenario else timing_problem(test.nemesis, interval_s=test.nemesis_interval,
+        problem = None if test.scenario else timing_problem(len(test.nemesis), interval_s=test.nemesis_interval,
                                                              time_limit=test.time_limit)
         if problem:
             raise RunError(problem)
@@ -467,7 +467,7 @@ def prepare_run(test: Test) -> None:
         test.run_salt = new_run_salt()
     _record_sut_import(test)
     if test.nemesis and not test.scenario:  # the lane's interval as it runs (scaled down for a short run)
-        test.extra["nemesis_schedule"] = lane_timing(test.nemesis, interval_s=test.nemesis_interval,
+        test.extra["nemesis_schedule"] = lane_timing(len(test.nemesis), interval_s=test.nemesis_interval,
                                                      time_limit=test.time_limit)
 
 

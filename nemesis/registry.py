@@ -20,7 +20,6 @@ run's event loop) and closed at teardown.
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -31,12 +30,12 @@ from nemesis import clock, network, process_faults, valkey
 from nemesis.core import NemesisUnavailable, compose
 from nemesis.netns_partition import NetnsHosts, check_netns_available, netns_partition
 from nemesis.network import DIRECTIONS
-from nemesis.schedule import MIN_WINDOW_S, Fault, fit, nemesis_generator
+from nemesis.schedule import Fault, nemesis_generator
 from lab.stack.topology import Topology
 from lab.stack.toxiproxy_api import ToxiproxyClient
 
-__all__ = ["NEMESES", "NemesisSpec", "ToxiproxyNemeses", "build", "external_problem", "known_names", "lane_timing",
-           "start_fs", "stack_options", "timing_problem",
+__all__ = ["NEMESES", "NemesisSpec", "ToxiproxyNemeses", "build", "external_problem", "known_names", "start_fs",
+           "stack_options",
            "validate_names"]
 
 
@@ -159,34 +158,6 @@ def validate_names(names: Any) -> list[str]:
 def start_fs() -> dict[str, tuple[str, ...]]:
     """Each nemesis name -> the `f`s that open its window (what `checkers.faults` counts as "it fired")."""
     return {n: s.starts for n, s in NEMESES.items()}
-
-
-def lane_timing(names: Any, *, interval_s: float, time_limit: float) -> dict[str, Any]:
-    """What the lane of these nemeses uses in a run of `time_limit` s (`nemesis.schedule.fit`): the interval and
-    hold it was asked for and the ones it gets (scaled down when one window per nemesis does not fit)."""
-    names = _split(names)
-    interval, hold = fit(len(names), interval_s=interval_s, duration_s=time_limit)
-    return {"faults": len(names), "asked_interval_s": float(interval_s), "interval_s": round(interval, 6),
-            "hold_s": round(hold, 6), "scaled": interval < float(interval_s)}
-
-
-def timing_problem(names: Any, *, interval_s: float, time_limit: float) -> str | None:
-    """Why these nemeses cannot each get a window in `time_limit` (None: they can, scaled or not).
-
-    The interval is scaled down to fit rather than refused (the default 5 s and a value given on purpose are the
-    same field, and a campaign sweeping time limits must not lose its short cells); only a run too short for a
-    window of `MIN_WINDOW_S` per nemesis (a quiet interval and a window each) is refused.
-    """
-    for option, value in (("--time-limit", time_limit), ("--nemesis-interval", interval_s)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            return f"{option} must be a finite number of seconds > 0, not {value}"
-    timing = lane_timing(names, interval_s=interval_s, time_limit=time_limit)
-    if timing["interval_s"] >= min(MIN_WINDOW_S, float(interval_s)):
-        return None
-    n = timing["faults"]
-    return (f"--time-limit {time_limit:g} is too short for {n} nemes{'es' if n > 1 else 'is'}: each needs a quiet "
-            f"interval and a window of at least {MIN_WINDOW_S:g} s, and one more quiet interval ends the round "
-            f"({(2 * n + 1) * MIN_WINDOW_S:g} s in all); give a longer --time-limit or fewer nemeses")
 
 
 def stack_options(names: Any) -> dict[str, Any]:

@@ -51,7 +51,8 @@ from typing import Any
 import lab.generator as gen
 from lab.generator.core import Generator, secs_to_nanos
 
-__all__ = ["Fault", "MIN_WINDOW_S", "final_heal", "fit", "lane", "nemesis_generator", "plan"]
+__all__ = ["Fault", "MIN_WINDOW_S", "final_heal", "fit", "lane", "lane_timing", "nemesis_generator", "plan",
+           "timing_problem"]
 
 # The shortest window a scaled schedule may give a fault: below it a fault op (a Toxiproxy call, a restart) takes
 # about as long as the window itself, so a run too short for one window per fault of this length is refused.
@@ -113,6 +114,33 @@ def fit(n_faults: int, *, interval_s: float, hold_s: float | None = None,
     hold = secs_to_nanos(_seconds("hold_s", hold_s if hold_s is not None else interval_s))
     i, h = _fit_ns(n_faults, interval, hold, secs_to_nanos(_seconds("duration_s", duration_s)))
     return i / 1e9, h / 1e9
+
+
+def lane_timing(n_faults: int, *, interval_s: float, time_limit: float) -> dict[str, Any]:
+    """What the lane of `n_faults` faults uses in a run of `time_limit` s (`fit`, the hold equal to the interval):
+    the interval it was asked for and the one it gets (scaled down when a window of each does not fit)."""
+    interval, hold = fit(n_faults, interval_s=interval_s, duration_s=time_limit)
+    return {"faults": n_faults, "asked_interval_s": float(interval_s), "interval_s": round(interval, 6),
+            "hold_s": round(hold, 6), "scaled": interval < float(interval_s)}
+
+
+def timing_problem(n_faults: int, *, interval_s: float, time_limit: float) -> str | None:
+    """Why `n_faults` faults cannot each get a window in `time_limit` (None: they can, scaled or not).
+
+    The interval is scaled down to fit rather than refused (the default 5 s and a value given on purpose are the
+    same field, and a campaign sweeping time limits must not lose its short cells); only a run too short for a
+    window of `MIN_WINDOW_S` per fault (a quiet interval and a window each, and a last quiet interval) is refused.
+    """
+    for option, value in (("--time-limit", time_limit), ("--nemesis-interval", interval_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            return f"{option} must be a finite number of seconds > 0, not {value}"
+    timing = lane_timing(n_faults, interval_s=interval_s, time_limit=time_limit)
+    if timing["interval_s"] >= min(MIN_WINDOW_S, float(interval_s)):
+        return None
+    n = n_faults
+    return (f"--time-limit {time_limit:g} is too short for {n} nemes{'es' if n > 1 else 'is'}: each needs a quiet "
+            f"interval and a window of at least {MIN_WINDOW_S:g} s, and one more quiet interval ends the round "
+            f"({(2 * n + 1) * MIN_WINDOW_S:g} s in all); give a longer --time-limit or fewer nemeses")
 
 
 def plan(faults: Sequence[Fault], *, interval_s: float, hold_s: float | None = None, duration_s: float,

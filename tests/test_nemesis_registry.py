@@ -28,7 +28,7 @@ from lab.stack.local import LocalStack, StackOptions
 from lab.testmap import Test
 from nemesis import registry
 from nemesis.process_faults import is_stopped, stack_targets
-from nemesis.schedule import MIN_WINDOW_S, Fault, final_heal, fit, nemesis_generator, plan
+from nemesis.schedule import MIN_WINDOW_S, Fault, final_heal, fit, lane_timing, nemesis_generator, plan, timing_problem
 from lab.stack.toxiproxy_api import ToxiproxyClient
 
 # everything the local stack can run (leader-pause needs a system that names its leader: tests/test_sut_etcd.py)
@@ -193,20 +193,20 @@ def test_a_short_run_gets_a_window_of_every_named_fault():
     wins = windows_of(plan(README_FAULTS, interval_s=3, duration_s=12, seed=1), README_FAULTS)
     assert sorted(n for _, _, n in wins) == ["clock", "kill", "partition"] and {t1 - t0 for t0, t1, _ in wins} == {
         1_714_285_714}
-    assert registry.lane_timing("partition,clock,kill", interval_s=5, time_limit=5) == {
+    assert lane_timing(3, interval_s=5, time_limit=5) == {
         "faults": 3, "asked_interval_s": 5.0, "interval_s": 0.714286, "hold_s": 0.714286, "scaled": True}
-    assert registry.lane_timing(["partition"], interval_s=5, time_limit=60)["scaled"] is False
+    assert lane_timing(1, interval_s=5, time_limit=60)["scaled"] is False
 
 
 def test_a_run_too_short_for_a_window_per_nemesis_is_refused_in_one_line():
-    assert registry.timing_problem(["partition", "clock", "kill"], interval_s=5, time_limit=5) is None
-    problem = registry.timing_problem(["partition", "clock", "kill"], interval_s=5, time_limit=0.5)
+    assert timing_problem(3, interval_s=5, time_limit=5) is None
+    problem = timing_problem(3, interval_s=5, time_limit=0.5)
     assert problem == ("--time-limit 0.5 is too short for 3 nemeses: each needs a quiet interval and a window of at "
                        f"least {MIN_WINDOW_S:g} s, and one more quiet interval ends the round (0.7 s in all); give a "
                        "longer --time-limit or fewer nemeses")
     # an interval asked shorter than the floor on purpose is the user's: it still fits, so it is kept
-    assert registry.timing_problem(["kill"], interval_s=0.05, time_limit=1) is None
-    assert "finite" in registry.timing_problem(["kill"], interval_s=5, time_limit=float("inf"))
+    assert timing_problem(1, interval_s=0.05, time_limit=1) is None
+    assert "finite" in timing_problem(1, interval_s=5, time_limit=float("inf"))
 
 
 def test_a_long_runs_schedule_is_unchanged():

@@ -62,6 +62,7 @@ def test_register_workload_checks_valkey_linearizable(tmp_path):
     (["--concurrency", "0"], "--concurrency must be between"),
     (["--time-limit", "0"], "--time-limit must be > 0"),
     (["--test-count", "0"], "--test-count must be >= 1"),
+    (["--nemesis", "partition,kill,pause", "--time-limit", "0.5"], "--time-limit 0.5 is too short for 3 nemeses"),
 ])
 def test_bad_options_are_one_line_and_exit_2(tmp_path, args, needle):
     res = CliRunner().invoke(main, ["test", "--store-dir", str(tmp_path), *args])
