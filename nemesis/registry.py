@@ -34,9 +34,8 @@ from nemesis.schedule import Fault, nemesis_generator
 from lab.stack.topology import Topology
 from lab.stack.toxiproxy_api import ToxiproxyClient
 
-__all__ = ["NEMESES", "NemesisSpec", "ToxiproxyNemeses", "build", "external_problem", "known_names", "start_fs",
-           "stack_options",
-           "validate_names"]
+__all__ = ["NEMESES", "NemesisSpec", "ToxiproxyNemeses", "build", "external_problem", "known_names", "stack_options",
+           "start_fs", "validate_names"]
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ e.g. `--time-limit 5 --nemesis partition,clock,kill` (asked 5 s) gets windows of
 round fits (a 60 s run of three faults at 5 s) keeps its schedule as asked.
 
 The ops are scheduled by time (the op's `time`), not by `sleep` ops, so the
-lane ends exactly `duration_s` after it started; its first op is a `log`
+lane ends by `duration_s` after it started; its first op is a `log`
 marker that pins that start. Use it as the nemesis half of the main phase,
 next to (not inside) the clients' `time_limit`:
 
