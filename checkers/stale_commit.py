@@ -21,7 +21,11 @@ Reads the `commit` ops and the final-phase `read` ops of a lease history
 - `lease-mismatch`: the commit was accepted under a lease other than the one
   the client sent (`value.sent.lease_id`, C25: this exact lease).
 - `lost-commit`: an ok commit that completed before the final read of its doc
-  was invoked is missing from that read.
+  was invoked is missing from that read. It needs the final read: with
+  `final_read=True` (a workload whose final phase reads every document it
+  committed to, fenced-append), an acknowledged commit whose document has no
+  final read (`unread_docs`; an interrupted run) makes the verdict "unknown"
+  with that reason instead of a vacuous true.
 - `duplicate-entry`: one entry appears twice in a final read (applied twice).
 - `failed-commit-visible`: the entry of a commit that failed (definitely did not
   happen) appears in a final read.
@@ -53,8 +57,12 @@ __all__ = ["StaleCommitChecker", "commits_of", "final_reads"]
 class StaleCommitChecker:
     """Checks accepted commits against leases, tokens and the final state (see module docstring)."""
 
-    def __init__(self, max_violations: int = 1000):
+    def __init__(self, max_violations: int = 1000, final_read: bool = False):
+        """`final_read`: the workload reads back every document it committed to in a final phase (fenced-append),
+        so an acknowledged commit whose document has no final read left the lost-commit rule unjudged (an
+        interrupted run): the verdict is then "unknown" with that reason, never a vacuous true."""
         self.max_violations = max_violations
+        self.final_read = final_read
 
     @analyzed
     def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
@@ -82,13 +90,19 @@ class StaleCommitChecker:
         counts = {"ok": 0, "fail": 0, "info": 0}
         for c in commits:
             counts[c.p.type] += 1
+        unread = _unread_docs(accepted, reads)
         unjudged = None
         if not commits:
             unjudged = "no commit"
         elif not accepted:
             unjudged = "no commit was accepted (every one failed or is indeterminate)"
+        elif self.final_read and unread:
+            unjudged = (f"the final read did not happen for {len(unread)} document(s) with acknowledged commits "
+                        f"(docs_read: {len(reads)}; an interrupted run?): the lost-commit rule was not judged for "
+                        f"them")
         return v.result(commits=counts, docs_read=len(reads), unknown_lease=unknown,
-                        backend_time_rules=backend_rules_note(moved), unjudged=unjudged)
+                        backend_time_rules=backend_rules_note(moved), unjudged=unjudged,
+                        **({"unread_docs": sorted(map(str, unread))[:20]} if unread else {}))
 
 
 class Commit:
@@ -421,6 +435,11 @@ def _check_read(read: FinalRead, v: Violations) -> None:
 def _show(entry: Any) -> str:
     """An entry as JSON text, for messages."""
     return json.dumps(entry, default=str)
+
+
+def _unread_docs(accepted: list[Commit], reads: dict[tuple, FinalRead]) -> set:
+    """The documents of acknowledged commits that no final read covers (the lost-commit rule cannot judge them)."""
+    return {c.doc for c in accepted if (c.key, c.doc) not in reads and (None, c.doc) not in reads}
 
 
 def _check_lost_and_phantom(commits: list[Commit], reads: dict[tuple, FinalRead], v: Violations) -> None:

@@ -338,6 +338,14 @@ def print_verdict(run_dir: Path, results: dict) -> None:
     if isinstance(results.get("results"), dict):
         for line in checker_lines(results, violations=1, only_not_valid=True):
             click.echo(line)
+    faults = (results.get("results") or {}).get("faults") or {}
+    t = faults.get("schedule") or {}
+    if t.get("scaled"):
+        click.echo(f"  warning: --nemesis-interval {t['asked_interval_s']:g} s was scaled to {t['interval_s']:.3g} s "
+                   "so that every nemesis got a window in the time limit (docs/nemesis.md)")
+    for name in results.get("unexercised_faults") or ():
+        click.echo(f"  warning: --nemesis {name} was asked for but no {name} window happened: nothing is claimed "
+                   f"under {name}")
 
 
 def interrupted(run_dir: Path | None) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import lab.generator as gen
 from checkers.core import safe_check
+from checkers.faults import with_fault_coverage
 from lab import __version__
 from lab.history import HistoryError, HistoryWriter, read_history_report, write_edn
 from lab.history.ops import is_client_process
@@ -41,7 +42,8 @@ from lab.sut.registry import claimed_checker
 from lab.sut.target import BACKENDS, Kind, Target, TargetError, load_hosts as _load_hosts, target_of
 from lab.test_options import TEST_OPTIONS
 from lab.testmap import COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem
-from nemesis.registry import build
+from nemesis.registry import build, start_fs
+from nemesis.schedule import lane_timing, timing_problem
 from workloads import get_workload, needs_of
 
 
@@ -105,6 +107,10 @@ def validate(test: Test) -> Target:
             raise RunError(str(e)) from None
         if not test.nemesis_interval > 0:
             raise RunError(f"--nemesis-interval must be > 0 seconds, not {test.nemesis_interval}")
+        problem = None if test.scenario else timing_problem(len(test.nemesis), interval_s=test.nemesis_interval,
+                                                             time_limit=test.time_limit)
+        if problem:
+            raise RunError(problem)
     return target
 
 
@@ -363,6 +369,9 @@ def prepare_run(test: Test) -> None:
     if not test.run_salt or test.run_salt == "new":
         test.run_salt = new_run_salt()
     _record_sut_import(test)
+    if test.nemesis and not test.scenario:  # the lane's interval as it runs (scaled down for a short run)
+        test.extra["nemesis_schedule"] = lane_timing(len(test.nemesis), interval_s=test.nemesis_interval,
+                                                     time_limit=test.time_limit)
 
 
 def _record_sut_import(test: Test) -> None:
@@ -403,7 +412,8 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
             raise RunError(f"{run_dir / 'test.json'}: cannot rebuild the test's checkers: {e}") from None
     write_edn(history, run_dir / "history.edn", overwrite=True)
 
-    results = safe_check(claimed_checker(test, checker), test.to_json(), history, {})
+    # every asked fault fired, or the verdict says which did not (a scenario's own faults: its row's checker)
+    results = safe_check(with_fault_coverage(claimed_checker(test, checker), start_fs()), test.to_json(), history, {})
     results["history_problems"] = problems
     results["ops"] = count_operations(history)  # operations the clients invoked (each is 2 entries when complete)
     results["entries"] = len(history)

@@ -40,7 +40,7 @@ from lab.stack.topology import Topology
 from lab.stack.toxiproxy_api import ToxiproxyClient
 
 __all__ = ["NEMESES", "Builder", "FaultContext", "LeaderStack", "NemesisSpec", "ToxiproxyNemeses", "build", "known_names",
-           "stack_options", "validate_names"]
+           "stack_options", "start_fs", "validate_names"]
 
 
 @dataclass
@@ -273,6 +273,11 @@ def validate_names(names: Any) -> list[str]:
         except paths.MissingTool as e:
             raise ValueError(f"--nemesis {name}: {e}") from None
     return names
+
+
+def start_fs() -> dict[str, tuple[str, ...]]:
+    """Each nemesis name -> the `f`s that open its window (what `checkers.faults` counts as "it fired")."""
+    return {n: s.starts for n, s in NEMESES.items()}
 
 
 def stack_options(names: Any) -> dict[str, Any]:

@@ -13,8 +13,24 @@ seeded rng, and its completion records exactly what it did. After the lane,
 a final stop op for EVERY fault runs (even after a start that was cut off), so
 the history shows every window closed and nothing is left injected.
 
+Every window lasts its full `hold_s`: a window that could not last that long
+before `duration_s` is not started (the lane ends earlier instead), so the
+last window of a run is never healed a few ms after it began.
+
+A short run still gets a window of every fault: when one round (every fault
+once: `quiet + hold` each) and one more quiet interval do not fit in
+`duration_s`, the interval and the hold are scaled down by one factor so that
+they fit exactly (`fit`; the last quiet interval is slack for late ops). With
+the hold equal to the interval (the default) that is
+
+    effective interval = min(asked interval, duration_s / (2 x number of faults + 1))
+
+e.g. `--time-limit 5 --nemesis partition,clock,kill` (asked 5 s) gets windows of
+0.71 s: quiet, partition, quiet, clock, quiet, kill, quiet. A run where the
+round fits (a 60 s run of three faults at 5 s) keeps its schedule as asked.
+
 The ops are scheduled by time (the op's `time`), not by `sleep` ops, so the
-lane ends exactly `duration_s` after it started; its first op is a `log`
+lane ends by `duration_s` after it started; its first op is a `log`
 marker that pins that start. Use it as the nemesis half of the main phase,
 next to (not inside) the clients' `time_limit`:
 
@@ -35,7 +51,12 @@ from typing import Any
 import lab.generator as gen
 from lab.generator.core import Generator, secs_to_nanos
 
-__all__ = ["Fault", "final_heal", "lane", "nemesis_generator", "plan"]
+__all__ = ["Fault", "MIN_WINDOW_S", "final_heal", "fit", "lane", "lane_timing", "nemesis_generator", "plan",
+           "timing_problem"]
+
+# The shortest window a scaled schedule may give a fault: below it a fault op (a Toxiproxy call, a restart) takes
+# about as long as the window itself, so a run too short for one window per fault of this length is refused.
+MIN_WINDOW_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -74,15 +95,66 @@ def _faults(faults: Any) -> tuple[Fault, ...]:
     return tuple(faults)
 
 
+def _fit_ns(n: int, interval: int, hold: int, end: int) -> tuple[int, int]:
+    """(interval, hold) in ns: as given when one round of `n` windows and a last quiet interval fit in `end`, else
+    both scaled by one factor (floored, so they still fit). The last quiet interval is the slack a late op (a
+    slow restart) may use without dropping the round's last window."""
+    cycle = n * (interval + hold) + interval
+    if cycle <= end:
+        return interval, hold
+    return interval * end // cycle, hold * end // cycle
+
+
+def fit(n_faults: int, *, interval_s: float, hold_s: float | None = None,
+        duration_s: float) -> tuple[float, float]:
+    """The (interval, hold) in seconds the lane uses for `n_faults` faults in `duration_s` (see the module doc)."""
+    if isinstance(n_faults, bool) or not isinstance(n_faults, int) or n_faults < 1:
+        raise ValueError(f"n_faults must be an int >= 1, got {n_faults!r}")
+    interval = secs_to_nanos(_seconds("interval_s", interval_s))
+    hold = secs_to_nanos(_seconds("hold_s", hold_s if hold_s is not None else interval_s))
+    i, h = _fit_ns(n_faults, interval, hold, secs_to_nanos(_seconds("duration_s", duration_s)))
+    return i / 1e9, h / 1e9
+
+
+def lane_timing(n_faults: int, *, interval_s: float, time_limit: float) -> dict[str, Any]:
+    """What the lane of `n_faults` faults uses in a run of `time_limit` s (`fit`, the hold equal to the interval):
+    the interval it was asked for and the one it gets (scaled down when a window of each does not fit)."""
+    interval, hold = fit(n_faults, interval_s=interval_s, duration_s=time_limit)
+    return {"faults": n_faults, "asked_interval_s": float(interval_s), "interval_s": round(interval, 6),
+            "hold_s": round(hold, 6), "scaled": interval < float(interval_s)}
+
+
+def timing_problem(n_faults: int, *, interval_s: float, time_limit: float) -> str | None:
+    """Why `n_faults` faults cannot each get a window in `time_limit` (None: they can, scaled or not).
+
+    The interval is scaled down to fit rather than refused (the default 5 s and a value given on purpose are the
+    same field, and a campaign sweeping time limits must not lose its short cells); only a run too short for a
+    window of `MIN_WINDOW_S` per fault (a quiet interval and a window each, and a last quiet interval) is refused.
+    """
+    for option, value in (("--time-limit", time_limit), ("--nemesis-interval", interval_s)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            return f"{option} must be a finite number of seconds > 0, not {value}"
+    timing = lane_timing(n_faults, interval_s=interval_s, time_limit=time_limit)
+    if timing["interval_s"] >= min(MIN_WINDOW_S, float(interval_s)):
+        return None
+    n = n_faults
+    return (f"--time-limit {time_limit:g} is too short for {n} nemes{'es' if n > 1 else 'is'}: each needs a quiet "
+            f"interval and a window of at least {MIN_WINDOW_S:g} s, and one more quiet interval ends the round "
+            f"({(2 * n + 1) * MIN_WINDOW_S:g} s in all); give a longer --time-limit or fewer nemeses")
+
+
 def plan(faults: Sequence[Fault], *, interval_s: float, hold_s: float | None = None, duration_s: float,
          seed: int) -> tuple[tuple[int, str], ...]:
-    """The lane's ops as (ns after the lane's start, f), every one due before `duration_s`."""
+    """The lane's ops as (ns after the lane's start, f): full windows only, every one over by `duration_s`."""
     faults = _faults(faults)
     interval = secs_to_nanos(_seconds("interval_s", interval_s))
     hold = secs_to_nanos(_seconds("hold_s", hold_s if hold_s is not None else interval_s))
     end = secs_to_nanos(_seconds("duration_s", duration_s))
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed must be an int, got {seed!r}")
+    interval, hold = _fit_ns(len(faults), interval, hold, end)
+    if interval <= 0 or hold <= 0:  # a duration of a few ns: nothing fits
+        return ()
     rng = random.Random(seed)
     steps: list[tuple[int, str]] = []
     t, deck = 0, []
@@ -92,43 +164,55 @@ def plan(faults: Sequence[Fault], *, interval_s: float, hold_s: float | None = N
             rng.shuffle(deck)
         fault = deck.pop()
         t += interval
-        if t >= end:
+        if t + hold > end:  # the window could not last its hold before the time limit: not started
             break
         steps.append((t, rng.choice(fault.starts)))
         t += hold
-        if t >= end:
-            break
         steps.append((t, fault.stop))
     return tuple(steps)
 
 
 class _Lane(Generator):
-    """The planned ops at their times, measured from the lane's first op (a log marker)."""
+    """The planned ops at their times, measured from the lane's first op (a log marker).
 
-    __slots__ = ("steps", "i", "start")
+    Nemesis ops run one at a time, so one that overruns (a restart after a kill) makes the next ones late; a late
+    start still gets its whole hold (its stop is moved after it), and a start that could no longer last its hold
+    before `end` is not made: the lane ends there (the final heal follows), and the run says which fault
+    never fired (checkers.faults).
+    """
 
-    def __init__(self, steps: tuple[tuple[int, str], ...], i: int, start: int | None) -> None:
-        self.steps, self.i, self.start = steps, i, start
+    __slots__ = ("steps", "i", "start", "end", "opened")
+
+    def __init__(self, steps: tuple[tuple[int, str], ...], i: int, start: int | None, end: int,
+                 opened: int | None = None) -> None:
+        self.steps, self.i, self.start, self.end, self.opened = steps, i, start, end, opened
 
     def op(self, test, ctx):
         if self.start is None:  # the marker's time becomes the lane's start once it is dispatched
             o = gen.op(gen.log(f"nemesis lane: {len(self.steps)} ops planned"), test, ctx)
             if o is None or o is gen.PENDING:
                 return o
-            return o[0], _Lane(self.steps, 0, o[0]["time"])
+            return o[0], _Lane(self.steps, 0, o[0]["time"], self.end)
         if self.i >= len(self.steps):
             return None
         offset, f = self.steps[self.i]
         r = gen.op({"f": f, "value": None}, test, ctx)
         if r is None or r is gen.PENDING:
             return r
-        return {**r[0], "time": max(r[0]["time"], self.start + offset)}, _Lane(self.steps, self.i + 1, self.start)
+        t = max(r[0]["time"], self.start + offset)
+        if self.i % 2 == 0:  # a start (plan: start, stop, start, ...): its window must fit before the end
+            if t + self.steps[self.i + 1][0] - offset > self.start + self.end:
+                return None
+            return {**r[0], "time": t}, _Lane(self.steps, self.i + 1, self.start, self.end, t)
+        t = max(t, self.opened + offset - self.steps[self.i - 1][0])  # a late start's stop: its whole hold later
+        return {**r[0], "time": t}, _Lane(self.steps, self.i + 1, self.start, self.end)
 
 
 def lane(faults: Sequence[Fault], *, interval_s: float, hold_s: float | None = None, duration_s: float,
          seed: int) -> Generator:
     """The timed start/stop ops of `plan(...)` (no final heal; see `nemesis_generator`)."""
-    return _Lane(plan(faults, interval_s=interval_s, hold_s=hold_s, duration_s=duration_s, seed=seed), 0, None)
+    steps = plan(faults, interval_s=interval_s, hold_s=hold_s, duration_s=duration_s, seed=seed)
+    return _Lane(steps, 0, None, secs_to_nanos(duration_s))
 
 
 def final_heal(faults: Sequence[Fault]) -> list[dict]:

@@ -429,3 +429,86 @@ def test_public_surface():
 
     for name in lab.campaign.__all__:
         assert hasattr(lab.campaign, name), name
+
+
+# -- what a verdict does not cover: faults never injected, cut-short runs (issue 18, items 4 and 6) ---------------
+class CutShort(FakeRunner):
+    """Writes the run's history, then is interrupted before its results (a campaign killed mid-run)."""
+
+    def __init__(self, victim: str):
+        super().__init__({})
+        self.victim = victim
+
+    def __call__(self, test, store_dir, **kw):
+        if test.name.split("/", 1)[1] != self.victim:
+            return super().__call__(test, store_dir, **kw)
+        super().__call__(test, store_dir, **kw)
+        (test.run_dir / "results.json").unlink()
+        (test.run_dir / "report.html").unlink()
+        raise KeyboardInterrupt
+
+
+def test_a_resumed_campaign_reruns_a_cut_short_cell_instead_of_showing_its_partial_verdict(tmp_path, monkeypatch):
+    victim = "lease-none-default-reference-s1-r0"
+    out, _ = campaign(tmp_path, CutShort(victim), monkeypatch)
+    assert out.interrupted
+    partial = tmp_path / "store" / {e["id"]: e for e in state_of(tmp_path)["runs"]}[victim]["run_dir"]
+    assert (partial / "history.jsonl").exists() and not (partial / "results.json").exists()
+    fake2 = FakeRunner({})
+    out2, lines = campaign(tmp_path, fake2, monkeypatch)
+    assert fake2.calls[0] == victim, "the cut-short cell is run again, whole"
+    assert any(f"resume: {victim}: pending (interrupted mid-run (its partial run" in line for line in lines)
+    entry = {e["id"]: e for e in state_of(tmp_path)["runs"]}[victim]
+    assert entry["status"] == "done" and entry["verdict"] is True and not entry["partial"]
+    assert tmp_path / "store" / entry["run_dir"] != partial, "the verdict is the full run's"
+    assert json.loads((partial / "results.json").read_text())["interrupted"], "the partial run's results say so"
+    assert out2.exit_code == 0
+
+
+def test_a_cut_short_run_whose_history_already_shows_a_violation_is_kept_and_marked_partial(tmp_path, monkeypatch):
+    import lab.campaign.state
+
+    victim = "lease-none-default-reference-s1-r0"
+    campaign(tmp_path, CutShort(victim), monkeypatch)
+    monkeypatch.setattr(lab.campaign.state, "analyze", lambda run_dir: {"valid": False, "ops": 4, "results": {}})
+    fake2 = FakeRunner({})
+    out2, _ = campaign(tmp_path, fake2, monkeypatch)
+    assert victim not in fake2.calls and out2.exit_code == 1
+    entry = {e["id"]: e for e in state_of(tmp_path)["runs"]}[victim]
+    assert (entry["status"], entry["verdict"], entry["partial"]) == ("done", False, True)
+    page = out2.page.read_text()
+    assert re.search(r'class="run invalid marked"[^>]*>\u2717 s1 <span class="mark">\(partial run\)</span>', page)
+
+
+def test_an_entry_an_older_lab_judged_on_its_partial_history_is_run_again(tmp_path):
+    old = {"id": "x", "test": {"name": "c/x"}, "status": "done", "run_dir": "c/x/1", "verdict": True,
+           "note": "interrupted mid-run; the checkers judged the history it recorded (fencelab analyze)"}
+    done = dict(old)
+    settle(done, tmp_path)
+    assert done["status"] == "pending" and "older lab" in done["note"]
+    invalid = dict(old, verdict=False)
+    (tmp_path / "c" / "x" / "1").mkdir(parents=True)
+    (tmp_path / "c" / "x" / "1" / "results.json").write_text("{}")
+    settle(invalid, tmp_path)
+    assert invalid["status"] == "done", "a violation it showed stands"
+
+
+class NoPartition(FakeRunner):
+    """Runs whose partition never fired (`unexercised_faults`, as lab.runner.analyze reports it)."""
+
+    def __call__(self, test, store_dir, **kw):
+        results = super().__call__(test, store_dir, **kw)
+        if test.nemesis:
+            results = {**results, "valid": "unknown", "unexercised_faults": ["partition"]}
+        return results
+
+
+def test_the_page_marks_a_cell_whose_fault_never_fired(tmp_path, monkeypatch):
+    out, _ = campaign(tmp_path, NoPartition({}), monkeypatch)
+    by_id = {e["id"]: e for e in state_of(tmp_path)["runs"]}
+    assert by_id["lease-partition-default-reference-s0-r0"]["unexercised_faults"] == ["partition"]
+    assert by_id["lease-none-default-reference-s0-r0"]["unexercised_faults"] is None
+    page = out.page.read_text()
+    marked = re.findall(r'class="run (\w+) marked"[^>]*>[^<]*<span class="mark">\(([^)]*)\)</span>', page)
+    assert marked == [("unknown", "no partition window")] * 4, "two matrix badges and two rows of the run table"
+    assert out.exit_code == 3

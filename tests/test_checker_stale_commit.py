@@ -147,3 +147,32 @@ def test_failed_commit_visible_in_the_final_read():
     res = run("stale-commit", h.ops)
     assert kinds(res) == ["failed-commit-visible"]
     assert res["violations"][0]["ops"] == [c0, c1, r]
+
+
+# -- the lost-commit rule needs the final read (issue 18, item 6) ------------------------------------------------
+def without_final_read() -> LeaseHistory:
+    """holder_history cut short before its final phase (an interrupted run: docs_read 0)."""
+    h = holder_history()
+    h.ops = [o for o in h.ops if o["f"] != "read"]
+    return h
+
+
+def test_a_run_whose_final_read_never_happened_is_unknown_with_the_reason_when_the_workload_reads_back():
+    res = run("stale-commit", without_final_read().ops, final_read=True)
+    assert res["valid"] == "unknown" and res["docs_read"] == 0 and res["unread_docs"] == ["d"]
+    assert "final read did not happen for 1 document(s)" in res["reason"] and "lost-commit" in res["reason"]
+    # a checker not told the history has a final phase judges what it has, as before (`fencelab check`, scenarios)
+    assert run("stale-commit", without_final_read().ops)["valid"] is True
+
+
+def test_with_the_final_read_the_rule_judges_as_before_and_a_violation_stays_a_violation():
+    assert run("stale-commit", holder_history().ops, final_read=True)["valid"] is True
+    h = without_final_read()
+    h.commit(0, "L1", 1, [0, 1, 3], rev=4, validated=2500)  # after its successor's commit (token 2): stale
+    res = run("stale-commit", h.ops, final_read=True)
+    assert res["valid"] is False and "reason" not in res and res["unread_docs"] == ["d"]
+    # a read of another document does not judge this one's commits
+    h = without_final_read()
+    h.read(9, [], doc="other")
+    res = run("stale-commit", h.ops, final_read=True)
+    assert res["valid"] == "unknown" and res["docs_read"] == 1 and res["unread_docs"] == ["d"]

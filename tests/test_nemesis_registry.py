@@ -16,6 +16,7 @@ import os
 
 import pytest
 import redis.asyncio as aioredis
+from hypothesis import given, settings, strategies as st
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
@@ -27,7 +28,7 @@ from lab.stack.local import LocalStack, StackOptions
 from lab.testmap import Test
 from nemesis import registry
 from nemesis.process_faults import is_stopped, stack_targets
-from nemesis.schedule import Fault, final_heal, nemesis_generator, plan
+from nemesis.schedule import MIN_WINDOW_S, Fault, final_heal, fit, lane_timing, nemesis_generator, plan, timing_problem
 from lab.stack.toxiproxy_api import ToxiproxyClient
 
 # everything the local stack can run (leader-pause needs a system that names its leader: tests/test_sut_etcd.py)
@@ -167,6 +168,92 @@ def test_the_lane_runs_on_time_then_stops_every_fault():
                                   {"f": "stop-c", "value": None}]
 
 
+def windows_of(steps, faults) -> list[tuple[int, int, str]]:
+    """(start, stop, fault name) of each planned window: a start f followed by its fault's stop f."""
+    owner = {f: fault for fault in faults for f in fault.starts}
+    out = []
+    for (t0, f0), (t1, f1) in zip(steps[0::2], steps[1::2]):
+        assert f1 == owner[f0].stop, (f0, f1)
+        out.append((t0, t1, owner[f0].name))
+    assert len(steps) % 2 == 0, "no start is left without its planned stop"
+    return out
+
+
+README_FAULTS = [registry.NEMESES[n].fault for n in ("partition", "clock", "kill")]
+
+
+def test_a_short_run_gets_a_window_of_every_named_fault():
+    """The README's line at --time-limit 5: the default 5 s interval used to leave no window at all."""
+    steps = plan(README_FAULTS, interval_s=5, duration_s=5, seed=1)
+    wins = windows_of(steps, README_FAULTS)
+    assert sorted(name for _, _, name in wins) == ["clock", "kill", "partition"]
+    assert fit(3, interval_s=5, duration_s=5) == (0.714285714, 0.714285714)  # min(5, 5 / (2 x 3 + 1))
+    assert all(t1 - t0 == 714_285_714 for t0, t1, _ in wins) and wins[-1][1] <= 5e9 - 714_285_714, "slack at the end"
+    # a 12 s run at 3 s: every fault a 1.7 s window, the last one healed 1.7 s after it started (not 20 ms)
+    wins = windows_of(plan(README_FAULTS, interval_s=3, duration_s=12, seed=1), README_FAULTS)
+    assert sorted(n for _, _, n in wins) == ["clock", "kill", "partition"] and {t1 - t0 for t0, t1, _ in wins} == {
+        1_714_285_714}
+    assert lane_timing(3, interval_s=5, time_limit=5) == {
+        "faults": 3, "asked_interval_s": 5.0, "interval_s": 0.714286, "hold_s": 0.714286, "scaled": True}
+    assert lane_timing(1, interval_s=5, time_limit=60)["scaled"] is False
+
+
+def test_a_run_too_short_for_a_window_per_nemesis_is_refused_in_one_line():
+    assert timing_problem(3, interval_s=5, time_limit=5) is None
+    problem = timing_problem(3, interval_s=5, time_limit=0.5)
+    assert problem == ("--time-limit 0.5 is too short for 3 nemeses: each needs a quiet interval and a window of at "
+                       f"least {MIN_WINDOW_S:g} s, and one more quiet interval ends the round (0.7 s in all); give a "
+                       "longer --time-limit or fewer nemeses")
+    # an interval asked shorter than the floor on purpose is the user's: it still fits, so it is kept
+    assert timing_problem(1, interval_s=0.05, time_limit=1) is None
+    assert "finite" in timing_problem(1, interval_s=5, time_limit=float("inf"))
+
+
+def test_a_long_runs_schedule_is_unchanged():
+    """Pinned from the schedule before short runs were scaled (seed 42, 60 s, 5 s): the same faults at the same
+    times; only the last window, which the final heal used to close at once, now gets its stop at 60 s."""
+    before = ((5000000000, "start-kill"), (10000000000, "stop-kill"), (15000000000, "start-partition"),
+              (20000000000, "stop-partition"), (25000000000, "bump-clock"), (30000000000, "reset-clock"),
+              (35000000000, "start-partition"), (40000000000, "stop-partition"), (45000000000, "start-kill"),
+              (50000000000, "stop-kill"), (55000000000, "strobe-clock"))
+    assert plan(README_FAULTS, interval_s=5, duration_s=60, seed=42) == before + ((60000000000, "reset-clock"),)
+
+
+def test_late_ops_never_cut_a_window_short_and_a_start_that_cannot_fit_is_not_made():
+    """Each nemesis op takes 1 s (a slow restart): later windows start late, keep their whole hold, and the one
+    that could no longer last its hold before the end is dropped (the final heal follows)."""
+    g = nemesis_generator(FAULTS, interval_s=0.5, hold_s=0.5, duration_s=4, seed=3)
+    history = gen.simulate(g, nemesis=True, concurrency=1, latency=1_000_000_000)
+    invokes = history[0::2]
+    heal = len(invokes) - len(FAULTS)
+    lane_ops, final = invokes[:heal], invokes[heal:]
+    assert [o["f"] for o in final] == ["stop-a", "stop-b", "stop-c"]
+    assert len(lane_ops) == 4, "two windows; the third would have started at 4.5 s, after the 4 s lane"
+    owner = {"start-a": "stop-a", "b1": "stop-b", "b2": "stop-b", "start-c": "stop-c"}
+    for start, stop in zip(lane_ops[0::2], lane_ops[1::2]):
+        assert owner[start["f"]] == stop["f"] and stop["time"] - start["time"] >= 500_000_000
+        assert start["time"] + 500_000_000 <= 4_000_000_000, "the lane starts at 0 here: every window fits in it"
+    assert [o["time"] for o in lane_ops] == [500_000_000, 1_500_000_000, 2_500_000_000, 3_500_000_000]
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 6), seed=st.integers(0, 2**32), duration=st.floats(0.01, 120),
+       interval=st.floats(0.05, 10), hold=st.one_of(st.none(), st.floats(0.05, 10)))
+def test_no_window_is_ever_cut_short_and_one_round_always_fits(n, seed, duration, interval, hold):
+    faults = FAULTS[:n] + [Fault(f"f{i}", (f"start-f{i}",), f"stop-f{i}") for i in range(n - len(FAULTS))]
+    steps = plan(faults, interval_s=interval, hold_s=hold, duration_s=duration, seed=seed)
+    wins = windows_of(steps, faults)
+    i_ns, h_ns = (round(x * 1e9) for x in fit(n, interval_s=interval, hold_s=hold, duration_s=duration))
+    assert all(t1 - t0 == h_ns for t0, t1, _ in wins), "every window lasts its whole hold"
+    assert all(t1 <= round(duration * 1e9) for _, t1, _ in wins), "and is over by the time limit"
+    if h_ns > 0 and i_ns > 0:
+        assert sorted(name for _, _, name in wins[:n]) == sorted(f.name for f in faults), "one window of each"
+    asked_h = hold if hold is not None else interval
+    i0, h0 = round(interval * 1e9), round(asked_h * 1e9)
+    if n * (i0 + h0) + i0 <= round(duration * 1e9):  # one round and a quiet interval fit as asked
+        assert (i_ns, h_ns) == (i0, h0)
+
+
 # -- a full schedule on the real stack ---------------------------------------------------
 class CounterClient:
     """A trivial client: waits at its client-pause gate, reads its client clock, INCRs a Valkey counter."""
@@ -229,7 +316,11 @@ def test_full_schedule_on_the_real_stack(tmp_path):
     asyncio.run) before the run's event loop starts."""
     names = registry.validate_names(LOCAL)
     interval, hold = 0.25, 0.25
-    test = Test(name="nemesis-schedule", time_limit=len(names) * (interval + hold) + 0.2, concurrency=2, seed=11)
+    # two rounds' time: ops run one at a time and a restart (kill, valkey-crash, valkey-restore) takes a second or
+    # two, so later windows come late; one that no longer fits before the time limit is not started, and the second
+    # round's time is the slack that lets every fault of the first one fit
+    test = Test(name="nemesis-schedule", time_limit=2 * len(names) * (interval + hold) + interval, concurrency=2,
+                seed=11)
     stack = LocalStack(name="t", root=tmp_path / "stack")
     try:
         stack.up(StackOptions(servers=1, store=False, client_groups=1, **registry.stack_options(names)))

@@ -141,7 +141,7 @@ def _write_report(entry: dict[str, Any], run_dir: Path) -> None:
 def execute_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Callable[[], None]) -> None:
     """Run one planned test, recording it in `entry` before and after (KeyboardInterrupt propagates)."""
     entry.update(status="running", started=stamp_now(), run_dir=None, verdict=None, ops=None, elapsed_s=None,
-                 finished=None, error=None, note=None)
+                 finished=None, error=None, note=None, unexercised_faults=None, partial=None)
     save()
     test = run.to_test()
     t0 = time.monotonic()

@@ -2,7 +2,10 @@
 
 - the verdict matrix: rows workload x scenario x implementation, columns the
   nemeses, one colour-coded badge per seed / repetition linking to the run's
-  report.html (or its results.json when there is no report);
+  report.html (or its results.json when there is no report); a run that never
+  injected a fault it asked for (`unexercised_faults`) or was cut short and
+  kept for the violation its partial history shows (`partial`) carries a
+  dashed badge saying so;
 - availability and latency per nemesis (and per workload under it): client
   ops, success rate overall / during fault windows / outside them, the share
   of definite answers (ok or fail, as opposed to info: timeouts), pooled
@@ -114,9 +117,21 @@ def _badge(entry: dict[str, Any], data: PageData, reps: int) -> dict[str, Any]:
     for k in ("error", "note"):
         if entry.get(k):
             bits.append(entry[k])
+    marks = run_marks(entry)
+    bits += marks
     label = f"s{entry['seed']}" + (f"r{entry['rep']}" if reps > 1 else "")
     return {"cls": cls, "symbol": SYMBOLS.get(cls, "?"), "label": label, "href": data.href(entry),
-            "title": " | ".join(bits)}
+            "title": " | ".join(bits), "marks": marks}
+
+
+def run_marks(entry: dict[str, Any]) -> list[str]:
+    """What a done run's verdict does not cover, shown on its badge: faults it never injected, a cut-short run."""
+    marks = []
+    if entry.get("unexercised_faults"):
+        marks.append(f"no {', '.join(entry['unexercised_faults'])} window")
+    if entry.get("partial"):
+        marks.append("partial run")
+    return marks
 
 
 def _matrix(state: dict[str, Any], data: PageData) -> list[dict[str, Any]]:
@@ -189,7 +204,7 @@ def render_page(state: dict[str, Any], data: PageData) -> str:
     """The page's HTML."""
     c = counts(state["runs"])
     verdict_cls, verdict_words = overall(state)
-    runs = [{**e, "cls": badge_class(e), "href": data.href(e)} for e in state["runs"]]
+    runs = [{**e, "cls": badge_class(e), "href": data.href(e), "marks": run_marks(e)} for e in state["runs"]]
     return _env().get_template("campaign.html.j2").render(
         state=state, counts=c, verdict_cls=verdict_cls, verdict_words=verdict_words, matrix=_matrix(state, data),
         availability=_availability(state, data), runs=runs, symbols=SYMBOLS,

@@ -10,7 +10,10 @@ planned run with its Test options and
 A campaign killed mid-run leaves its last entry `running`, with the time the
 run started. `settle` decides what such an entry is on resume: the run's
 results.json exists -> done; its history has ops -> the checkers judge it
-(`lab.runner.analyze`) -> done; otherwise the run is pending again. A run
+(`lab.runner.analyze`): a violation in what it recorded -> done, invalid,
+`partial: true`; anything else -> pending again (a cut-short run is no valid
+cell: it is run again, whole; its partial directory stays in the store);
+otherwise the run is pending again. A run
 recorded `done` whose results.json is still there is never redone.
 """
 
@@ -33,6 +36,9 @@ __all__ = ["FORMAT", "STATE_FILE", "CampaignLock", "campaign_dir", "counts", "fi
 
 FORMAT = 1
 STATE_FILE = "campaign.json"
+# what an older lab's settle noted on a cut-short run it judged on its partial history and showed as plain valid
+_JUDGED_PARTIAL = "interrupted mid-run; the checkers judged the history it recorded"
+INTERRUPTED = "interrupted"  # the key of a cut-short run's results.json that says so (written by `settle`)
 STAMP = "%Y%m%dT%H%M%S.%fZ"  # lab.runner.new_run_dir's directory names: they sort by time
 
 
@@ -85,7 +91,8 @@ def _entry(run: PlannedRun) -> dict[str, Any]:
             "implementation": run.implementation, "seed": run.seed, "rep": run.rep,
             "test": redact_tree(run.test_options()),  # campaign.json keeps no URL user info (docs/cli.md#secrets)
             "status": "pending", "run_dir": None, "verdict": None, "ops": None, "elapsed_s": None,
-            "started": None, "finished": None, "error": None, "note": None}
+            "started": None, "finished": None, "error": None, "note": None, "unexercised_faults": None,
+            "partial": None}
 
 
 def new_state(spec: Spec, plan: list[PlannedRun], store_dir: Path) -> dict[str, Any]:
@@ -157,14 +164,20 @@ def _stop_leftover_stack(run_dir: Path) -> None:
 
 
 def record_results(entry: dict[str, Any], results: dict[str, Any]) -> None:
-    """Copy a finished run's verdict and op count into its entry."""
-    entry.update(status="done", verdict=results.get("valid", "unknown"), ops=results.get("ops"), error=None)
+    """Copy a finished run's verdict and op count into its entry (and the faults it asked for and never injected)."""
+    entry.update(status="done", verdict=results.get("valid", "unknown"), ops=results.get("ops"), error=None,
+                 unexercised_faults=list(results.get("unexercised_faults") or []) or None, partial=None)
 
 
 def settle(entry: dict[str, Any], store_dir: Path) -> None:
     """Decide, on resume, what an entry really is (see the module docstring); done runs are left alone."""
     store_dir = Path(store_dir)
     if entry["status"] == "done":
+        if (entry.get("verdict") is not False and not entry.get("partial")
+                and str(entry.get("note") or "").startswith(_JUDGED_PARTIAL)):  # an older lab's plain badge
+            entry.update(status="pending", started=None, run_dir=None,
+                         note="cut short and judged on its partial history by an older lab: run again")
+            return
         if entry.get("run_dir") and (store_dir / entry["run_dir"] / "results.json").exists():
             return
         entry.update(status="pending", note="results.json of the finished run is gone: run again")
@@ -185,21 +198,42 @@ def settle(entry: dict[str, Any], store_dir: Path) -> None:
     results_path = run_dir / "results.json"
     if results_path.exists():
         try:
-            record_results(entry, json.loads(results_path.read_text()))
-            entry["note"] = "finished before the interruption"
+            results = json.loads(results_path.read_text())
+            if not results.get(INTERRUPTED):
+                record_results(entry, results)
+                entry["note"] = "finished before the interruption"
+                return
+        except (OSError, ValueError, AttributeError):
+            results = None  # a torn results.json: judge the history again below
+        if results is not None:
+            _settle_partial(entry, results)
             return
-        except (OSError, ValueError):
-            pass  # a torn results.json: judge the history again below
     if not _has_ops(run_dir / "history.jsonl"):
         entry.update(status="pending", note="interrupted before its history had ops: run again")
         return
 
     try:
-        record_results(entry, analyze(run_dir))
+        results = analyze(run_dir)
     except (RunError, OSError, ValueError) as e:
         entry.update(status="pending", note=f"interrupted; its history could not be analyzed ({e}): run again")
         return
-    entry["note"] = "interrupted mid-run; the checkers judged the history it recorded (fencelab analyze)"
+    results[INTERRUPTED] = "the campaign running it was interrupted: the checkers judged the partial history"
+    results_path.write_text(json.dumps(redact_tree(results), indent=2, default=str))  # its results say so
+    _settle_partial(entry, results)
+
+
+def _settle_partial(entry: dict[str, Any], results: dict[str, Any]) -> None:
+    """A cut-short run: a violation in what it recorded is kept (done, invalid, `partial`); anything else proves
+    nothing about the cell, which is run again, whole (the partial directory stays in the store)."""
+    if results.get("valid") is not False:
+        entry.update(status="pending", started=None,
+                     note=f"interrupted mid-run (its partial run {entry['run_dir']} stays in the store, "
+                          f"valid={json.dumps(results.get('valid'))} over what it recorded): run again")
+        entry["run_dir"] = None
+        return
+    record_results(entry, results)
+    entry.update(partial=True, note="interrupted mid-run; the history it recorded already shows a violation "
+                                    "(fencelab analyze)")
 
 
 def counts(runs: list[dict[str, Any]]) -> dict[str, int]:
