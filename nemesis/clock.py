@@ -45,6 +45,7 @@ from typing import Any
 from lab.stack.faketime import FakeClock
 from nemesis.core import NemesisUnavailable, as_rng, completion
 from nemesis.process_faults import client_target, client_thread
+from lab.testmap import Test
 
 __all__ = ["ClientClocks", "ClockNemesis", "clock"]
 
@@ -176,7 +177,7 @@ class ClockNemesis:
         """`bump-clock`, `strobe-clock`, `reset-clock`."""
         return frozenset({"bump-clock", "strobe-clock", "reset-clock"})
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Every offset file must be readable and writable (the stack was started with fake clocks)."""
         for name, fc in self.files.items():
             try:
@@ -185,7 +186,7 @@ class ClockNemesis:
             except (OSError, ValueError) as e:
                 raise NemesisUnavailable(f"clock: cannot use {name}'s offset file {fc.path}: {e}") from e
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """bump, strobe or reset."""
         f = op.get("f")
         if f == "bump-clock":
@@ -197,7 +198,7 @@ class ClockNemesis:
             return await self._reset(op)
         raise ValueError(f"clock nemesis does not handle f {f!r}; it handles {', '.join(sorted(self.fs))}")
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Stop any strobe and put every clock back to 0."""
         await self._stop_strobe()
         self._set_all_zero()

@@ -24,6 +24,7 @@ from typing import Any
 
 from lab.generator.protocols import Nemesis  # the one nemesis protocol (the interpreter's), re-exported here
 from lab.stack.errors import NemesisUnavailable  # raised by the stack's fault substrates too; re-exported here
+from lab.testmap import Test
 
 __all__ = [
     "invocation",
@@ -70,7 +71,7 @@ class Composed:
         """Every `f` any member handles."""
         return frozenset(self._route)
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Set up each member in order; if one fails, heal the ones already set up and re-raise."""
         done: list[Nemesis] = []
         try:
@@ -81,14 +82,14 @@ class Composed:
             await _teardown_each(reversed(done), test)
             raise
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """Route `op` by its `f`."""
         f = op.get("f")
         if f not in self._route:
             raise ValueError(f"no nemesis handles f {f!r}; handled: {', '.join(sorted(self._route))}")
         return await self._route[f].invoke(test, op)
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Tear every member down (last set up, first healed), even if some fail; then raise the failures."""
         await _teardown_each(reversed(self.nemeses), test)
 
@@ -106,7 +107,7 @@ def _name(n: Any) -> str:
     return getattr(n, "name", None) or type(n).__name__
 
 
-async def _teardown_each(nemeses: Iterable[Nemesis], test: Any) -> None:
+async def _teardown_each(nemeses: Iterable[Nemesis], test: Test) -> None:
     """Run every teardown; collect failures and raise them together at the end."""
     errors: list[Exception] = []
     for n in nemeses:
@@ -120,7 +121,7 @@ async def _teardown_each(nemeses: Iterable[Nemesis], test: Any) -> None:
         raise ExceptionGroup("several nemeses failed to heal", errors)
 
 
-async def heal_all(nemesis: Nemesis, test: Any) -> None:
+async def heal_all(nemesis: Nemesis, test: Test) -> None:
     """Run `nemesis.teardown(test)` to completion even if the caller is cancelled meanwhile.
 
     The teardown runs as its own task behind `asyncio.shield`; a cancellation of
@@ -141,7 +142,7 @@ async def heal_all(nemesis: Nemesis, test: Any) -> None:
 
 
 @asynccontextmanager
-async def running(nemesis: Nemesis, test: Any) -> AsyncIterator[Nemesis]:
+async def running(nemesis: Nemesis, test: Test) -> AsyncIterator[Nemesis]:
     """`async with running(n, test):` sets `n` up and always heals it on the way out."""
     try:
         await nemesis.setup(test)

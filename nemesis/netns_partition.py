@@ -22,6 +22,7 @@ from lab.stack.netns import NetnsHosts, NetnsProcess, check_netns_available, fre
 from lab.stack.topology import role
 from nemesis.core import NemesisUnavailable, Rounds, as_rng, completion
 from nemesis.network import DIRECTIONS, _choices, check_grudges, grudge_pairs, streams_of
+from lab.testmap import Test
 
 __all__ = ["NetnsHosts", "NetnsPartition", "NetnsProcess", "check_netns_available", "free_subnet",
            "netns_partition", "sweep_stale"]
@@ -65,7 +66,7 @@ class NetnsPartition:
         """`start-partition` and `stop-partition` (a drop-in for the Toxiproxy partition)."""
         return frozenset({"start-partition", "stop-partition"})
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Check root and binaries, and that the hosts exist (one-line NemesisUnavailable otherwise)."""
         check_netns_available()
         missing = [h for h in self.hosts.names if self.hosts.netns(h) not in self.hosts._created]
@@ -75,7 +76,7 @@ class NetnsPartition:
             raise NemesisUnavailable(f"netns-partition: the lab's veth {self.hosts.link} to {self.hosts.outside} "
                                      "does not exist; call NetnsHosts.create()")
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """Add or remove the DROP rules; the `info` completion records them."""
         f = op.get("f")
         if f == "start-partition":
@@ -84,7 +85,7 @@ class NetnsPartition:
             return await self._stop(op)
         raise ValueError(f"netns-partition does not handle f {f!r}; it handles start-partition, stop-partition")
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Remove every rule of ours."""
         await asyncio.to_thread(self.hosts.heal)
         self._active = []

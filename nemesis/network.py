@@ -37,6 +37,7 @@ from typing import Any
 from nemesis.core import NemesisUnavailable, Rounds, as_rng, completion
 from lab.stack.topology import Link, Topology, role
 from lab.stack.toxiproxy_api import ToxiproxyError, validate_toxic
+from lab.testmap import Test
 
 __all__ = [
     "DIRECTIONS",
@@ -233,7 +234,7 @@ class ToxicNemesis:
         """`start-<fault>` and `stop-<fault>`."""
         return frozenset({f"start-{self.name}", f"stop-{self.name}"})
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Check Toxiproxy answers and every link's proxy exists (NemesisUnavailable otherwise)."""
         try:
             proxies = await self.topology.client.proxies()
@@ -244,7 +245,7 @@ class ToxicNemesis:
             raise NemesisUnavailable(f"{self.name}: Toxiproxy at {self.topology.client.url} lacks proxies "
                                      f"{', '.join(missing)}; build the topology first")
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """Start or stop the fault; the `info` completion records exactly what was done."""
         f = op.get("f")
         if f == f"start-{self.name}":
@@ -253,7 +254,7 @@ class ToxicNemesis:
             return await self._stop(op)
         raise ValueError(f"{self.name} nemesis does not handle f {f!r}; it handles {', '.join(sorted(self.fs))}")
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Remove every toxic of this fault from the topology's proxies and re-enable them."""
         proxies = await self.topology.client.proxies()
         prefix = f"{self.name}-"

@@ -41,6 +41,7 @@ import psutil
 from lab.stack.process import Process, ProcessError
 from nemesis.core import NemesisUnavailable, Rounds, as_rng, completion
 from lab.stack.topology import role
+from lab.testmap import Test
 
 __all__ = [
     "ClientPauseNemesis",
@@ -275,13 +276,13 @@ class _ProcessFault:
         """`start-<fault>` and `stop-<fault>`."""
         return frozenset({f"start-{self.fault}", f"stop-{self.fault}"})
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Every target must be running now (a fault on a dead process would prove nothing)."""
         dead = [n for n in self.targets if not self.processes[n].alive()]
         if dead:
             raise NemesisUnavailable(f"{self.fault}: target processes {', '.join(dead)} are not running")
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """Start or stop the fault; the completion records exactly what was done."""
         f = op.get("f")
         if f == f"start-{self.fault}":
@@ -290,7 +291,7 @@ class _ProcessFault:
             return await self._stop(op)
         raise ValueError(f"{self.fault} nemesis does not handle f {f!r}; it handles {', '.join(sorted(self.fs))}")
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Resume and restart every target; raise unless all of them answer afterwards."""
         await self._cancel_timer()
         await heal_processes({n: self.processes[n] for n in self.targets}, timeout_s=self.restart_timeout_s)
@@ -551,10 +552,10 @@ class ClientPauseNemesis:
         """`start-client-pause` and `stop-client-pause`."""
         return frozenset({"start-client-pause", "stop-client-pause"})
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Nothing to prepare: the gates are in the workload clients."""
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """Pause one client thread, or resume it."""
         f = op.get("f")
         if f == "start-client-pause":
@@ -563,7 +564,7 @@ class ClientPauseNemesis:
             return await self._stop(op)
         raise ValueError(f"client-pause nemesis does not handle f {f!r}; it handles {', '.join(sorted(self.fs))}")
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Resume every client thread."""
         await self._cancel_timer()
         self.pauses.resume_all()

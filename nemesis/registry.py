@@ -38,6 +38,7 @@ from nemesis.network import DIRECTIONS
 from nemesis.schedule import Fault, nemesis_generator
 from lab.stack.topology import Topology
 from lab.stack.toxiproxy_api import ToxiproxyClient
+from lab.testmap import Test
 
 __all__ = ["NEMESES", "Builder", "FaultContext", "LeaderStack", "NemesisSpec", "ToxiproxyNemeses", "build", "known_names",
            "stack_options", "start_fs", "validate_names"]
@@ -47,7 +48,7 @@ __all__ = ["NEMESES", "Builder", "FaultContext", "LeaderStack", "NemesisSpec", "
 class FaultContext:
     """What a fault's builder gets: the running stack, the run's seed and the lab's own client handles."""
 
-    test: Any
+    test: Test
     stack: Any  # the run's stack (None when no fault of the run acts on it)
     seed: int
     client_clocks: Any
@@ -321,7 +322,7 @@ class ToxiproxyNemeses:
         """Every member's `f`s."""
         return self.members.fs
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Bind a Toxiproxy client of this event loop, then set the members up."""
         self.topology.client = ToxiproxyClient(self.url, timeout=5.0)
         try:
@@ -330,11 +331,11 @@ class ToxiproxyNemeses:
             await self._close()
             raise
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """Route to the member handling `op`'s f."""
         return await self.members.invoke(test, op)
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Heal every member, then close the client."""
         if self.topology.client is None:
             return
@@ -354,7 +355,7 @@ def _rng_for(seed: int, name: str) -> random.Random:
     return random.Random(f"{seed}:{name}")
 
 
-def build(test: Any, names: Any, *, interval_s: float, seed: int, hold_s: float | None = None,
+def build(test: Test, names: Any, *, interval_s: float, seed: int, hold_s: float | None = None,
           builders: Mapping[str, Builder] | None = None) -> tuple[Any, Any]:
     """(the composed nemesis, the nemesis lane generator) for `names` over `test.live["stack"]`.
 

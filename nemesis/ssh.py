@@ -16,6 +16,7 @@ from nemesis.clock import ClockNemesis
 from nemesis.core import NemesisUnavailable, Rounds, as_rng
 from nemesis.netns_partition import NetnsPartition
 from nemesis.network import DIRECTIONS, _choices, check_grudges
+from lab.testmap import Test
 
 __all__ = ["SshPartition", "ssh_clock", "ssh_partition"]
 
@@ -102,7 +103,7 @@ class SshPartition(NetnsPartition):
         self.rounds = Rounds(self.rng)  # a start op with no grudge draws one, as NetnsPartition does
         self._active: list[dict[str, str]] = []
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Every host must have iptables and must not share an address with the lab (the heal needs SSH)."""
         stack = self.hosts.stack
         for label, n in stack.info.get("nodes", {}).items():
@@ -113,7 +114,7 @@ class SshPartition(NetnsPartition):
             if r.rc != 0:
                 raise NemesisUnavailable(f"ssh partition: iptables does not work on {label}: {r.out.strip()[-200:]}")
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """As NetnsPartition, recorded with backend `ssh-iptables`."""
         done = await super().invoke(test, op)
         if isinstance(done.get("value"), dict) and "backend" in done["value"]:

@@ -56,6 +56,7 @@ from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess
 from nemesis.core import NemesisUnavailable, completion
 from nemesis.process_faults import (RESTART_TIMEOUT_S, _seconds, heal_processes, kill_process, restart_process,
                              wait_ready)
+from lab.testmap import Test
 
 __all__ = ["ValkeyCrashNemesis", "ValkeyOwner", "ValkeyRestoreNemesis", "data_files", "valkey_crash",
            "valkey_restore"]
@@ -167,12 +168,12 @@ class ValkeyCrashNemesis:
         """`start-valkey-crash` and `stop-valkey-crash`."""
         return frozenset({"start-valkey-crash", "stop-valkey-crash"})
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Valkey must be running."""
         if not self.valkey.alive():
             raise NemesisUnavailable("valkey-crash: Valkey is not running")
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """Crash Valkey, or bring it back."""
         f = op.get("f")
         if f == "start-valkey-crash":
@@ -181,7 +182,7 @@ class ValkeyCrashNemesis:
             return await self._stop(op)
         raise ValueError(f"valkey-crash nemesis does not handle f {f!r}; it handles {', '.join(sorted(self.fs))}")
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Valkey running and answering, whatever happened."""
         await self._cancel_timer()
         await heal_processes({"valkey": self.valkey}, timeout_s=self.restart_timeout_s)
@@ -264,7 +265,7 @@ class ValkeyRestoreNemesis:
         """`start-valkey-restore` (snapshot) and `stop-valkey-restore` (restore)."""
         return frozenset({"start-valkey-restore", "stop-valkey-restore"})
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Valkey must be running and the snapshot directory writable."""
         if not self.valkey.alive():
             raise NemesisUnavailable("valkey-restore: Valkey is not running")
@@ -273,7 +274,7 @@ class ValkeyRestoreNemesis:
         except OSError as e:
             raise NemesisUnavailable(f"valkey-restore: cannot create {self.snapshot_dir}: {e.strerror}") from e
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """Take the snapshot, or restore it."""
         f = op.get("f")
         if f == "start-valkey-restore":
@@ -282,7 +283,7 @@ class ValkeyRestoreNemesis:
             return await self._stop(op, op.get("value"))
         raise ValueError(f"valkey-restore nemesis does not handle f {f!r}; it handles {', '.join(sorted(self.fs))}")
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Valkey running and answering; a snapshot not restored is dropped (a heal never rolls back)."""
         self._snapshot = None
         await heal_processes({"valkey": self.valkey}, timeout_s=self.restart_timeout_s)

@@ -14,6 +14,7 @@ from lab.client import Result
 from lab.sut import WorkloadNeeds, open_system
 from lab.sut.principal import (  # noqa: F401 - re-exported: the workloads' principal lives in the SUT layer
     WORKLOAD_ACTOR, WORKLOAD_PROGRAM, WORKLOAD_TENANT, identity_for, pick_credential)
+from lab.testmap import Test
 
 _instances = itertools.count(1)
 
@@ -28,7 +29,7 @@ def key_names(n: int) -> list[str]:
 def salted(test, ident: str) -> str:
     """`ident` made this run's own with the Test's `run_salt`: a server that remembers another run's request ids
     (idempotency records) or owners must not answer this run from them."""
-    salt = getattr(test, "run_salt", "") if test is not None else ""
+    salt = test.run_salt if test is not None else ""
     return f"{salt}-{ident}" if salt else ident
 
 
@@ -88,23 +89,23 @@ SOLO_STALL = (1.05, 1.5)      # x TTL: on a key nobody else uses: the renews aft
 BURST_EVERY_S = 1.0           # seconds of sessions between two bursts
 
 
-def pick_kind(test: Any, ctx: Any) -> str:
+def pick_kind(test: Test, ctx: Any) -> str:
     """A session's kind when a thread does everything (fewer than 3 threads): `plain`, `stalled` (past the TTL
     on the takeover key) or `solo` (on a key of its own)."""
     return ctx.rng.choices(("plain", "stalled", "solo"), weights=(5, 3, 2))[0]
 
 
-def request_id(test: Any, ctx: Any) -> str:
+def request_id(test: Test, ctx: Any) -> str:
     """A request id for one op, drawn from the run's seeded rng (so a replay sends the same ids)."""
     return salted(test, f"{ctx.rng.getrandbits(64):016x}")  # salted: this run's own (test.json run_salt)
 
 
-def session_id(test: Any, ctx: Any) -> str:
+def session_id(test: Test, ctx: Any) -> str:
     """A session's id: its leases and service instance are shared by every client of the run (see `Sessions`)."""
     return salted(test, f"{ctx.rng.getrandbits(48):012x}")  # salted: its service instance is this run's own
 
 
-def remaining_s(test: Any, ctx: Any, end_ns: int | None = None) -> float:
+def remaining_s(test: Test, ctx: Any, end_ns: int | None = None) -> float:
     """Seconds left in the main phase: until `end_ns` (`exercise` passes the time its time limit ends: the
     limit starts with the main phase's first op, which may be seconds after the test's clock started)."""
     if end_ns is None:
@@ -112,12 +113,12 @@ def remaining_s(test: Any, ctx: Any, end_ns: int | None = None) -> float:
     return (end_ns - ctx.time) / 1e9
 
 
-def time_for(test: Any, ctx: Any, span: tuple[float, float], end_ns: int | None) -> bool:
+def time_for(test: Test, ctx: Any, span: tuple[float, float], end_ns: int | None) -> bool:
     """Is there time for a stall of up to `span` x the TTL and a few ops after it?"""
     return remaining_s(test, ctx, end_ns) >= int(test.ttl_ms) * span[1] / 1000 + 0.5
 
 
-def stall_s(test: Any, ctx: Any, span: tuple[float, float]) -> float:
+def stall_s(test: Test, ctx: Any, span: tuple[float, float]) -> float:
     """A stall of `span` x the TTL, in seconds, from the seeded rng."""
     return int(test.ttl_ms) * ctx.rng.uniform(*span) / 1000.0
 
@@ -139,7 +140,7 @@ def acquire_until_held(key: str, value: Any, attempts: int = 50) -> Any:
                                                                 "value": value(test, ctx)}))
 
 
-def session_key(test: Any, ctx: Any, kind: str, keys: list[str]) -> str:
+def session_key(test: Test, ctx: Any, kind: str, keys: list[str]) -> str:
     """The key a session works on: stalled sessions all take the first key (the takeover key: each stalled
     holder's successor is the next one polling for it, so its stale ops meet a live successor), solo sessions a
     fresh one, plain sessions any of `keys`."""
@@ -148,7 +149,7 @@ def session_key(test: Any, ctx: Any, kind: str, keys: list[str]) -> str:
     return solo_key(test, ctx) if kind == "solo" else ctx.rng.choice(keys)
 
 
-def session_start(test: Any, ctx: Any, keys: list[str], kind: str | None = None, end_ns: int | None = None):
+def session_start(test: Test, ctx: Any, keys: list[str], kind: str | None = None, end_ns: int | None = None):
     """How every session begins: (its key, its kind, its stall span, `v(**kw)` making an op value with a fresh
     request id and the session's id). A stalled or solo session with no time left to act after its stall is a
     plain one."""
@@ -164,12 +165,12 @@ def session_start(test: Any, ctx: Any, keys: list[str], kind: str | None = None,
     return session_key(test, ctx, kind, keys), kind, span, v
 
 
-def solo_key(test: Any, ctx: Any) -> str:
+def solo_key(test: Test, ctx: Any) -> str:
     """A fresh key nobody else acquires (a stalled holder there is taken over only by expiry)."""
     return f"solo-{salted(test, f'{ctx.rng.getrandbits(32):08x}')}"  # salted: free in every run
 
 
-def burst_key(test: Any, ctx: Any) -> str:
+def burst_key(test: Test, ctx: Any) -> str:
     """A fresh key for one burst: free when every thread acquires it in the same instant."""
     return f"burst-{salted(test, f'{ctx.rng.getrandbits(32):08x}')}"  # salted: free in every run
 
@@ -189,19 +190,19 @@ class Session:
 class Sessions(dict):
     """session id -> Session, one table per workload instance (shared by every opened client)."""
 
-    def get_session(self, test: Any, sid: str) -> Session:
+    def get_session(self, test: Test, sid: str) -> Session:
         s = self.get(sid)
         if s is None:
             s = self[sid] = Session(session_instance(test, sid))
         return s
 
 
-def session_instance(test: Any, sid: str) -> str:
+def session_instance(test: Test, sid: str) -> str:
     """The service_instance_id a session acts as (the owner is the principal plus this)."""
     return f"session-{sid}"
 
 
-def exercise(test: Any, session: Any, burst: Any, *, burst_every_s: float = BURST_EVERY_S) -> Any:
+def exercise(test: Test, session: Any, burst: Any, *, burst_every_s: float = BURST_EVERY_S) -> Any:
     """The main-phase generator of a lease workload, at `test.rate` ops/s over all threads, in lanes of threads.
 
     With 5 or more threads (the default is 5):
@@ -219,7 +220,7 @@ def exercise(test: Any, session: Any, burst: Any, *, burst_every_s: float = BURS
                                              ctx.time + int(float(test.time_limit) * 1e9)))
 
 
-def _lanes(test: Any, session: Any, burst: Any, burst_every_s: float, end_ns: int) -> Any:
+def _lanes(test: Test, session: Any, burst: Any, burst_every_s: float, end_ns: int) -> Any:
     """`exercise`'s lanes, once the main phase's first op is asked for (its time limit starts then)."""
     def one_burst(test, ctx):
         key = burst_key(test, ctx)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from lab.generator.context import NEMESIS_THREAD, Context, ThreadFilter
+from lab.testmap import Test
 
 __all__ = [
     "PENDING",
@@ -116,11 +117,11 @@ class Generator:
 
     __slots__ = ()
 
-    def op(self, test: Any, ctx: Context) -> tuple[dict, Any] | _Pending | None:
+    def op(self, test: Test, ctx: Context) -> tuple[dict, Any] | _Pending | None:
         """The next operation and the generator after it, PENDING, or None."""
         raise NotImplementedError
 
-    def update(self, test: Any, ctx: Context, event: dict) -> Any:
+    def update(self, test: Test, ctx: Context, event: dict) -> Any:
         """The generator after `event` (an invocation or completion); by default unchanged."""
         return self
 
@@ -152,7 +153,7 @@ def _count(name: str, n: Any, minimum: int = 0) -> int:
 # -- dispatch: op and update over plain values ----------------------------------------------------
 
 
-def op(gen: Any, test: Any, ctx: Context) -> tuple[dict, Any] | _Pending | None:
+def op(gen: Any, test: Test, ctx: Context) -> tuple[dict, Any] | _Pending | None:
     """Ask `gen` for its next operation: `(op, next_gen)`, `PENDING`, or `None` (exhausted)."""
     if gen is None:
         return None
@@ -163,7 +164,7 @@ def op(gen: Any, test: Any, ctx: Context) -> tuple[dict, Any] | _Pending | None:
     return as_generator(gen, allow_iterator=False).op(test, ctx)
 
 
-def update(gen: Any, test: Any, ctx: Context, event: dict) -> Any:
+def update(gen: Any, test: Test, ctx: Context, event: dict) -> Any:
     """Tell `gen` that `event` (an invocation or a completion) happened; return the new generator."""
     if isinstance(gen, Generator):
         return gen.update(test, ctx, event)

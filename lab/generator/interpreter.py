@@ -31,6 +31,7 @@ from typing import Any
 from lab.generator.context import NEMESIS_THREAD, Context
 from lab.generator.core import PENDING, SPECIAL_TYPES, GeneratorError, _short, as_generator, op, update
 from lab.history.ops import COMPLETION_TYPES, HistoryError
+from lab.testmap import Test
 
 __all__ = ["run"]
 
@@ -51,7 +52,7 @@ async def _call(fn: Any, *args: Any) -> Any:
     return result
 
 
-def _field(test: Any, name: str, default: Any = None) -> Any:
+def _field(test: Test, name: str, default: Any = None) -> Any:
     """Read a field from the test (a dataclass-like object or a mapping)."""
     if isinstance(test, dict):
         return test.get(name, default)
@@ -66,7 +67,7 @@ def _require_methods(what: str, obj: Any, names: tuple[str, ...], protocol: str)
 
 
 async def run(
-    test: Any,
+    test: Test,
     gen: Any,
     client_factory: Any,
     *,
@@ -379,7 +380,7 @@ class _Interpreter:
             self.wakeup.set()
 
 
-async def _close(client: Any, test: Any) -> None:
+async def _close(client: Any, test: Test) -> None:
     """Close a worker's client, logging (not raising) a failure."""
     if callable(getattr(client, "close", None)):
         try:

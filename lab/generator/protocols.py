@@ -21,6 +21,7 @@ that are awaitable.
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
+from lab.testmap import Test
 
 __all__ = ["Client", "Nemesis"]
 
@@ -29,23 +30,23 @@ __all__ = ["Client", "Nemesis"]
 class Client(Protocol):
     """A client of the system under test; see the module docstring for the lifecycle."""
 
-    async def open(self, test: Any, node: Any) -> "Client":
+    async def open(self, test: Test, node: Any) -> "Client":
         """A connected client for one worker process, talking to `node`."""
         ...
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Once per node before the run (e.g. create the keys)."""
         ...
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """Perform `op`; return its completion {type, value?, error?}."""
         ...
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Once per node after the run."""
         ...
 
-    async def close(self, test: Any) -> None:
+    async def close(self, test: Test) -> None:
         """Release connections."""
         ...
 
@@ -54,15 +55,15 @@ class Client(Protocol):
 class Nemesis(Protocol):
     """A fault injector driven by the nemesis lane of the generator."""
 
-    async def setup(self, test: Any) -> "Nemesis | None":
+    async def setup(self, test: Test) -> "Nemesis | None":
         """Prepare (e.g. create proxies); may return a replacement nemesis."""
         ...
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """Start or stop a fault; return the completion (its value describes what happened)."""
         ...
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Heal everything and clean up."""
         ...
 

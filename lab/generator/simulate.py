@@ -17,6 +17,7 @@ from typing import Any
 
 from lab.generator.context import NEMESIS_THREAD, Context
 from lab.generator.core import PENDING, SPECIAL_TYPES, GeneratorError, as_generator, op, secs_to_nanos, update
+from lab.testmap import Test
 
 __all__ = ["simulate"]
 
@@ -34,7 +35,7 @@ def simulate(
     seed: int = 0,
     latency: int | Callable[[dict], int] = 0,
     complete: Callable[[dict], dict] = _default_complete,
-    test: Any = None,
+    test: Test | None = None,
     max_ops: int = 100_000,
 ) -> list[dict]:
     """The history (invocations and completions, with index and simulated time) of running gen."""

@@ -16,6 +16,7 @@ from lab.scenarios import scenario as _scenario
 from lab.scenarios.scenario import Scenario, ScenarioError, ScenarioWorkload
 from lab.scenarios.probes import PROBES
 from lab.scenarios.races import RACES
+from lab.testmap import Test
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in RACES + PROBES}
 RACE_SCENARIOS = tuple(s.name for s in RACES)  # in the order of the races table
@@ -32,16 +33,16 @@ def get_scenario(name: str) -> Scenario:
     return SCENARIOS[name]
 
 
-def validate_scenario(test: Any) -> Scenario:
+def validate_scenario(test: Test) -> Scenario:
     """Check a Test naming a scenario before anything starts (ScenarioError: one line saying what to change)."""
     return _scenario.validate_scenario(test, SCENARIOS)
 
 
-def apply_scenario(test: Any, given: Any = frozenset()) -> None:
+def apply_scenario(test: Test, given: Any = frozenset()) -> None:
     """Give a Test its scenario's workload, name and options, except the options in `given` (the user's)."""
     _scenario.apply_scenario(test, SCENARIOS, frozenset(given))
 
 
-def scenario_workload(test: Any, base: Any = None) -> ScenarioWorkload:
+def scenario_workload(test: Test, base: Any = None) -> ScenarioWorkload:
     """The workload that runs the Test's scenario (`base`, the workload the runner built, is replaced)."""
     return _scenario.scenario_workload(test, SCENARIOS)

@@ -26,6 +26,7 @@ from lab.sut.target import target_of
 from nemesis import process_faults
 from nemesis.core import NemesisUnavailable, completion, compose
 from nemesis.registry import build
+from lab.testmap import Test
 
 KEY_PREFIX = "starintel:target-lease:v1:"
 IDENTITY_ORDER = ("tenant_id", "program_id", "target_namespace", "target_id", "actor_name", "workflow_name",
@@ -63,13 +64,13 @@ class ValkeyPoke:
         self.client = None
         self.saved: dict[str, dict[str, Any]] = {}  # key -> what to put back at repair
 
-    async def setup(self, test: Any) -> None:
+    async def setup(self, test: Test) -> None:
         """Connect to the run's own Valkey (test.valkey)."""
-        if not getattr(test, "valkey", None):
+        if not test.valkey:
             raise NemesisUnavailable("the valkey-poke fault writes into the lab's own Valkey: the run has none")
         self.client = aioredis.Redis.from_url(test.valkey, socket_timeout=3.0)
 
-    async def invoke(self, test: Any, op: dict) -> dict:
+    async def invoke(self, test: Test, op: dict) -> dict:
         """Perform one poke; the completion records exactly what was written."""
         value = dict(op.get("value") or {})
         key = value.get("key")
@@ -130,7 +131,7 @@ class ValkeyPoke:
         await self.client.delete(k["record"])
         return {"fault": "corrupt-record", "phase": "end", "key": key, "repaired": "record deleted"}
 
-    async def teardown(self, test: Any) -> None:
+    async def teardown(self, test: Test) -> None:
         """Repair what is still corrupted, then disconnect."""
         if self.client is None:
             return
@@ -147,7 +148,7 @@ def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode(errors="replace")
 
 
-def build_nemesis(test: Any, scenario: Any, identity_for) -> Any:
+def build_nemesis(test: Test, scenario: Any, identity_for) -> Any:
     """The scenario's composed nemesis: registry nemeses over the stack, client pauses, Valkey pokes.
 
     Always a nemesis (possibly with no member), so scripts can time steps on the nemesis thread.

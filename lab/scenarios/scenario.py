@@ -55,6 +55,7 @@ from lab.sut import SutError, sut_of
 from lab.sut.target import target_of
 from workloads import needs_of
 from workloads.base import Workload
+from lab.testmap import Test
 
 MUTATIONS = frozenset(("acquire", "renew", "release", "force-release", "revoke", "commit"))
 NOT_IN_BODY = frozenset(("deadline_ms", "at", "body"))  # what the server's idempotency digest does not cover
@@ -220,7 +221,7 @@ class ScenarioWorkload(Workload):
 class Script:
     """What a scenario's script is written with: unique request ids, tagged ops, steps, bursts and faults."""
 
-    def __init__(self, test: Any, local: bool, tags: Tags):
+    def __init__(self, test: Test, local: bool, tags: Tags):
         self.test = test
         self.local = local  # the lab runs the system (its stack): stack faults and direct backend reads allowed
         self.tags = tags  # the scenario's declared tags: an op with any other tag is refused (TagError)
@@ -420,15 +421,15 @@ class ScenarioChecker:
 # -- the registry glue ---------------------------------------------------------------------------------
 
 
-def scenario_of(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
+def scenario_of(test: Test, registry: Mapping[str, Scenario]) -> Scenario:
     """The scenario a Test names (`test.scenario`), or ScenarioError listing the known ones."""
-    name = getattr(test, "scenario", None)
+    name = test.scenario
     if name not in registry:
         raise ScenarioError(f"--scenario: unknown scenario {name!r}; known: {', '.join(registry)}")
     return registry[name]
 
 
-def validate_scenario(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
+def validate_scenario(test: Test, registry: Mapping[str, Scenario]) -> Scenario:
     """Check a Test naming a scenario before anything starts; ScenarioError says what to change."""
     sc = scenario_of(test, registry)
     target = target_of(test)
@@ -457,7 +458,7 @@ def validate_scenario(test: Any, registry: Mapping[str, Scenario]) -> Scenario:
     return sc
 
 
-def apply_scenario(test: Any, registry: Mapping[str, Scenario], given: frozenset[str] | set[str] = frozenset()) -> None:
+def apply_scenario(test: Test, registry: Mapping[str, Scenario], given: frozenset[str] | set[str] = frozenset()) -> None:
     """Set a Test's options from its scenario (`fencelab test --scenario`): options the user gave win."""
     sc = scenario_of(test, registry)
     if "workload" in given and test.workload != sc.workload:
@@ -474,11 +475,11 @@ def apply_scenario(test: Any, registry: Mapping[str, Scenario], given: frozenset
             test.extra.setdefault(key, value)
 
 
-def scenario_workload(test: Any, registry: Mapping[str, Scenario]) -> ScenarioWorkload:
+def scenario_workload(test: Test, registry: Mapping[str, Scenario]) -> ScenarioWorkload:
     """The workload a scenario run executes: its client, script, faults, final phase and checkers."""
     sc = scenario_of(test, registry)
     # run-unique identities, request ids and instances (external systems persist): the run's salt, if it has one
-    test.extra.setdefault("key_nonce", getattr(test, "run_salt", "") or secrets.token_hex(3))
+    test.extra.setdefault("key_nonce", test.run_salt or secrets.token_hex(3))
     test.extra.setdefault("identity", {"namespace": "fencelab", "workflow": f"s-{test.extra['key_nonce']}"})
     test.workload = sc.workload
     local = target_of(test).lab_runs

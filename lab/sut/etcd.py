@@ -88,6 +88,7 @@ from lab.client.results import CONNECT_ERROR, CONNECTION_LOST, TIMEOUT, Identity
 from lab.sut.processes import CLIENTS, LinkSpec, ProcessSpec, SystemProcesses, member_processes_of, store_url_for
 from lab.sut.protocol import SutError
 from lab.sut.valkey_lock import COMMIT_MODES, ValkeyLockSystem, commit_mode_of
+from lab.testmap import Test
 
 ETCD_VERSION = "3.6.16"
 MEMBERS = 3
@@ -132,7 +133,7 @@ def member_names(n: int = MEMBERS) -> list[str]:
     return [f"etcd-{i}" for i in range(1, n + 1)]
 
 
-def etcd_processes(test: Any):
+def etcd_processes(test: Test):
     """Three etcd members on loopback; clients dial each member's client port, members each other's peer port."""
     names = member_names()
     token = f"fencelab-{secrets.token_hex(4)}"  # a fresh cluster per run
@@ -483,17 +484,17 @@ def _identity_of(lease: Lease) -> Identity | None:
 
 
 # -- registry glue ------------------------------------------------------------------------------------------------
-def etcd_system(test: Any, node: str, service_instance_id: str, *, timeout_s: float = 5.0) -> EtcdLockSystem:
+def etcd_system(test: Test, node: str, service_instance_id: str, *, timeout_s: float = 5.0) -> EtcdLockSystem:
     """etcd's lease + lock key (3-member cluster the lab runs); fenced commits by default."""
     return EtcdLockSystem(node, store_url_for(test, node), service_instance_id=service_instance_id,
                           timeout_s=timeout_s, commit_mode=commit_mode_of(test, "fenced"))
 
 
-def check_etcd(test: Any) -> None:
+def check_etcd(test: Test) -> None:
     """Before anything starts: a known commit mode; with --url, http(s) URLs of etcd members."""
-    mode = getattr(test, "commit_mode", None)
+    mode = test.commit_mode
     if mode is not None and mode not in COMMIT_MODES:
         raise SutError(f"--commit-mode must be one of {', '.join(COMMIT_MODES)}, not {mode!r}")
-    for url in getattr(test, "urls", None) or []:
+    for url in test.urls:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise SutError(f"--url for SUT 'etcd' is an etcd member's client URL (http://host:2379), not {url!r}")

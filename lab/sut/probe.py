@@ -35,6 +35,7 @@ from lab.secrets import redact_url
 from lab.sut.principal import identity_for
 from lab.sut.target import target_of
 from lab.sut.registry import WorkloadNeeds, open_system
+from lab.testmap import Test
 
 PASSING_CODES = ("lease_inspected", "lease_not_found")
 
@@ -43,12 +44,12 @@ class ProbeError(ValueError):
     """The external system or its store cannot be used as given (one line: what to fix)."""
 
 
-def probe_external(test: Any, *, needs_store: bool, timeout_s: float = 3.0) -> dict[str, Any]:
+def probe_external(test: Test, *, needs_store: bool, timeout_s: float = 3.0) -> dict[str, Any]:
     """Probe the test's external system (and store); returns what was checked, raises ProbeError."""
     return asyncio.run(_probe(test, needs_store=needs_store, timeout_s=timeout_s))
 
 
-async def _probe(test: Any, *, needs_store: bool, timeout_s: float) -> dict[str, Any]:
+async def _probe(test: Test, *, needs_store: bool, timeout_s: float) -> dict[str, Any]:
     urls = list(test.urls or [])
     done: dict[str, Any] = {"urls": [], "store": None}
     async with httpx.AsyncClient(timeout=timeout_s) as http:
@@ -62,7 +63,7 @@ async def _probe(test: Any, *, needs_store: bool, timeout_s: float) -> dict[str,
     return done
 
 
-async def _health(http: httpx.AsyncClient, test: Any, url: str) -> None:
+async def _health(http: httpx.AsyncClient, test: Test, url: str) -> None:
     """The reference API's /healthz is 200; any other SUT's URL answers HTTP."""
     shown = redact_url(url)
     reference = test.sut_name() == "reference"
@@ -77,7 +78,7 @@ async def _health(http: httpx.AsyncClient, test: Any, url: str) -> None:
                          "server is not healthy (or is not a lease server of this API)")
 
 
-async def _auth(test: Any, url: str, timeout_s: float) -> None:
+async def _auth(test: Test, url: str, timeout_s: float) -> None:
     """One inspect of a fresh lab identity through the system's own client, with the run's key."""
     shown = redact_url(url)
     # the probe asks only an inspect: the core operations, which every system has
@@ -131,12 +132,12 @@ async def _store(http: httpx.AsyncClient, url: str, db: str, *, create: bool) ->
     return {"url": shown, "db": db, "doc_count": (_json(r) or {}).get("doc_count")}
 
 
-def store_db(test: Any) -> str:
+def store_db(test: Test) -> str:
     """The database the server under test writes its fenced documents into (`--store-db`, default fencelab)."""
     return str(test.store_db or "fencelab")
 
 
-def lab_owns_store(test: Any) -> bool:
+def lab_owns_store(test: Test) -> bool:
     """May the lab create the database and install its own fence guard in the run's store?
 
     Only when the lab started the store itself (a local stack without --store-url), or when the user says so

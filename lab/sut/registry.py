@@ -38,6 +38,7 @@ from lab.client.starintel import StarIntelClient, check_api_key, new_findings_lo
 from lab.findings import FINDINGS_FILE
 from lab.sut.principal import pick_credential
 from lab.sut.protocol import OPTIONAL_CAPABILITIES, SutError, check_capabilities, check_result, check_system
+from lab.testmap import Test
 
 ENTRY_POINT_GROUP = "fencelab.suts"
 DEFAULT_SUT = "reference"
@@ -142,16 +143,16 @@ def sut_names() -> list[str]:
     return sorted(set(_REGISTRY) | {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)})
 
 
-def client_clock_problem(test: Any) -> str | None:
+def client_clock_problem(test: Test) -> str | None:
     """Why the test's system has no client clock the client-clock nemesis could set (None: it has one).
 
     The lab's own client (`reference`, `starintel`) has one; another system's LeaseSystem class declares a
     `clock_ms` attribute to say it has (docs/plugging-in-a-system.md)."""
-    entry = get_sut(getattr(test, "sut", None) or DEFAULT_SUT)
+    entry = get_sut(test.sut or DEFAULT_SUT)
     if entry.name in ("reference", "starintel") or hasattr(entry.factory, "clock_ms"):
         return None
-    urls = list(getattr(test, "urls", None) or [])
-    system = f"the external system {', '.join(urls)}" if urls else f"the in-process SUT {getattr(test, 'sut', None)!r}"
+    urls = list(test.urls)
+    system = f"the external system {', '.join(urls)}" if urls else f"the in-process SUT {test.sut!r}"
     return (f"{system} ({entry.name}) has no settable client clock: its LeaseSystem class declares no "
             "`clock_ms` attribute (docs/plugging-in-a-system.md)")
 
@@ -194,12 +195,12 @@ def require_capabilities(entry: SutEntry, needs: WorkloadNeeds) -> None:
                        f"({', '.join(able) or 'none registered'})")
 
 
-def sut_of(test: Any) -> SutEntry:
+def sut_of(test: Test) -> SutEntry:
     """The system a test runs against: `test.sut`, default `reference`."""
-    return get_sut(getattr(test, "sut", None) or DEFAULT_SUT)
+    return get_sut(test.sut or DEFAULT_SUT)
 
 
-def open_system(test: Any, node: Any, service_instance_id: str, *, needs: WorkloadNeeds,
+def open_system(test: Test, node: Any, service_instance_id: str, *, needs: WorkloadNeeds,
                 timeout_s: float | None = None) -> Any:
     """A fresh system for one worker: the test's SUT factory called as (test, node, service_instance_id).
 
@@ -246,7 +247,7 @@ class CheckedSystem:
 
 # -- credentials and findings for the built-in HTTP systems --------------------------------------------------
 
-def api_key_for(test: Any, capability: str = "targets:lease") -> str:
+def api_key_for(test: Test, capability: str = "targets:lease") -> str:
     """The run's API key: `test.api_key_file`, else the stack's credentials, else $FENCELAB_API_KEY."""
     live = test.live
     if "sut_api_key" in live:
@@ -276,32 +277,32 @@ def api_key_for(test: Any, capability: str = "targets:lease") -> str:
     return key
 
 
-def findings_for(test: Any):
+def findings_for(test: Test):
     """The run's StarIntel findings log (one per test, written to <run_dir>/findings.jsonl when there is one)."""
     log = test.live.get("sut_findings")
     if log is None:
-        run_dir = getattr(test, "run_dir", None)
+        run_dir = test.run_dir
         log = test.live["sut_findings"] = new_findings_log(Path(run_dir) / FINDINGS_FILE if run_dir else None)
     return log
 
 
-def _check_urls(test: Any) -> None:
+def _check_urls(test: Test) -> None:
     """Every node a run's clients talk to is an http(s) URL."""
     for url in list(test.nodes or []) + list(test.lease_servers or []):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise SutError(f"--url must be an http(s) URL, not {url!r}")
 
 
-def _check_reference(test: Any) -> None:
+def _check_reference(test: Test) -> None:
     """An external reference server needs URLs and a key (a local stack provides both later)."""
     _check_urls(test)
     if test.lease_servers and not test.credentials_file:
         api_key_for(test)
 
 
-def _check_starintel(test: Any) -> None:
+def _check_starintel(test: Test) -> None:
     """A StarIntel server needs http(s) URLs and a well-formed `star_sk_v1_...` key."""
-    if not test.urls:
+    if not (test.urls or test.lease_servers):
         raise SutError("--sut starintel needs --url: it is a client of a StarIntel service, which the lab does not run")
     _check_urls(test)
     try:
@@ -310,12 +311,12 @@ def _check_starintel(test: Any) -> None:
         raise SutError(str(e)) from None
 
 
-def reference_system(test: Any, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
+def reference_system(test: Test, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
     """Our reference lease server (LeaseClient, the contract's wire API)."""
     return LeaseClient(node, api_key_for(test), service_instance_id=service_instance_id, timeout_s=timeout_s)
 
 
-def starintel_system(test: Any, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
+def starintel_system(test: Test, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
     """The StarIntel server's dialect (StarIntelClient); differences from the contract become findings."""
     return StarIntelClient(node, api_key_for(test), service_instance_id=service_instance_id, timeout_s=timeout_s,
                            findings=findings_for(test))
@@ -361,7 +362,7 @@ class NotClaimed:
         self.checker = checker
         self.not_claimed = dict(not_claimed)
 
-    def check(self, test: Any, history: list, opts: Any) -> dict:
+    def check(self, test: Test, history: list, opts: Any) -> dict:
         res = self.checker.check(test, history, opts)
         if isinstance(res, dict):
             _drop_rules(res, {n: why for n, why in self.not_claimed.items() if "." in n})
@@ -395,7 +396,7 @@ def _drop_rules(res: dict, rules: Mapping[str, str]) -> None:
         res["valid"] = merge_valid(r.get("valid") for r in results.values() if isinstance(r, dict))
 
 
-def claimed_checker(test: Any, checker: Any) -> Any:
+def claimed_checker(test: Test, checker: Any) -> Any:
     """`checker` minus the named checkers the test's system does not claim (its SutEntry.not_claimed): those
     properties are neither run nor judged, and the result lists them under `not_claimed` with the reason."""
     try:
@@ -413,7 +414,7 @@ def claimed_checker(test: Any, checker: Any) -> Any:
     return NotClaimed(Compose(kept), {**dropped, **rules})
 
 
-def claims(test: Any, checker: str) -> bool:
+def claims(test: Test, checker: str) -> bool:
     """Does the test's system claim what checker `checker` judges? False when it declares it not claimed
     (`SutEntry.not_claimed`): a workload then need not exercise it (e.g. no same-request-id retries for a
     system that never sees a request id)."""

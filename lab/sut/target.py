@@ -28,12 +28,14 @@ from typing import Any
 from lab.secrets import redact_url
 from lab.stack.compose import ComposeStack
 from lab.stack.local import LocalStack, StackOptions
+from lab.stack.ssh import SshOptions, SshStack
 from lab.sut.processes import SutStack, SystemProcesses, declared_processes
 from lab.sut.protocol import SutError
 from lab.sut.proxy import ProxiedUrls
 from lab.sut.registry import SutEntry, client_clock_problem, sut_of
 from lab.testmap import Test
 from nemesis.network import DIRECTIONS
+from nemesis.ssh import ssh_clock, ssh_partition
 from nemesis.registry import NEMESES, Builder, validate_names
 from nemesis.registry import stack_options as nemesis_stack_options
 
@@ -100,40 +102,26 @@ def _compose_stack(test: Test, root: Path) -> Any:
                         die_with_owner=True)
 
 
-def _ssh() -> Any:
-    """The SSH stack's module (`lab.stack.ssh`)."""
-    import lab.stack.ssh  # paramiko (~80 ms): only for --backend ssh
-
-    return lab.stack.ssh
-
-
-def _ssh_nemeses() -> Any:
-    """The SSH hosts' own clock and partition nemeses (`nemesis.ssh`)."""
-    import nemesis.ssh  # paramiko (~80 ms): only for an SSH stack
-
-    return nemesis.ssh
-
-
 def _ssh_stack(test: Test, root: Path) -> Any:
-    return _ssh().SshStack(name="stack", root=root)
+    return SshStack(name="stack", root=root)
 
 
 def _named_ssh(name: str, home: Path | None) -> Any:
-    return _ssh().SshStack(name=name, home=home)
+    return SshStack(name=name, home=home)
 
 
 def _ssh_options(test: Test, opts: StackOptions) -> Any:
     """The SSH stack's options: the hosts file, plus what the workload and nemeses need of the stack."""
-    return _ssh().SshOptions(**load_hosts(test.hosts_file), servers=opts.servers, persistence=opts.persistence,
-                             store=opts.wants_store, fake_clocks=opts.fake_clocks, mutant=opts.mutant)
+    return SshOptions(**load_hosts(test.hosts_file), servers=opts.servers, persistence=opts.persistence,
+                      store=opts.wants_store, fake_clocks=opts.fake_clocks, mutant=opts.mutant)
 
 
 def _ssh_clock(ctx: Any, names: list[str]) -> Any:
-    return _ssh_nemeses().ssh_clock(ctx.stack, rng=ctx.rng("clock"), client_clocks=ctx.client_clocks)
+    return ssh_clock(ctx.stack, rng=ctx.rng("clock"), client_clocks=ctx.client_clocks)
 
 
 def _ssh_partition(ctx: Any, names: list[str]) -> Any:
-    return _ssh_nemeses().ssh_partition(ctx.stack, rng=ctx.rng("partition"), directions=DIRECTIONS)
+    return ssh_partition(ctx.stack, rng=ctx.rng("partition"), directions=DIRECTIONS)
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,12 @@ Apart from the registry (`lab.sut.registry`) because it also asks a system that 
 
 from __future__ import annotations
 
-from typing import Any
-
 from lab.sut.processes import check_test
 from lab.sut.registry import SutEntry, WorkloadNeeds, require_capabilities, sut_of
+from lab.testmap import Test
 
 
-def validate_test(test: Any, needs: WorkloadNeeds) -> SutEntry:
+def validate_test(test: Test, needs: WorkloadNeeds) -> SutEntry:
     """Check, before anything starts, that the test's system exists, can run its workload and has what it needs.
 
     `needs`: what the test's workload declares (`workloads.needs_of(test.workload)`), passed in by the runner.

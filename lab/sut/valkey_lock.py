@@ -65,6 +65,7 @@ from lab.couch import CouchClient
 from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess
 from lab.sut.processes import CLIENTS, LinkSpec, ProcessSpec, SystemProcesses, store_url_for
 from lab.sut.protocol import SutError
+from lab.testmap import Test
 
 LOCK_PREFIX = "fencelab:lock:"
 FENCE_PREFIX = "fencelab:fence:"
@@ -404,7 +405,7 @@ def _timeout_types() -> tuple[type, ...]:
 
 # -- factories for the registry ----------------------------------------------------------------------------------
 
-def _urls(test: Any, node: str) -> tuple[str, str | None]:
+def _urls(test: Test, node: str) -> tuple[str, str | None]:
     """The Valkey URL a worker talks to (`node`, its client group's proxy) and the store its group writes to."""
     valkey = node if isinstance(node, str) and node.startswith(("redis://", "rediss://", "unix://")) else test.valkey
     if not valkey:
@@ -413,9 +414,9 @@ def _urls(test: Any, node: str) -> tuple[str, str | None]:
     return valkey, store_url_for(test, node)
 
 
-def valkey_processes(test: Any):
+def valkey_processes(test: Test):
     """The one process these systems bring: a lab-owned valkey-server, dialled by every client group."""
-    chosen = (getattr(test, "extra", None) or {}).get("valkey_persistence")
+    chosen = test.extra.get("valkey_persistence")
     if chosen is not None and chosen not in PERSISTENCE_MODES:
         raise SutError(f"valkey_persistence must be one of {', '.join(PERSISTENCE_MODES)}, not {chosen!r}")
 
@@ -446,29 +447,29 @@ NOT_CLAIMED = {"idempotency": "redis-py's Lock never sees a request id: retries 
 NOT_CLAIMED_UNFENCED = {**NOT_CLAIMED, "fencing": "valkey-lock hands out no fencing token"}
 
 
-def commit_mode_of(test: Any, default: str) -> str:
+def commit_mode_of(test: Test, default: str) -> str:
     """`test.commit_mode` (fenced / unfenced), else the system's default."""
-    mode = getattr(test, "commit_mode", None) or default
+    mode = test.commit_mode or default
     return mode
 
 
-def valkey_lock_system(test: Any, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
+def valkey_lock_system(test: Test, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
     """redis-py's Lock on Valkey (SET NX PX, token-checked release/extend); no fencing token, unfenced writes."""
     valkey, store = _urls(test, node)
     return ValkeyLockSystem(valkey, store, service_instance_id=service_instance_id, timeout_s=timeout_s,
                             commit_mode=commit_mode_of(test, "unfenced"))
 
 
-def fenced_valkey_lock_system(test: Any, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
+def fenced_valkey_lock_system(test: Test, node: str, service_instance_id: str, *, timeout_s: float = 5.0):
     """redis-py's Lock plus an INCR fencing token; commits through the store's token guard (or unfenced)."""
     valkey, store = _urls(test, node)
     return FencedValkeyLockSystem(valkey, store, service_instance_id=service_instance_id, timeout_s=timeout_s,
                                   commit_mode=commit_mode_of(test, "fenced"))
 
 
-def check_valkey_lock(test: Any) -> None:
+def check_valkey_lock(test: Test) -> None:
     """Before anything starts: `valkey-lock` cannot commit fenced (it has no token); modes are known."""
-    mode = getattr(test, "commit_mode", None)
+    mode = test.commit_mode
     if mode is not None and mode not in COMMIT_MODES:
         raise SutError(f"--commit-mode must be one of {', '.join(COMMIT_MODES)}, not {mode!r}")
     if mode == "fenced" and test.sut_name() == "valkey-lock":
