@@ -393,3 +393,39 @@ async def test_a_secret_in_a_body_is_refused_however_it_is_escaped(srv, valkey):
         vk.close()
     for api_key in (own, other):
         assert api_key.split(".")[2].encode() not in stored
+
+# -- the API key is compared exactly, after HTTP's own whitespace rules only ----------------------------
+
+def read_reply(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (a reset ends it too)."""
+    reply = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            return reply
+        if not chunk:
+            return reply
+        reply += chunk
+
+
+def test_a_key_followed_by_a_unicode_space_does_not_authenticate(live):
+    key = live.keys["lease-a1"].encode()
+
+    def status(authorization: bytes) -> bytes:  # raw: httpx itself refuses a header value ending in whitespace
+        sock = socket.create_connection((live.host, live.ports["http"]), timeout=30)
+        try:
+            sock.sendall(b"GET " + P.encode() + b" HTTP/1.1\r\nHost: lease\r\nConnection: close\r\n"
+                         b"Authorization: " + authorization + b"\r\n\r\n")
+            return read_reply(sock).split(b" ", 2)[1]
+        finally:
+            sock.close()
+
+    assert status(b"Bearer " + key) == b"200"
+    assert status(b"Bearer " + key + b" \t ") == b"200"  # optional whitespace (RFC 9110: SP and HTAB only)
+    assert status(b"Bearer  " + key) == b"200"          # 1*SP after the scheme
+    for space in (b"\xa0", b"\x85", b"\xc2\xa0", b"\xc2\x85", b"\xe2\x80\x83"):  # NBSP, NEL (raw, UTF-8), EM SPACE
+        assert status(b"Bearer " + key + space) == b"401", space
+        assert status(b"Bearer " + space + key) == b"401", space
+    assert_quiet_log(live)
+
