@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import select
 import socket
 import time
@@ -428,4 +429,50 @@ def test_a_key_followed_by_a_unicode_space_does_not_authenticate(live):
         assert status(b"Bearer " + key + space) == b"401", space
         assert status(b"Bearer " + space + key) == b"401", space
     assert_quiet_log(live)
+
+# -- X-Correlation-ID: never a credential (issue 18, item 10) ---------------------------------------
+
+async def test_a_correlation_id_that_could_be_a_key_is_refused_and_never_stored(srv, valkey, run_dir):
+    own, other = srv.keys["lease-a1"], srv.keys["lease-b1"]
+    assert (await srv.acquire("lease-b1", tenant_id="tenant-b", target_id="warm")).status_code == 200
+    forged = "flk.someone-k1." + "A" * 43  # key-shaped, valid or not
+    attempts = [  # (request, the credential-like id it sends)
+        (lambda cid: srv.client.post(P + "/acquire", json=body(), headers=srv.headers(
+            "lease-a1", **{"x-correlation-id": cid})), own),                           # the request's own key
+        (lambda cid: srv.client.post(P + "/acquire", json=body(), headers={"x-correlation-id": cid}), own),  # no auth
+        (lambda cid: srv.client.get(P, headers=srv.headers("lease-a1", **{"x-correlation-id": cid})), other),
+        (lambda cid: srv.client.get(P, headers=srv.headers("lease-a1", **{"x-correlation-id": cid})), forged),
+        (lambda cid: srv.client.post(P + "/acquire", json=body(), headers=srv.headers(
+            "lease-a1", **{"x-correlation-id": cid})), other.split(".")[2]),        # a verified key's bare secret
+        (lambda cid: srv.client.post(P + "/acquire", json=body(), headers=srv.headers(
+            "lease-a1", **{"x-correlation-id": cid})), "req-" + own.split(".")[2]),  # the secret inside an id
+        (lambda cid: srv.client.get("/healthz", headers={"x-correlation-id": cid}), own),
+    ]
+    for send, cid in attempts:
+        r = await send(cid)
+        b = r.json()
+        assert (r.status_code, b["code"], b["retryable"]) == (400, "invalid_lease_request", False), (cid, r.text)
+        assert b["msg"].startswith("x-correlation-id:") and "key" in b["msg"], b
+        assert b["correlation_id"] == r.headers["x-correlation-id"] and cid not in r.text
+        assert cid not in r.headers["x-correlation-id"]
+    ok = await srv.client.post(P + "/acquire", json=body(target_id="fine"), headers=srv.headers(
+        "lease-a1", **{"x-correlation-id": "corr-" + "A" * 43}))  # long, but no key: echoed as before
+    assert ok.status_code == 200 and ok.json()["correlation_id"] == "corr-" + "A" * 43
+    await srv.server.audit.flush()
+    audit_file = (run_dir / "audit.jsonl").read_text()
+    vk = redis.Redis.from_url(valkey.url)
+    try:
+        stream = b"".join(f[b"event"] for _, f in vk.xrange(keys.AUDIT_STREAM))
+    finally:
+        vk.close()
+    refusals = [e for e in map(json.loads, audit_file.splitlines()) if e.get("result_code") == "invalid_lease_request"]
+    assert len(refusals) == len(attempts) - 1  # every lease request is audited (with a fresh id); healthz is not
+    for secret in (own.split(".")[2], other.split(".")[2], forged):
+        assert secret not in audit_file and secret.encode() not in stream, secret
+    doc = (await srv.client.get("/openapi.json")).json()  # and the document says so, on every operation
+    for path, methods in doc["paths"].items():
+        for method, op in methods.items():
+            if path != "/openapi.json":
+                param = next(p for p in op["parameters"] if p["name"] == "X-Correlation-ID")
+                assert re.search(param["schema"]["not"]["pattern"], forged) and "400" in param["description"]
 

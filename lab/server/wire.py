@@ -403,7 +403,7 @@ def check_query(query: dict[str, str], allowed: frozenset[str]) -> None:
 
 
 # an API key `flk.<credential_id>.<43 base64url chars>` (lab/server/auth.py), anywhere in a string
-_KEY_SHAPE_RE = re.compile(r"flk\.[a-z0-9][a-z0-9._:-]{0,63}\.[A-Za-z0-9_-]{43}")
+KEY_SHAPE_RE = re.compile(r"flk\.[a-z0-9][a-z0-9._:-]{0,63}\.[A-Za-z0-9_-]{43}")
 SECRET_CHARS = 43
 
 
@@ -443,7 +443,7 @@ class KnownSecrets:
         for text in texts:
             if len(text) < SECRET_CHARS:
                 continue
-            if _KEY_SHAPE_RE.search(text):
+            if KEY_SHAPE_RE.search(text):
                 return True
             if scan is None:
                 continue
