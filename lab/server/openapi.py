@@ -132,7 +132,9 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
                 "description": f"at most {st.max_metadata_bytes} bytes of JSON, {st.max_metadata_depth} levels "
                                "deep; no key or value that looks like a credential"}
     body_note = (f"A request body is at most {st.max_body_bytes} bytes and {st.max_body_depth} levels of JSON "
-                 "nesting, and holds no API key or secret (after JSON escapes are decoded).")
+                 "nesting, and holds no API key or secret (after JSON escapes are decoded). A request's line and "
+                 f"headers are at most {st.max_header_bytes} bytes and {st.max_header_fields} header fields, else "
+                 "431 Request Header Fields Too Large (plain text, before the API reads the request).")
     read_codes = ["invalid_lease_request", "invalid_credential", "access_denied", "lease_not_found",
                   "deadline_exceeded", "lease_backend_unavailable"]
     return {
