@@ -50,11 +50,24 @@ def _identity_props() -> dict[str, Any]:
     return props
 
 
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` or JSON null: the server reads an optional field's null as its absence (the same digest, C16)."""
+    if "oneOf" in schema:
+        return {**schema, "oneOf": [*schema["oneOf"], {"type": "null"}]}
+    out = {**schema, "type": [schema["type"], "null"]}
+    if "enum" in out:
+        out["enum"] = [*out["enum"], None]
+    return out
+
+
 def _body(extra: dict[str, Any], required: list[str]) -> dict[str, Any]:
     props = {**_identity_props(), "request_id": _ID, "deadline_at": _DEADLINE, "service_instance_id": _ID,
              "trace_id": _ID, "execution_id": _ID, "job_id": _ID, **extra}
     req = [f for f in IDENTITY_FIELDS if f != "operation_class"] + ["request_id", "deadline_at",
                                                                      "service_instance_id"] + required
+    # null is accepted for every optional field, as absent: the contract does not say, clients that write an unset
+    # optional as null keep working, and lab.client leaves such fields out either way
+    props = {name: schema if name in req else _nullable(schema) for name, schema in props.items()}
     return {"type": "object", "additionalProperties": False, "properties": props, "required": req}
 
 
@@ -134,7 +147,8 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
     body_note = (f"A request body is at most {st.max_body_bytes} bytes and {st.max_body_depth} levels of JSON "
                  "nesting, and holds no API key or secret (after JSON escapes are decoded). A request's line and "
                  f"headers are at most {st.max_header_bytes} bytes and {st.max_header_fields} header fields, else "
-                 "431 Request Header Fields Too Large (plain text, before the API reads the request).")
+                 "431 Request Header Fields Too Large (plain text, before the API reads the request). Optional "
+                 "body fields may be null, read as absent.")
     read_codes = ["invalid_lease_request", "invalid_credential", "access_denied", "lease_not_found",
                   "deadline_exceeded", "lease_backend_unavailable"]
     return {
