@@ -28,7 +28,7 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import orjson
 from starlette.applications import Starlette
@@ -104,7 +104,7 @@ def success_body(outcome: Outcome, correlation_id: str) -> dict[str, Any]:
     return body
 
 
-def correlation_id_of(request: Request, holds_secret: Any) -> tuple[str, LeaseError | None]:
+def correlation_id_of(request: Request, holds_secret: Callable[[list[str]], bool]) -> tuple[str, LeaseError | None]:
     """The id a request's answer and audit event carry, and the refusal of an X-Correlation-ID that could be a key.
 
     The caller's id when it is 1-128 characters of A-Z a-z 0-9 . _ : - (else a
