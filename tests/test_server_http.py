@@ -331,3 +331,42 @@ async def test_openapi_bounds_are_the_ones_the_server_enforces(srv):
     assert limit["maximum"] == st.max_page_size
     r = await srv.client.get(P, params={"limit": str(limit["maximum"] + 1)}, headers=srv.headers("lease-a1"))
     assert r.status_code == 400 and r.json()["msg"].startswith("limit:")
+
+
+# -- null: the OpenAPI document and the server agree -------------------------------------------------
+
+def allows_null(schema: dict) -> bool:
+    """Does this (OpenAPI 3.1 / JSON Schema) property schema accept JSON null?"""
+    if "oneOf" in schema:
+        return any(allows_null(s) for s in schema["oneOf"])
+    types = schema.get("type")
+    nullable_type = types == "null" or (isinstance(types, list) and "null" in types)
+    return nullable_type and ("enum" not in schema or None in schema["enum"])
+
+
+def request_schema(doc: dict, path: str) -> dict:
+    return doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+
+
+async def test_every_optional_field_may_be_null_in_the_document_and_at_the_server(srv):
+    """null reads as absent: documented for every optional body field, accepted, and the same request (C16)."""
+    doc = (await srv.client.get("/openapi.json")).json()
+    for path in doc["paths"]:
+        if "post" in doc["paths"][path]:
+            schema = request_schema(doc, path)
+            for name, prop in schema["properties"].items():
+                assert allows_null(prop) == (name not in schema["required"]), (path, name)
+    acquire = request_schema(doc, P + "/acquire")
+    optional = sorted(set(acquire["properties"]) - set(acquire["required"]))
+    assert optional == ["client_id", "execution_id", "job_id", "maximum_lifetime_ms", "metadata", "operation_class",
+                        "trace_id", "wait_ms"]
+    for i, name in enumerate(optional):
+        b = body(target_id=f"null-{i}", **{name: None})
+        r = await srv.client.post(P + "/acquire", json=b, headers=srv.headers("lease-a1"))
+        lease = assert_success(r, "lease_acquired")["lease"]
+        del b[name]  # the same request without the field: a replay, not an idempotency conflict
+        again = await srv.client.post(P + "/acquire", json=b, headers=srv.headers("lease-a1"))
+        assert assert_success(again, "lease_acquired")["replayed"] is True, (name, again.text)
+        nulls = {n: None for n in ("operation_class", "trace_id", "execution_id", "job_id")}
+        assert_success(await srv.renew(lease, ttl_ms=None, **nulls), "lease_renewed")
+        assert_success(await srv.admin("revoke", lease, incident_id=None, **nulls), "lease_revoked")

@@ -227,6 +227,20 @@ def test_authentication_refuses_wrong_and_malformed_keys(tmp_path):
     assert a.authenticate(f"Bearer {key}") is not None  # the cached path
 
 
+def test_the_key_is_compared_exactly_after_http_whitespace_only(tmp_path):
+    """RFC 9110: SP and HTAB around a field value, SP after the (case-insensitive) scheme; no Unicode space."""
+    records, credentials = auth.provision_demo_principals()
+    a = auth.Authenticator(auth.parse_records(records))
+    key = credentials[0]["api_key"]
+    for header in (f"Bearer {key}", f" \tBearer {key} \t", f"Bearer   {key}", f"bearer {key}", f"BEARER {key}"):
+        assert a.authenticate(header) is not None, repr(header)
+    for space in ("\u00a0", "\u0085", "\u2003", "\u3000", "\x0b", "\x0c", "\x1c", "\n", "\r"):
+        for header in (f"Bearer {key}{space}", f"Bearer {space}{key}", f"Bearer{space}{key}"):
+            assert a.authenticate(header) is None, repr(header)
+            assert a.authenticate(f"Bearer {key}") is not None  # (and the cached path does not change that)
+    assert a.authenticate(f"Bearer\t{key}") is None  # HTAB is no separator between scheme and key
+
+
 @pytest.mark.parametrize("mutate,field", [
     (lambda r: r.pop("key_hash"), "principals[0].key_hash"),
     (lambda r: r.update(capabilities=["targets:everything"]), "principals[0].capabilities"),

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import select
 import socket
+import threading
 import time
 
 import httpx
@@ -393,3 +395,167 @@ async def test_a_secret_in_a_body_is_refused_however_it_is_escaped(srv, valkey):
         vk.close()
     for api_key in (own, other):
         assert api_key.split(".")[2].encode() not in stored
+
+
+# -- the API key is compared exactly, after HTTP's own whitespace rules only ----------------------------
+
+def read_reply(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (a reset ends it too)."""
+    reply = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            return reply
+        if not chunk:
+            return reply
+        reply += chunk
+
+
+def test_a_key_followed_by_a_unicode_space_does_not_authenticate(live):
+    key = live.keys["lease-a1"].encode()
+
+    def status(authorization: bytes) -> bytes:  # raw: httpx itself refuses a header value ending in whitespace
+        sock = socket.create_connection((live.host, live.ports["http"]), timeout=30)
+        try:
+            sock.sendall(b"GET " + P.encode() + b" HTTP/1.1\r\nHost: lease\r\nConnection: close\r\n"
+                         b"Authorization: " + authorization + b"\r\n\r\n")
+            return read_reply(sock).split(b" ", 2)[1]
+        finally:
+            sock.close()
+
+    assert status(b"Bearer " + key) == b"200"
+    assert status(b"Bearer " + key + b" \t ") == b"200"  # optional whitespace (RFC 9110: SP and HTAB only)
+    assert status(b"Bearer  " + key) == b"200"          # 1*SP after the scheme
+    for space in (b"\xa0", b"\x85", b"\xc2\xa0", b"\xc2\x85", b"\xe2\x80\x83"):  # NBSP, NEL (raw, UTF-8), EM SPACE
+        assert status(b"Bearer " + key + space) == b"401", space
+        assert status(b"Bearer " + space + key) == b"401", space
+    assert_quiet_log(live)
+
+
+# -- X-Correlation-ID: never a credential (issue 18, item 10) ---------------------------------------
+
+async def test_a_correlation_id_that_could_be_a_key_is_refused_and_never_stored(srv, valkey, run_dir):
+    own, other = srv.keys["lease-a1"], srv.keys["lease-b1"]
+    assert (await srv.acquire("lease-b1", tenant_id="tenant-b", target_id="warm")).status_code == 200
+    forged = "flk.someone-k1." + "A" * 43  # key-shaped, valid or not
+    attempts = [  # (request, the credential-like id it sends)
+        (lambda cid: srv.client.post(P + "/acquire", json=body(), headers=srv.headers(
+            "lease-a1", **{"x-correlation-id": cid})), own),                           # the request's own key
+        (lambda cid: srv.client.post(P + "/acquire", json=body(), headers={"x-correlation-id": cid}), own),  # no auth
+        (lambda cid: srv.client.get(P, headers=srv.headers("lease-a1", **{"x-correlation-id": cid})), other),
+        (lambda cid: srv.client.get(P, headers=srv.headers("lease-a1", **{"x-correlation-id": cid})), forged),
+        (lambda cid: srv.client.post(P + "/acquire", json=body(), headers=srv.headers(
+            "lease-a1", **{"x-correlation-id": cid})), other.split(".")[2]),        # a verified key's bare secret
+        (lambda cid: srv.client.post(P + "/acquire", json=body(), headers=srv.headers(
+            "lease-a1", **{"x-correlation-id": cid})), "req-" + own.split(".")[2]),  # the secret inside an id
+        (lambda cid: srv.client.get("/healthz", headers={"x-correlation-id": cid}), own),
+    ]
+    for send, cid in attempts:
+        r = await send(cid)
+        b = r.json()
+        assert (r.status_code, b["code"], b["retryable"]) == (400, "invalid_lease_request", False), (cid, r.text)
+        assert b["msg"].startswith("x-correlation-id:") and "key" in b["msg"], b
+        assert b["correlation_id"] == r.headers["x-correlation-id"] and cid not in r.text
+        assert cid not in r.headers["x-correlation-id"]
+    ok = await srv.client.post(P + "/acquire", json=body(target_id="fine"), headers=srv.headers(
+        "lease-a1", **{"x-correlation-id": "corr-" + "A" * 43}))  # long, but no key: echoed as before
+    assert ok.status_code == 200 and ok.json()["correlation_id"] == "corr-" + "A" * 43
+    await srv.server.audit.flush()
+    audit_file = (run_dir / "audit.jsonl").read_text()
+    vk = redis.Redis.from_url(valkey.url)
+    try:
+        stream = b"".join(f[b"event"] for _, f in vk.xrange(keys.AUDIT_STREAM))
+    finally:
+        vk.close()
+    refusals = [e for e in map(json.loads, audit_file.splitlines()) if e.get("result_code") == "invalid_lease_request"]
+    assert len(refusals) == len(attempts) - 1  # every lease request is audited (with a fresh id); healthz is not
+    for secret in (own.split(".")[2], other.split(".")[2], forged):
+        assert secret not in audit_file and secret.encode() not in stream, secret
+    doc = (await srv.client.get("/openapi.json")).json()  # and the document says so, on every operation
+    for path, methods in doc["paths"].items():
+        for method, op in methods.items():
+            if path != "/openapi.json":
+                param = next(p for p in op["parameters"] if p["name"] == "X-Correlation-ID")
+                assert re.search(param["schema"]["not"]["pattern"], forged) and "400" in param["description"]
+
+
+# -- request headers bounded: 431 (RFC 6585), memory flat ---------------------------------------------
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM: the peak) of a process, in KiB."""
+    fields = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def test_a_50_mb_header_block_gets_431_without_the_server_growing(live):
+    rss_before, peak_before = rss_kib(live.pid)
+    sock = socket.create_connection((live.host, live.ports["http"]), timeout=30)
+    replies: list[bytes] = []
+    reader = threading.Thread(target=lambda: replies.append(read_reply(sock)))
+    reader.start()  # reads while we send, as a client would: the 431 comes long before the 50 MB are sent
+    started = time.monotonic()
+    sent = 0
+    try:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: lease\r\nX-Big: ")
+        chunk = b"a" * (1 << 20)
+        for _ in range(50):
+            sock.sendall(chunk)
+            sent += len(chunk)
+        sock.sendall(b"\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server closed after its 431 and a short linger
+    reader.join(60)
+    elapsed = time.monotonic() - started
+    sock.close()
+    rss_after, peak_after = rss_kib(live.pid)
+    print(f"50 MB header block: {sent >> 20} MiB sent before the close, answered in {elapsed:.2f} s; server RSS "
+          f"{rss_before >> 10} -> {rss_after >> 10} MiB, peak {peak_before >> 10} -> {peak_after >> 10} MiB")
+    assert replies and replies[0].startswith(b"HTTP/1.1 431 "), replies[:1]
+    assert b"connection: close" in replies[0].lower() and b"16384 bytes" in replies[0]
+    with httpx.Client(base_url=live.url, timeout=30) as c:
+        assert c.get("/healthz").status_code == 200  # and the server is still fine
+    assert_quiet_log(live)
+
+
+def test_header_bytes_and_fields_are_bounded_exactly(live):
+    def head(size: int = 0, fields: int = 0) -> bytes:
+        """A GET /healthz head of exactly `size` bytes (when given) with `fields` extra header fields."""
+        lines = b"GET /healthz HTTP/1.1\r\nHost: lease\r\n" + b"".join(b"X-F%d: 1\r\n" % i for i in range(fields))
+        if size:
+            pad = size - len(lines) - len(b"X-Pad: \r\n\r\n")
+            lines += b"X-Pad: " + b"p" * pad + b"\r\n"
+        return lines + b"\r\n"
+
+    def status(*heads: bytes) -> list[bytes]:
+        """The status lines the server answers `heads` with, one at a time on one connection."""
+        sock = socket.create_connection((live.host, live.ports["http"]), timeout=30)
+        out = []
+        try:
+            for h in heads:
+                sock.sendall(h)
+                reply = b""
+                while b"\r\n\r\n" not in reply:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    reply += chunk
+                out.append(reply.split(b"\r\n", 1)[0])
+                if b" 431 " in out[-1]:
+                    break
+                length = int(reply.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(reply.partition(b"\r\n\r\n")[2]) < length:
+                    reply += sock.recv(65536)
+        finally:
+            sock.close()
+        return out
+
+    assert len(head(16384)) == 16384
+    assert status(head(16384)) == [b"HTTP/1.1 200 OK"]
+    assert status(head(16385)) == [b"HTTP/1.1 431 Request Header Fields Too Large"]
+    assert status(head(fields=99)) == [b"HTTP/1.1 200 OK"]  # Host and 99 more: 100 fields, the bound
+    assert status(head(fields=100)) == [b"HTTP/1.1 431 Request Header Fields Too Large"]
+    # on a kept-alive connection each request's head is counted afresh
+    assert status(head(16384), head(16384), head(16385)) == [b"HTTP/1.1 200 OK"] * 2 + [
+        b"HTTP/1.1 431 Request Header Fields Too Large"]
+    assert_quiet_log(live)

@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> None:
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(settings)
+    http = protocol_class(settings.header_timeout_ms, settings.max_header_bytes, settings.max_header_fields)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                loop="auto", http=protocol_class(settings.header_timeout_ms), lifespan="on",
-                timeout_graceful_shutdown=3,
+                loop="auto", http=http, lifespan="on", timeout_graceful_shutdown=3,
                 proxy_headers=False, server_header=False)
 
 

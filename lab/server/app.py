@@ -6,7 +6,8 @@ identity normalization (400), scope (403), the rest of the canonical request
 (400), deadline (408), rate limit (429), and only then one backend script call.
 A refusal never reaches Valkey. Every response carries the section-9 envelope
 and a `correlation_id` (the `X-Correlation-ID` header is echoed when it is a
-safe id, otherwise one is generated); an unexpected exception becomes a 503
+safe id, otherwise one is generated; one that could be a credential is a 400,
+checked first and never echoed or audited); an unexpected exception becomes a 503
 `lease_backend_unavailable` envelope, never a bare 500 page. Every lease
 request, accepted or not, emits exactly one audit event.
 
@@ -27,7 +28,7 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import orjson
 from starlette.applications import Starlette
@@ -56,6 +57,7 @@ from lab.server.wire import (
     check_lease_id,
     check_query,
     ensure_no_credential,
+    holds_own_key,
     json_strings,
     parse_identity,
     parse_json_object,
@@ -102,12 +104,26 @@ def success_body(outcome: Outcome, correlation_id: str) -> dict[str, Any]:
     return body
 
 
-def correlation_id_of(request: Request) -> str:
-    """The caller's X-Correlation-ID when it is a safe id, else a fresh one."""
-    cid = request.headers.get("x-correlation-id")
-    if cid and _CID_RE.match(cid):
-        return cid
-    return uuid.uuid4().hex
+def correlation_id_of(request: Request, holds_secret: Callable[[list[str]], bool]) -> tuple[str, LeaseError | None]:
+    """The id a request's answer and audit event carry, and the refusal of an X-Correlation-ID that could be a key.
+
+    The caller's id when it is 1-128 characters of A-Z a-z 0-9 . _ : - (else a
+    fresh one), unless it holds the key this request presents, anything shaped
+    like an API key or the secret of a credential this instance has verified
+    (`holds_secret`: KnownSecrets.found_in): then a fresh id and a 400.
+    Refused rather than replaced: the id is echoed and audited, so a caller
+    that puts its key there must learn it at once, not have it silently
+    dropped and go on sending it; and the caller's id is never stored or echoed.
+    """
+    sent = request.headers.get("x-correlation-id")
+    if sent is None:
+        return uuid.uuid4().hex, None
+    if holds_own_key(sent.encode("utf-8", "replace"), request.headers.get("authorization")) or holds_secret([sent]):
+        return uuid.uuid4().hex, invalid("x-correlation-id", "must not hold an API key or its secret (it is echoed "
+                                                             "and audited); send an id of your own")
+    if _CID_RE.match(sent):
+        return sent, None
+    return uuid.uuid4().hex, None
 
 
 class IncompleteBody(LeaseError):
@@ -225,7 +241,9 @@ class LeaseServer:
 
     async def healthz(self, request: Request) -> Response:
         """200 when Valkey answers and the scripts are loaded, else 503."""
-        cid = correlation_id_of(request)
+        cid, refused = correlation_id_of(request, self.secrets.found_in)
+        if refused is not None:
+            return json_response(refused.envelope(cid), refused.status, cid)
         loop_deadline = _loop_time() + 0.5
         ok = await self.backend.ping(loop_deadline)
         if ok and not self.backend.scripts_loaded:
@@ -269,10 +287,12 @@ class LeaseServer:
     async def mutation(self, request: Request, op: str) -> Response:
         """acquire / renew / release / force-release / revoke / commit."""
         started = time.perf_counter()
-        cid = correlation_id_of(request)
+        cid, refused = correlation_id_of(request, self.secrets.found_in)
         event = self.new_event(op, cid)
         admin = op in ("force_release", "revoke")
         try:
+            if refused is not None:  # first: even a 401 would echo it
+                raise refused
             principal = self.authenticate(request, op, event)
             lease_id = "" if op in ("acquire", "commit") else check_lease_id(request.path_params["lease_id"])
             if lease_id:
@@ -336,9 +356,11 @@ class LeaseServer:
     async def read(self, request: Request, op: str) -> Response:
         """inspect (by lease id or by identity) and list."""
         started = time.perf_counter()
-        cid = correlation_id_of(request)
+        cid, refused = correlation_id_of(request, self.secrets.found_in)
         event = self.new_event(op, cid)
         try:
+            if refused is not None:  # first: even a 401 would echo it
+                raise refused
             principal = self.authenticate(request, op, event)
             query = self.query(request)
             ensure_no_credential(request.url.query.encode(), request.headers.get("authorization"),
@@ -449,14 +471,14 @@ class LeaseServer:
     # -- framework-level errors ------------------------------------------------------------
     async def http_exception(self, request: Request, exc: Exception) -> Response:
         """Unknown paths and methods: a 400 envelope (the section-9 table has no other code for them)."""
-        cid = correlation_id_of(request)
+        cid, _ = correlation_id_of(request, self.secrets.found_in)  # this answer is an error already
         what = "method not allowed" if getattr(exc, "status_code", 404) == 405 else "no such endpoint"
         err = invalid("path", f"{what}: {request.method} {request.url.path[:100]}")
         return json_response(err.envelope(cid), err.status, cid)
 
     async def unhandled(self, request: Request, exc: Exception) -> Response:
         """Last resort for anything that escaped a handler: 503, never a bare 500 page."""
-        cid = correlation_id_of(request)
+        cid, _ = correlation_id_of(request, self.secrets.found_in)  # this answer is an error already
         err = LeaseError("lease_backend_unavailable", "internal error; nothing is assumed")
         return json_response(err.envelope(cid), err.status, cid)
 

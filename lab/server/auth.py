@@ -116,6 +116,22 @@ def new_api_key(credential_id: str) -> str:
     return f"{KEY_SCHEME}.{credential_id}.{secrets.token_urlsafe(32)}"
 
 
+def bearer_key(authorization: str | None) -> str | None:
+    """The credentials of an `Authorization: Bearer <credentials>` field value, exactly as sent, or None.
+
+    Only HTTP's own whitespace is dropped (RFC 9110 5.5 and 11.6.2): SP and HTAB
+    around the field value, the SPs between the scheme (case-insensitive) and
+    the credentials. Not `str.strip()`, which also drops U+00A0, U+0085 and the
+    other Unicode spaces, so that a key followed by one of them authenticated.
+    """
+    if not authorization:
+        return None
+    scheme, sep, rest = authorization.strip(" \t").partition(" ")
+    if not sep or scheme.lower() != "bearer":
+        return None
+    return rest.lstrip(" ") or None
+
+
 def credential_id_of(api_key: str) -> str | None:
     """The credential id inside a well-formed API key, else None."""
     parts = api_key.split(".")
@@ -309,10 +325,12 @@ class Authenticator:
         return cls(load_principals(path))
 
     def authenticate(self, authorization: str | None) -> Principal | None:
-        """The principal behind an `Authorization: Bearer <key>` header, or None."""
-        if not authorization or not authorization.startswith("Bearer "):
-            return None
-        api_key = authorization[7:].strip()
+        """The principal behind an `Authorization: Bearer <key>` header, or None.
+
+        The key is compared exactly (`bearer_key` removes only HTTP's own
+        whitespace); the record's hash is compared in constant time.
+        """
+        api_key = bearer_key(authorization)
         if not api_key or len(api_key) > 200:
             return None
         digest = hashlib.sha256(api_key.encode("utf-8", "replace")).digest()

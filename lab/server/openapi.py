@@ -17,6 +17,7 @@ from typing import Any
 from lab.server.errors import COMMIT_ACCEPTED, HTTP_STATUS, LEASE_SUCCESS_CODES, SUCCESS_CODES
 from lab.server.identity import IDENTITY_FIELDS, OPERATION_CLASSES
 from lab.server.settings import JSON_SAFE_MAX, Settings
+from lab.server.wire import KEY_SHAPE_RE
 
 _ID = {"type": "string", "pattern": r"^[A-Za-z0-9._:@+-]{1,128}$", "minLength": 1, "maxLength": 128}
 # the bounds below are the ones lab/server/wire.py and identity.py enforce, so a schema fuzzer reaches valid requests
@@ -49,12 +50,35 @@ def _identity_props() -> dict[str, Any]:
     return props
 
 
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` or JSON null: the server reads an optional field's null as its absence (the same digest, C16)."""
+    if "oneOf" in schema:
+        return {**schema, "oneOf": [*schema["oneOf"], {"type": "null"}]}
+    out = {**schema, "type": [schema["type"], "null"]}
+    if "enum" in out:
+        out["enum"] = [*out["enum"], None]
+    return out
+
+
 def _body(extra: dict[str, Any], required: list[str]) -> dict[str, Any]:
     props = {**_identity_props(), "request_id": _ID, "deadline_at": _DEADLINE, "service_instance_id": _ID,
              "trace_id": _ID, "execution_id": _ID, "job_id": _ID, **extra}
     req = [f for f in IDENTITY_FIELDS if f != "operation_class"] + ["request_id", "deadline_at",
                                                                      "service_instance_id"] + required
+    # null is accepted for every optional field, as absent: the contract does not say, clients that write an unset
+    # optional as null keep working, and lab.client leaves such fields out either way
+    props = {name: schema if name in req else _nullable(schema) for name, schema in props.items()}
     return {"type": "object", "additionalProperties": False, "properties": props, "required": req}
+
+
+_CORRELATION_ID = {
+    "name": "X-Correlation-ID", "in": "header", "required": False,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9._:-]{1,128}$", "not": {"pattern": KEY_SHAPE_RE.pattern}},
+    "description": "echoed in the answer (body and header) and audited when it is 1-128 characters of "
+                   "A-Z a-z 0-9 . _ : -, else replaced by a fresh id. One that could be a credential (anything "
+                   "shaped like an API key flk.<credential_id>.<secret>, valid or not, the request's own key, or "
+                   "the secret of a credential this server has verified) is refused: 400 invalid_lease_request "
+                   "with a fresh id, checked before the credential; it is never echoed, logged or audited."}
 
 
 def _lease_schema() -> dict[str, Any]:
@@ -99,10 +123,10 @@ _MUTATION_ERRORS = _AUTH_ERRORS + ["deadline_exceeded", "lease_lost", "idempoten
 def _post(summary: str, body: dict[str, Any], success: str, codes: list[str], path_id: bool) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": summary, "security": [{"bearer": []}],
                           "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
-                          "responses": _responses(success, codes)}
+                          "responses": _responses(success, codes), "parameters": [_CORRELATION_ID]}
     if path_id:
-        op["parameters"] = [{"name": "lease_id", "in": "path", "required": True,
-                             "schema": {"type": "string", "pattern": "^[A-Za-z0-9-]{1,64}$"}}]
+        op["parameters"].insert(0, {"name": "lease_id", "in": "path", "required": True,
+                                    "schema": {"type": "string", "pattern": "^[A-Za-z0-9-]{1,64}$"}})
     return {"post": op}
 
 
@@ -121,7 +145,10 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
                 "description": f"at most {st.max_metadata_bytes} bytes of JSON, {st.max_metadata_depth} levels "
                                "deep; no key or value that looks like a credential"}
     body_note = (f"A request body is at most {st.max_body_bytes} bytes and {st.max_body_depth} levels of JSON "
-                 "nesting, and holds no API key or secret (after JSON escapes are decoded).")
+                 "nesting, and holds no API key or secret (after JSON escapes are decoded). A request's line and "
+                 f"headers are at most {st.max_header_bytes} bytes and {st.max_header_fields} header fields, else "
+                 "431 Request Header Fields Too Large (plain text, before the API reads the request). Optional "
+                 "body fields may be null, read as absent.")
     read_codes = ["invalid_lease_request", "invalid_credential", "access_denied", "lease_not_found",
                   "deadline_exceeded", "lease_backend_unavailable"]
     return {
@@ -209,7 +236,7 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
                 "summary": "inspect a lease by id (404 also when outside the caller's scope)",
                 "security": [{"bearer": []}],
                 "parameters": [{"name": "lease_id", "in": "path", "required": True, "schema": _LEASE_ID},
-                               q("deadline_at", "optional deadline", query_deadline)],
+                               q("deadline_at", "optional deadline", query_deadline), _CORRELATION_ID],
                 "responses": _responses("lease_inspected", read_codes)}},
             p: {"get": {
                 "summary": "inspect by identity (when any identity field is given) or list (C14)",
@@ -223,7 +250,7 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
                     q("limit", "list page size", {"type": "integer", "minimum": 1, "maximum": st.max_page_size}),
                     q("cursor", "opaque list cursor from next_cursor",
                       {"type": "string", "pattern": "^c1\\.[A-Za-z0-9_-]{43}$"}),
-                    q("deadline_at", "optional deadline", query_deadline)],
+                    q("deadline_at", "optional deadline", query_deadline), _CORRELATION_ID],
                 "responses": {**_responses("lease_inspected", read_codes),
                               "200": {"description": "lease_inspected (inspect) or lease_listed (list)",
                                       "content": {"application/json": {"schema": {"anyOf": [
@@ -249,7 +276,9 @@ def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
                 COMMIT_ACCEPTED, _MUTATION_ERRORS, False),
             "/healthz": {"get": {"summary": "200 when Valkey answers, the scripts are loaded and the recovery "
                                             "rule is not holding mutations",
+                                 "parameters": [_CORRELATION_ID],
                                  "responses": {"200": {"description": "healthy"},
+                                               "400": {"description": "invalid_lease_request (X-Correlation-ID)"},
                                                "503": {"description": "lease_backend_unavailable"}}}},
             "/openapi.json": {"get": {"summary": "this document", "responses": {"200": {"description": "OpenAPI"}}}},
         },

@@ -57,6 +57,8 @@ class Settings:
     max_body_bytes: int = 16_384
     max_body_depth: int = 32                 # JSON nesting levels of a request body
     header_timeout_ms: int = 10_000          # a request's line and headers must arrive within this (slow senders)
+    max_header_bytes: int = 16_384           # a request's line and header block at most this many bytes, else 431
+    max_header_fields: int = 100             # and at most this many header fields, else 431
     body_timeout_ms: int = 10_000            # and its body within this, once the headers are in
     max_metadata_bytes: int = 1_024
     max_metadata_depth: int = 4
@@ -120,7 +122,8 @@ class Settings:
                     "audit_queue_max", "valkey_max_connections", "valkey_connect_timeout_ms",
                     "acquire_retry_base_ms", "acquire_retry_max_ms", "history_retention_ms",
                     "commit_max_attempts", "commit_applied_max", "recovery_check_interval_ms",
-                    "max_body_depth", "header_timeout_ms", "body_timeout_ms", "max_waiters_per_tenant",
+                    "max_body_depth", "header_timeout_ms", "body_timeout_ms", "max_header_bytes",
+                    "max_header_fields", "max_waiters_per_tenant",
                     "max_waiters_per_principal")
         for name in positive:
             if getattr(self, name) <= 0:

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from lab.server.auth import bearer_key
 from lab.server.errors import invalid
 from lab.server.identity import IDENTITY_FIELDS, Identity, IdentityError, normalize_identity
 from lab.server.settings import JSON_SAFE_MAX, Settings
@@ -402,7 +403,7 @@ def check_query(query: dict[str, str], allowed: frozenset[str]) -> None:
 
 
 # an API key `flk.<credential_id>.<43 base64url chars>` (lab/server/auth.py), anywhere in a string
-_KEY_SHAPE_RE = re.compile(r"flk\.[a-z0-9][a-z0-9._:-]{0,63}\.[A-Za-z0-9_-]{43}")
+KEY_SHAPE_RE = re.compile(r"flk\.[a-z0-9][a-z0-9._:-]{0,63}\.[A-Za-z0-9_-]{43}")
 SECRET_CHARS = 43
 
 
@@ -426,7 +427,7 @@ class KnownSecrets:
 
     def add(self, api_key: str) -> None:
         """Remember the secret of a verified key (given as the key or as its `Bearer` header)."""
-        secret = api_key.strip().rsplit(".", 1)[-1]
+        secret = (bearer_key(api_key) or api_key).rsplit(".", 1)[-1]
         if len(secret) != SECRET_CHARS or len(self._digests) >= self.max_secrets:
             return
         digest = hashlib.sha256(secret.encode()).digest()
@@ -442,7 +443,7 @@ class KnownSecrets:
         for text in texts:
             if len(text) < SECRET_CHARS:
                 continue
-            if _KEY_SHAPE_RE.search(text):
+            if KEY_SHAPE_RE.search(text):
                 return True
             if scan is None:
                 continue
@@ -462,10 +463,15 @@ def ensure_no_credential(raw: bytes, authorization: str | None, texts: list[str]
     `holds_secret` (Authenticator.holds_secret), which knows every key's shape
     and the secrets of every credential this instance has verified.
     """
-    if authorization and authorization.startswith("Bearer "):
-        secret = authorization[7:].strip().rsplit(".", 1)[-1].encode("utf-8", "replace")
-        if len(secret) >= 16 and secret in raw:
-            raise invalid(where, "must not contain the API key")
+    if holds_own_key(raw, authorization):
+        raise invalid(where, "must not contain the API key")
     if holds_secret is not None and holds_secret(texts):
         raise invalid(where, "must not contain an API key or its secret")
+
+
+def holds_own_key(raw: bytes, authorization: str | None) -> bool:
+    """Does `raw` hold the secret of the key this request presents (valid or not)?"""
+    key = bearer_key(authorization)
+    secret = key.rsplit(".", 1)[-1].encode("utf-8", "replace") if key else b""
+    return len(secret) >= 16 and secret in raw
 
