@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import math
 import re
 import secrets
 import typing
@@ -29,6 +30,8 @@ DEFAULT_SERVERS = 2  # lease servers the lab's own stack starts when a test does
 MAX_SERVERS = 16
 BACKENDS = ("local", "compose", "ssh")
 COMMIT_MODES = ("fenced", "unfenced")
+MAX_SECONDS = 7 * 24 * 3600  # the longest time_limit, nemesis_interval or deadline_s a run takes (a week)
+RATES = (0.001, 1_000_000.0)  # ops/s: beyond them the generator's gap (1/rate) leaves what its ns clock can hold
 # the first-class options that a test.json (or a caller) of before the typed fields kept in `extra`
 FIRST_CLASS = ("sut", "urls", "api_key_file", "servers", "store_url", "store_db", "proxy_urls", "lab_owns_store",
                "commit_mode", "hosts_file", "mutant", "scenario", "deadline_s", "ttl_ms")
@@ -260,6 +263,32 @@ def field_problem(test: Test) -> str | None:
         where = str(err["loc"][0]) + "".join(f"[{p}]" for p in err["loc"][1:] if not isinstance(p, str))
         kind = _KINDS.get(err["type"], err["msg"].removeprefix("Input should be ").lower())
         return f"{where} must be {kind}, not {err['input']!r}"
+    return None
+
+
+# the float options of a run: field -> (its flag, its unit, the least value allowed above 0, the most allowed)
+_NUMBERS = (("time_limit", "--time-limit", "seconds", None, MAX_SECONDS),
+            ("rate", "--rate", "ops/s", RATES[0], RATES[1]),
+            ("nemesis_interval", "--nemesis-interval", "seconds", None, MAX_SECONDS),
+            ("deadline_s", "deadline_s", "seconds", None, MAX_SECONDS))
+
+
+def numbers_problem(test: Test) -> str | None:
+    """The one range check of a Test's float options (finite, > 0, bounded) as one line, or None.
+
+    `lab.runner.validate` calls it, so `fencelab test`, campaigns (their dry run too), evidence and mutants refuse
+    `inf`, `nan` and `1e308` before anything starts, where the generator or the fault schedule would crash later.
+    """
+    for name, flag, unit, least, most in _NUMBERS:
+        v = getattr(test, name)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue  # unset (deadline_s), or of the wrong type: field_problem names that
+        if not math.isfinite(v):
+            return f"{flag} must be a finite number of {unit}, not {v}"
+        if v <= 0:
+            return f"{flag} must be > 0 {unit}, not {v}"
+        if v > most or (least is not None and v < least):
+            return f"{flag} must be between {least or 0:.15g} and {most:.15g} {unit}, not {v:g}"
     return None
 
 
