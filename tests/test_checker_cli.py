@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -275,3 +277,15 @@ def test_a_history_the_model_fits_still_convicts(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", register_ops(stale=True))
     res = invoke(bad, "--model", "cas-register", "--json")
     assert res.exit_code == 1 and json.loads(res.stdout)["valid"] is False
+
+
+def test_the_readmes_check_example_names_a_model_that_fits_a_lab_run(tmp_path):
+    """README's `fencelab check store/latest/history.jsonl --model M`: a lab run's history fits M (once
+    cas-register, which a fenced-append history convicted falsely)."""
+    root = Path(__file__).resolve().parent.parent
+    line = next(ln for ln in (root / "README.md").read_text().splitlines() if ln.startswith("fencelab check "))
+    model = re.search(r"--model (\S+)", line).group(1)
+    res = invoke(str(root / "tests" / "data" / "lease-run-history.jsonl"), "--model", model)
+    assert res.exit_code == 0, res.output
+    path = write_jsonl(tmp_path / "fenced.jsonl", fenced_append_ops())
+    assert invoke(path, "--model", model).exit_code == 0
