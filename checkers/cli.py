@@ -14,6 +14,7 @@ option), reported as one line naming the file, line and problem; never a traceba
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -58,8 +59,8 @@ class _Unavailable:
 
 def build_checkers(names: tuple[str, ...], model: str | None, time_limit: float | None) -> dict[str, Checker]:
     """The checkers asked for, validated eagerly (unknown names and models are bad input)."""
-    if time_limit is not None and time_limit < 0:
-        raise BadInput(f"--time-limit must be >= 0 seconds, got {time_limit}")
+    if time_limit is not None and not 0 <= time_limit < math.inf:  # nan too (the search would never stop)
+        raise BadInput(f"--time-limit must be >= 0 seconds and finite (omit it for no limit), got {time_limit}")
     if not names:
         names = ("linearizable",) if model else DOMAIN_CHECKERS
     built: dict[str, Checker] = {}

@@ -159,6 +159,7 @@ def test_torn_last_line_is_reported_and_skipped(tmp_path):
     ("missing-file", "no-such.jsonl: no such history file"),
     ("no-model", "needs --model"),
     ("bad-time-limit", "--time-limit must be >= 0"),
+    ("nan-time-limit", "--time-limit must be >= 0 seconds and finite (omit it for no limit), got nan"),
     ("bad-format", "Invalid value for '--format'"),
     ("not-a-number", "Invalid value for '--time-limit'"),
 ])
@@ -173,6 +174,7 @@ def test_bad_input_exits_3_with_one_line(tmp_path, case, expected):
         "missing-file": [str(tmp_path / "no-such.jsonl")],
         "no-model": [good, "--checker", "linearizable"],
         "bad-time-limit": [good, "--model", "register", "--time-limit", "-1"],
+        "nan-time-limit": [good, "--model", "register", "--time-limit", "nan"],
         "bad-format": [good, "--format", "xml"],
         "not-a-number": [good, "--time-limit", "soon"],
     }[case]
