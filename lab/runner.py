@@ -44,8 +44,7 @@ from lab.sut.processes import stack_for
 from lab.sut.proxy import ProxiedUrls
 from lab.sut.registry import claimed_checker, client_clock_problem
 from lab.test_options import TEST_OPTIONS
-from lab.testmap import (COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, numbers_problem,
-                         servers_problem)
+from lab.testmap import COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem
 from nemesis.registry import build, external_problem, stack_options, validate_names
 from workloads import WORKLOADS, get_workload, needs_of
 
@@ -61,8 +60,6 @@ def validate(test: Test) -> None:
     pytest plugin's `lab_run` all call it (and `run_test` again), so each refuses the same tests the same way.
     """
     _validate_fields(test)
-    if problem := numbers_problem(test):
-        raise RunError(problem)
     try:
         get_workload(test.workload)
     except ValueError as e:

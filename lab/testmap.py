@@ -252,7 +252,8 @@ _KINDS = {"int_type": "an integer", "float_type": "a number", "string_type": "a 
 
 
 def field_problem(test: Test) -> str | None:
-    """The first Test field not of its declared type (a bool is no number, a tuple no list), as one line; or None."""
+    """The first Test field not of its declared type (a bool is no number, a tuple no list), or a float option out
+    of its range (`numbers_problem`), as one line; or None. `lab.runner.validate` asks it first."""
     from pydantic import ValidationError
 
     model = _fields_model()
@@ -263,7 +264,7 @@ def field_problem(test: Test) -> str | None:
         where = str(err["loc"][0]) + "".join(f"[{p}]" for p in err["loc"][1:] if not isinstance(p, str))
         kind = _KINDS.get(err["type"], err["msg"].removeprefix("Input should be ").lower())
         return f"{where} must be {kind}, not {err['input']!r}"
-    return None
+    return numbers_problem(test)
 
 
 # the float options of a run: field -> (its flag, its unit, the least value allowed above 0, the most allowed)
@@ -276,13 +277,14 @@ _NUMBERS = (("time_limit", "--time-limit", "seconds", None, MAX_SECONDS),
 def numbers_problem(test: Test) -> str | None:
     """The one range check of a Test's float options (finite, > 0, bounded) as one line, or None.
 
-    `lab.runner.validate` calls it, so `fencelab test`, campaigns (their dry run too), evidence and mutants refuse
-    `inf`, `nan` and `1e308` before anything starts, where the generator or the fault schedule would crash later.
+    `field_problem`, which `lab.runner.validate` asks first, ends with it, so `fencelab test`, campaigns (their
+    dry run too), evidence and mutants refuse `inf`, `nan` and `1e308` before anything starts, where the
+    generator or the fault schedule would crash later.
     """
     for name, flag, unit, least, most in _NUMBERS:
         v = getattr(test, name)
         if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
-            continue  # unset (deadline_s), or of the wrong type: field_problem names that
+            continue  # unset (deadline_s), or of the wrong type (field_problem names that first)
         if not math.isfinite(v):
             return f"{flag} must be a finite number of {unit}, not {v}"
         if v <= 0:
