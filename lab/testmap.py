@@ -23,6 +23,9 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from lab.secrets import redact_url
 
 
 RUN_SALT = re.compile(r"[0-9A-Za-z]{1,32}")
@@ -252,8 +255,9 @@ _KINDS = {"int_type": "an integer", "float_type": "a number", "string_type": "a 
 
 
 def field_problem(test: Test) -> str | None:
-    """The first Test field not of its declared type (a bool is no number, a tuple no list), or a float option out
-    of its range (`numbers_problem`), as one line; or None. `lab.runner.validate` asks it first."""
+    """The first Test field not of its declared type (a bool is no number, a tuple no list), a float option out of
+    its range (`numbers_problem`) or a `--url` that is no URL (`urls_problem`), as one line; or None.
+    `lab.runner.validate` asks it first."""
     from pydantic import ValidationError
 
     model = _fields_model()
@@ -264,7 +268,7 @@ def field_problem(test: Test) -> str | None:
         where = str(err["loc"][0]) + "".join(f"[{p}]" for p in err["loc"][1:] if not isinstance(p, str))
         kind = _KINDS.get(err["type"], err["msg"].removeprefix("Input should be ").lower())
         return f"{where} must be {kind}, not {err['input']!r}"
-    return numbers_problem(test)
+    return numbers_problem(test) or urls_problem(test)
 
 
 # the float options of a run: field -> (its flag, its unit, the least value allowed above 0, the most allowed)
@@ -291,6 +295,23 @@ def numbers_problem(test: Test) -> str | None:
             return f"{flag} must be > 0 {unit}, not {v}"
         if v > most or (least is not None and v < least):
             return f"{flag} must be between {least or 0:.15g} and {most:.15g} {unit}, not {v:g}"
+    return None
+
+
+def urls_problem(test: Test) -> str | None:
+    """Why a `--url` is not the base URL of a server reached over HTTP (the lab probes each one with an HTTP GET
+    before its run, whatever the system), as one line; or None."""
+    for url in test.urls if isinstance(test.urls, list) else ():
+        try:
+            parts = urlsplit(url) if isinstance(url, str) else None
+            ok = parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname)
+            if ok:
+                parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        except ValueError:
+            ok = False
+        if not ok:
+            shown = redact_url(url) if isinstance(url, str) else repr(url)
+            return f"--url {shown!r} is not a URL: give the server's base URL, e.g. http://127.0.0.1:8080"
     return None
 
 

@@ -204,3 +204,15 @@ def test_the_float_options_are_finite_and_bounded_in_one_check():
         with pytest.raises(RunError) as e:
             validate(test)
         assert str(e.value) == message
+
+
+def test_a_url_that_is_no_url_is_named_as_such():
+    """`--url not-a-url` once reached the probe and read as "cannot reach the system under test"."""
+    from lab.testmap import urls_problem
+
+    assert urls_problem(Test(urls=["http://127.0.0.1:9000", "https://lease.example/api"])) is None
+    for bad in ("not-a-url", "ftp://host", "http://:80", "http://host:99999"):
+        assert urls_problem(Test(urls=[bad])) == (f"--url {bad!r} is not a URL: give the server's base URL, "
+                                                 "e.g. http://127.0.0.1:8080")
+    assert "user:***@" in urls_problem(Test(urls=["http://user:pw@host:x"])) and "pw" not in urls_problem(
+        Test(urls=["http://user:pw@host:x"]))
