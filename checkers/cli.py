@@ -8,7 +8,9 @@ checker whose operations appear in the history (`checkers.core.applicable_checke
 with none, the file is "unknown" with the reason). Exit codes (lab.exitcodes, docs/cli.md#exit-codes): 0 all valid,
 1 any invalid, 3 any unknown (and none invalid), 2 bad input (a missing or
 malformed file, a missing required field, an unknown model or checker, a bad
-option), reported as one line naming the file, line and problem; never a traceback.
+option, a history with operations the model does not model), reported as one
+line naming the file, line and problem; never a traceback. Every file is read,
+and fitted to the model, before any is judged.
 """
 
 from __future__ import annotations
