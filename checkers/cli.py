@@ -8,12 +8,15 @@ checker whose operations appear in the history (`checkers.core.applicable_checke
 with none, the file is "unknown" with the reason). Exit codes (lab.exitcodes, docs/cli.md#exit-codes): 0 all valid,
 1 any invalid, 3 any unknown (and none invalid), 2 bad input (a missing or
 malformed file, a missing required field, an unknown model or checker, a bad
-option), reported as one line naming the file, line and problem; never a traceback.
+option, a history with operations the model does not model), reported as one
+line naming the file, line and problem; never a traceback. Every file is read,
+and fitted to the model, before any is judged.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import Any
 import click
 
 from checkers.core import CHECKERS, DOMAIN_CHECKERS, Checker, applicable_checkers, compose, get_checker, merge_valid
+from checkers.models import get_model, models_taking, unmodelled_fs
 from checkers.render import render_html
 from lab.exitcodes import EXIT_BAD_INPUT, EXIT_INVALID, EXIT_UNKNOWN, EXIT_VALID  # the one table (docs/cli.md)
 from lab.history import HistoryError, read_history_report
@@ -57,8 +61,8 @@ class _Unavailable:
 
 def build_checkers(names: tuple[str, ...], model: str | None, time_limit: float | None) -> dict[str, Checker]:
     """The checkers asked for, validated eagerly (unknown names and models are bad input)."""
-    if time_limit is not None and time_limit < 0:
-        raise BadInput(f"--time-limit must be >= 0 seconds, got {time_limit}")
+    if time_limit is not None and not 0 <= time_limit < math.inf:  # nan too (the search would never stop)
+        raise BadInput(f"--time-limit must be >= 0 seconds and finite (omit it for no limit), got {time_limit}")
     if not names:
         names = ("linearizable",) if model else DOMAIN_CHECKERS
     built: dict[str, Checker] = {}
@@ -87,6 +91,24 @@ def load(path: Path, fmt: str | None) -> tuple[list[dict], list[str]]:
         raise BadInput(str(e)) from None
     except Exception as e:  # noqa: BLE001 - whatever a reader trips on, the user gets one line, not a traceback
         raise BadInput(f"{path}: cannot read history ({type(e).__name__}: {e})") from None
+
+
+def model_fits(path: Path, model: str, history: list[dict]) -> None:
+    """BadInput naming the history's `f`s the model does not model, and the models that take them all.
+
+    Refused rather than judged in part: a history with ops outside the model is not a history of its object,
+    and its ops that share a model's names need not mean them (a fenced-append `read` reads the store's
+    documents, not a register), so judging the rest could still convict it falsely.
+    """
+    unmodelled = unmodelled_fs(get_model(model), history)
+    if not unmodelled:
+        return
+    fs = {str(op.get("f")) for op in history if op.get("process") != "nemesis"}
+    fit = models_taking(fs)
+    instead = (f"check it with --model {' or --model '.join(fit)}" if fit else
+               "no registered model takes all of them: check it without --model (the domain checkers)")
+    raise BadInput(f"{path}: model {model!r} does not model {', '.join(unmodelled)} "
+                   f"(it takes {', '.join(sorted(get_model(model).fs or ()))}); {instead}")
 
 
 def exit_code(valids: list[Any]) -> int:
@@ -192,14 +214,19 @@ def check(files: tuple[Path, ...], model: str | None, checker_names: tuple[str, 
             raise BadInput(f"{missing[0]}: no such history file")
     except BadInput as e:
         _fail(str(e))
-    composed = compose(checkers)
-    auto = not checker_names and not model  # every domain checker whose operations the history has
-    valids, used = [], set()
+    loaded = []  # every file read and fitted to the model before any is judged: bad input means nothing judged
     for path in files:
         try:
             history, problems = load(path, fmt)
+            if model and "linearizable" in checkers:
+                model_fits(path, model, history)
         except BadInput as e:
             _fail(str(e))
+        loaded.append((path, history, problems))
+    composed = compose(checkers)
+    auto = not checker_names and not model  # every domain checker whose operations the history has
+    valids, used = [], set()
+    for path, history, problems in loaded:
         for problem in problems:
             click.echo(f"fencelab check: warning: {problem}", err=True)
         t0 = time.perf_counter()
@@ -233,5 +260,5 @@ def _run(composed: Checker, checkers: dict[str, Checker], auto: bool, test: dict
 
 def _fail(msg: str) -> None:
     """Report bad input in one line and exit 2."""
-    click.echo(f"fencelab check: error: {msg}", err=True)
+    click.echo(f"fencelab: error: {msg}", err=True)  # the lab's one bad-input line (lab.cli.fail)
     sys.exit(EXIT_BAD_INPUT)

@@ -39,6 +39,13 @@ fast; all of it is optional with safe defaults:
   backend failure). The brute-force
   reference checker runs `prepare` but not `prune`, so tests verify pruning.
 
+A model also says which `f`s it models (`fs`; every registered model does): a history
+with other client `f`s is not a history of the model's object, and judging its
+namesakes (a fenced-append `read` reads the store, not a register) would convict
+it of a violation it cannot have. `fencelab check --model` refuses such a
+history by name (`unmodelled_fs`, `models_taking`), and the `Linearizable`
+checker calls it "unknown", never false.
+
 Models (`MODELS`, `get_model(name)`):
 
 - `register`: `read` (ok value = current value, `None` when unset) and `write v`.
@@ -80,7 +87,7 @@ Models (`MODELS`, `get_model(name)`):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -195,6 +202,9 @@ class Model:
     prepare: Callable[[list], list] | None = None
     prune: Callable[[list], list] | None = None
     faults: Callable[[list[dict]], list[dict]] | None = None
+    # the `f`s the model gives a meaning to (None: not declared); a history with others is no history of this
+    # model's object, whatever its ops of the same names (a fenced-append `read` reads the store, not a register)
+    fs: frozenset[str] | None = None
     native_states: bool = dataclasses.field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -374,6 +384,7 @@ def _register_model(name: str, allowed: tuple[str, ...]) -> Model:
         compile=compile_,
         read_only=_register_read_only,
         prune=prune_register,
+        fs=frozenset(allowed),
     )
 
 
@@ -396,6 +407,7 @@ MUTEX = Model(
     describe_operation=lambda i, o: f"{i.f}(){' ?' if o.type == 'info' else ''}",
     describe_state=lambda s: "held" if s else "free",
     compile=_mutex_compile,
+    fs=frozenset(("acquire", "release")),
 )
 
 
@@ -460,6 +472,7 @@ FENCED_REGISTER = Model(
     describe_state=lambda s: f"{_show(s[0])} @token {_show(s[1])}",
     compile=_fenced_compile,
     read_only=_fenced_read_only,
+    fs=frozenset(("read", "write")),
 )
 
 
@@ -489,6 +502,7 @@ KV = Model(
     describe_state=repr,
     compile=_kv_compile,
     read_only=lambda i, o: i.f == "get",
+    fs=frozenset(("get", "put", "append")),
 )
 
 
@@ -989,6 +1003,7 @@ LEASE = Model(
     prepare=prepare_lease,
     prune=prune_lease,
     faults=lease_faults,
+    fs=LEASE_FS,
 )
 
 # --------------------------------------------------------------------------- registry
@@ -1001,6 +1016,18 @@ MODELS: dict[str, Model] = {
     "lease": LEASE,
     "kv": KV,
 }
+
+
+def unmodelled_fs(model: Model, history: list[dict]) -> list[str]:
+    """The `f`s of the history's client ops that `model` does not model (sorted; [] when it declares no `fs`)."""
+    if model.fs is None:
+        return []
+    return sorted({str(op.get("f")) for op in history if op.get("process") != "nemesis"} - model.fs)
+
+
+def models_taking(fs: Collection[str]) -> list[str]:
+    """The registered models that model every one of `fs`."""
+    return [name for name, m in MODELS.items() if m.fs is not None and set(fs) <= m.fs]
 
 
 def get_model(name: str) -> Model:

@@ -6,13 +6,16 @@ convention), never a traceback.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import re
 import shlex
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 from click.core import ParameterSource
@@ -40,13 +43,55 @@ def fail(msg: str, code: int = EXIT_BAD_INPUT) -> None:
     sys.exit(code)
 
 
+def suggest(name: str, known: list[str]) -> list[str]:
+    """The known names a mistyped one most likely meant: those it begins (`--tim`: `--time-limit`), else the
+    closest by difflib (click's own pick, difflib alone, offers `--sut` for `--tim`)."""
+    prefixed = sorted(k for k in known if k.startswith(name))
+    return prefixed[:3] if prefixed else difflib.get_close_matches(name, known, n=3)
+
+
+def usage_line(e: click.UsageError) -> str:
+    """click's usage error as the lab's one line: what is wrong, the likely meant name, where the help is."""
+    ctx = e.ctx
+    where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
+    if isinstance(e, click.NoSuchOption) and ctx is not None:
+        known = [o for p in ctx.command.get_params(ctx) for o in (*p.opts, *p.secondary_opts) if o.startswith("-")]
+        close = suggest(e.option_name, known)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        return f"no such option {e.option_name}{hint}{where}"
+    name = getattr(e, "command_name", None)  # click >= 8.4's NoSuchCommand
+    if name is not None and isinstance(ctx and ctx.command, click.Group):
+        close = suggest(name, sorted(ctx.command.list_commands(ctx)))
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+        return f"no such command {name!r}{hint}{where}"
+    return f"{e.format_message().rstrip('.')}{where}"
+
+
+# click >= 8.2 raises this usage error for a group given no command: it prints the help, which stays as it is
+_PRINTS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 class _Main(click.Group):
     """The group: Ctrl-C anywhere exits 130 with one line (click's default is "Aborted!" and exit 1, which reads
-    as "invalid" in the exit-code table); commands that keep a partial run say where it is before this."""
+    as "invalid" in the exit-code table); commands that keep a partial run say where it is before this. click's
+    usage errors (an unknown option or command, a missing or malformed value) are one `fencelab: error:` line
+    too, exit 2, not click's usage block."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except _PRINTS_HELP:
+            raise  # `fencelab` alone prints the help
+        except click.UsageError as e:
+            fail(usage_line(e))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except _PRINTS_HELP:
+            raise
+        except click.UsageError as e:
+            fail(usage_line(e))
         except KeyboardInterrupt:
             click.echo(f"fencelab {ctx.invoked_subcommand or ''}: interrupted".replace(" :", ":"), err=True)
             sys.exit(EXIT_INTERRUPTED)
@@ -270,7 +315,8 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
     from lab.runner import RunError, run_test, validate
     if test_count < 1:
         fail(f"--test-count must be >= 1, not {test_count}")
-    nemeses = [n.strip() for n in nemesis.split(",") if n.strip()]
+    # every comma separates a name: `partition,,kill` keeps its empty one, which validate() refuses
+    nemeses = [n.strip() for n in nemesis.split(",")] if nemesis.strip() else []
 
     ctx = click.get_current_context()
     given = {p for p in ctx.params if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE}
@@ -304,6 +350,9 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
                     apply_scenario(t, given)
             except ScenarioError as e:
                 raise RunError(str(e)) from None
+        system = system_label(sut, urls)
+        for t in tests if system and "name" not in given else ():
+            t.name = f"{system}-{t.name}"  # a third-party system's runs land apart from the reference server's
         validate(tests[0])
     except (RunError, ValueError) as e:
         fail(str(e))
@@ -326,6 +375,22 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
     from checkers.core import merge_valid
 
     sys.exit(verdict_exit(merge_valid(verdicts)))
+
+
+def system_label(sut: str, urls: tuple[str, ...] | list[str]) -> str | None:
+    """What names a system other than the lab's reference servers in a default test name: its `--sut` name, else
+    its first `--url`'s host and port (`127.0.0.1-9000`); None for the reference servers the lab runs."""
+    if sut and sut != "reference":
+        label = sut
+    elif urls:
+        try:
+            parts = urlsplit(urls[0])
+            label = f"{parts.hostname or 'url'}-{parts.port}" if parts.port else (parts.hostname or "url")
+        except ValueError:
+            label = "url"  # not a URL: validate() names it
+    else:
+        return None
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-.") or "system"
 
 
 def print_verdict(run_dir: Path, results: dict) -> None:
@@ -434,11 +499,12 @@ def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool) -> No
     Exit code (docs/cli.md#exit-codes): 0 all valid, 1 any invalid, 2 bad spec, 3 any unknown or failed run,
     130 interrupted.
     """
-    from lab.campaign import CampaignError, format_plan, load_spec, run_campaign, validate_plan
+    from lab.campaign import CampaignError, check_store_dir, format_plan, load_spec, run_campaign, validate_plan
 
     try:
         campaign = load_spec(spec)
         plan = validate_plan(campaign)
+        check_store_dir(store_dir)  # the dry run checks what the real run checks before its first run
         if dry_run:
             for line in format_plan(campaign, plan):
                 click.echo(line)

@@ -27,7 +27,8 @@ TEST_OPTIONS: list[click.Option] = [
     click.Option(["--nemesis"], default="", help="Comma-separated faults, e.g. partition,clock,kill."),
     click.Option(["--nemesis-interval"], default=5.0, show_default=True, type=float, help="Seconds between faults."),
     click.Option(["--servers"], default=2, show_default=True, type=int, help="Reference lease server instances."),
-    click.Option(["--name"], default=None, help="Test name (the store sub-directory) [default: the workload]."),
+    click.Option(["--name"], default=None, help="Test name (the store sub-directory) [default: the workload; against another system (--sut, "
+             "--url) <system>-<workload>, e.g. etcd-lease]."),
     click.Option(["--store-dir"], default="store", show_default=True, type=click.Path(path_type=Path),
         help="Where runs are stored."),
     click.Option(["--sut"], default="reference", show_default=True,

@@ -16,18 +16,24 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import math
 import re
 import secrets
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from lab.secrets import redact_url
 
 
 RUN_SALT = re.compile(r"[0-9A-Za-z]{1,32}")
 DEFAULT_SERVERS = 2  # lease servers the lab's own stack starts when a test does not say
 MAX_SERVERS = 16
 COMMIT_MODES = ("fenced", "unfenced")
+MAX_SECONDS = 7 * 24 * 3600  # the longest time_limit, nemesis_interval or deadline_s a run takes (a week)
+RATES = (0.001, 1_000_000.0)  # ops/s: beyond them the generator's gap (1/rate) leaves what its ns clock can hold
 # the first-class options that a test.json (or a caller) of before the typed fields kept in `extra`
 FIRST_CLASS = ("sut", "urls", "api_key_file", "servers", "store_url", "store_db", "proxy_urls", "lab_owns_store",
                "commit_mode", "hosts_file", "mutant", "scenario", "deadline_s", "ttl_ms")
@@ -250,7 +256,9 @@ _KINDS = {"int_type": "an integer", "float_type": "a number", "string_type": "a 
 
 
 def field_problem(test: Test) -> str | None:
-    """The first Test field not of its declared type (a bool is no number, a tuple no list), as one line; or None."""
+    """The first Test field not of its declared type (a bool is no number, a tuple no list), a float option out of
+    its range (`numbers_problem`) or a `--url` that is no URL (`urls_problem`), as one line; or None.
+    `lab.runner.validate` asks it first."""
     from pydantic import ValidationError
 
     model = _fields_model()
@@ -261,6 +269,50 @@ def field_problem(test: Test) -> str | None:
         where = str(err["loc"][0]) + "".join(f"[{p}]" for p in err["loc"][1:] if not isinstance(p, str))
         kind = _KINDS.get(err["type"], err["msg"].removeprefix("Input should be ").lower())
         return f"{where} must be {kind}, not {err['input']!r}"
+    return numbers_problem(test) or urls_problem(test)
+
+
+# the float options of a run: field -> (its flag, its unit, the least value allowed above 0, the most allowed)
+_NUMBERS = (("time_limit", "--time-limit", "seconds", None, MAX_SECONDS),
+            ("rate", "--rate", "ops/s", RATES[0], RATES[1]),
+            ("nemesis_interval", "--nemesis-interval", "seconds", None, MAX_SECONDS),
+            ("deadline_s", "deadline_s", "seconds", None, MAX_SECONDS))
+
+
+def numbers_problem(test: Test) -> str | None:
+    """The one range check of a Test's float options (finite, > 0, bounded) as one line, or None.
+
+    `field_problem`, which `lab.runner.validate` asks first, ends with it, so `fencelab test`, campaigns (their
+    dry run too), evidence and mutants refuse `inf`, `nan` and `1e308` before anything starts, where the
+    generator or the fault schedule would crash later.
+    """
+    for name, flag, unit, least, most in _NUMBERS:
+        v = getattr(test, name)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue  # unset (deadline_s), or of the wrong type (field_problem names that first)
+        if not math.isfinite(v):
+            return f"{flag} must be a finite number of {unit}, not {v}"
+        if v <= 0:
+            return f"{flag} must be > 0 {unit}, not {v}"
+        if v > most or (least is not None and v < least):
+            return f"{flag} must be between {least or 0:.15g} and {most:.15g} {unit}, not {v:g}"
+    return None
+
+
+def urls_problem(test: Test) -> str | None:
+    """Why a `--url` is not the base URL of a server reached over HTTP (the lab probes each one with an HTTP GET
+    before its run, whatever the system), as one line; or None."""
+    for url in test.urls if isinstance(test.urls, list) else ():
+        try:
+            parts = urlsplit(url) if isinstance(url, str) else None
+            ok = parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname)
+            if ok:
+                parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
+        except ValueError:
+            ok = False
+        if not ok:
+            shown = redact_url(url) if isinstance(url, str) else repr(url)
+            return f"--url {shown!r} is not a URL: give the server's base URL, e.g. http://127.0.0.1:8080"
     return None
 
 

@@ -70,6 +70,11 @@ BAD_SPECS = [
     ("name = 'c'\nworkloads = ['lease']\n[scenarios.slow]\ntime_limit = 0",
      "run lease-none-slow-reference-s0-r0: time_limit must be > 0"),
     ("name = 'c'\nworkloads = ['lease'", "invalid TOML"),
+    ("name = 'c'\nworkloads = ['lease']\n[defaults]\ntime_limit = inf",
+     "run lease-none-default-reference-s0-r0: time_limit must be a finite number of seconds, not inf"),
+    ("name = 'c'\nworkloads = ['lease']\n[defaults]\nrate = 1e308", "rate must be between 0.001 and 1000000 ops/s"),
+    ("name = 'c'\nworkloads = ['lease']\n[defaults]\nnemesis_interval = nan",
+     "nemesis_interval must be a finite number of seconds, not nan"),
 ]
 
 
@@ -512,3 +517,54 @@ def test_the_page_marks_a_cell_whose_fault_never_fired(tmp_path, monkeypatch):
     marked = re.findall(r'class="run (\w+) marked"[^>]*>[^<]*<span class="mark">\(([^)]*)\)</span>', page)
     assert marked == [("unknown", "no partition window")] * 4, "two matrix badges and two rows of the run table"
     assert out.exit_code == 3
+
+
+# -- the dry run checks what the real run checks --------------------------------------------------
+
+
+def test_an_infinite_time_limit_fails_the_dry_run_as_it_fails_the_run(tmp_path, monkeypatch):
+    """Once, `time_limit = inf` passed --dry-run and then failed every cell after its stack had started."""
+    spec = spec_file(tmp_path, GOOD.replace("time_limit = 2", "time_limit = inf"))
+    dry = invoke(str(spec), "--store-dir", str(tmp_path / "store"), "--dry-run")
+    assert dry.exit_code == 2 and dry.output.startswith("fencelab: error: ") and len(dry.output.splitlines()) == 1
+    assert "time_limit must be a finite number of seconds, not inf" in dry.output
+    monkeypatch.setattr(runner, "run_test", FakeRunner({}))
+    real = invoke(str(spec), "--store-dir", str(tmp_path / "store"))
+    assert (real.exit_code, real.output) == (dry.exit_code, dry.output)
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("where, needle", [
+    ("file", "exists and is not a directory"),
+    ("file/sub", "cannot create it, {tmp}/file is a file"),
+])
+def test_a_store_dir_that_cannot_be_made_is_one_line_in_the_dry_run_and_the_run(tmp_path, where, needle):
+    (tmp_path / "file").write_text("x")
+    spec = spec_file(tmp_path, GOOD)
+    for dry in (["--dry-run"], []):
+        res = invoke(str(spec), "--store-dir", str(tmp_path / where), *dry)
+        assert res.exit_code == 2, res.output
+        assert res.output.startswith("fencelab: error: --store-dir ") and len(res.output.splitlines()) == 1
+        assert needle.format(tmp=tmp_path) in res.output and "Traceback" not in res.output
+
+
+def test_a_store_dir_the_os_refuses_to_make_is_one_line(tmp_path):
+    """What no check before the run can see (e.g. /proc refuses new directories, even to root): one line."""
+    res = invoke(str(spec_file(tmp_path, GOOD)), "--store-dir", "/proc/fencelab-no-such/store")
+    assert res.exit_code == 2 and res.output.startswith("fencelab: error: --store-dir /proc/fencelab-no-such/store")
+    assert len(res.output.splitlines()) == 1
+
+
+def test_the_complete_example_of_the_docs_is_a_valid_campaign(tmp_path, monkeypatch):
+    """docs/campaigns.md's complete example parses and its whole plan validates (with the hosts file it names)."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "campaigns.md").read_text()
+    blocks = re.findall(r"```toml\n(.*?)```", doc, re.S)
+    example = next(b for b in blocks if b.startswith('name = "nightly"'))
+    (tmp_path / "hosts.toml").write_text('nodes = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]\n')
+    monkeypatch.chdir(tmp_path)
+    path = spec_file(tmp_path, example, "nightly.toml")
+    plan = validate_plan(load_spec(path))
+    assert {r.implementation for r in plan} == {"reference", "lock-unfenced", "compose", "nodes"}
+    assert {r.scenario for r in plan} == {"base", "short-ttl", "race"}
+    res = invoke(str(path), "--dry-run", "--store-dir", str(tmp_path / "store"))
+    assert res.exit_code == 0 and f"campaign nightly: {len(plan)} runs" in res.output, res.output

@@ -131,6 +131,91 @@ def test_replay_of_an_external_run_names_the_sut_by_import_path_and_draws_a_fres
     assert a == b
 
 
+# -- every bad input: one `fencelab: error:` line, exit 2, before anything starts ----------------------------------
+
+
+def one_error_line(res) -> str:
+    """The single `fencelab: error:` line of a refused command (exit 2, no usage block, no traceback)."""
+    assert res.exit_code == EXIT_BAD_INPUT, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fencelab: error: "), res.output
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--time-limit", "inf"], "--time-limit must be a finite number of seconds, not inf"),
+    (["--time-limit", "nan"], "--time-limit must be a finite number of seconds, not nan"),
+    (["--time-limit", "1e308"], "--time-limit must be between 0 and 604800 seconds, not 1e+308"),
+    (["--rate", "inf"], "--rate must be a finite number of ops/s, not inf"),
+    (["--rate", "1e308"], "--rate must be between 0.001 and 1000000 ops/s, not 1e+308"),
+    (["--rate", "1e-300"], "--rate must be between 0.001 and 1000000 ops/s"),
+    (["--nemesis", "partition", "--nemesis-interval", "inf"], "--nemesis-interval must be a finite number"),
+    (["--nemesis", "partition", "--nemesis-interval", "nan"], "--nemesis-interval must be a finite number"),
+    (["--nemesis", "partition,,kill"], "--nemesis: empty name in 'partition,,kill'"),
+    (["--nemesis", ","], "--nemesis: empty name"),
+    (["--workload", "register", "--commit-mode", "unfenced"], "workload 'register' makes no commits"),
+    (["--sut", "valkey-lock-fenced", "--commit-mode", "unfenced"], "workload 'lease' makes no commits"),
+    (["--url", "not-a-url"], "--url 'not-a-url' is not a URL: give the server's base URL"),
+    (["--url", "http://127.0.0.1:99999"], "is not a URL"),
+    (["--tim", "3"], "no such option --tim (did you mean --time-limit?)"),
+    (["--workload"], "requires an argument"),
+    (["--time-limit", "soon"], "Invalid value for '--time-limit'"),
+])
+def test_bad_test_options_are_one_line_before_anything_starts(tmp_path, args, needle):
+    """Each once started the stack and crashed (inf, 1e308), ran silently (partition,,kill, --commit-mode on a
+    workload without commits), blamed the network (--url not-a-url) or printed click's usage block."""
+    res = CliRunner().invoke(main, ["test", "--store-dir", str(tmp_path / "store"), *args])
+    assert needle in one_error_line(res)
+    assert not (tmp_path / "store").exists(), "nothing may start (or be written) before the options are valid"
+
+
+def test_click_usage_errors_anywhere_are_one_line_with_the_likely_meant_name():
+    assert "no such command 'chek' (did you mean check?)" in one_error_line(CliRunner().invoke(main, ["chek"]))
+    assert "no such option --mdl (did you mean --model?)" in one_error_line(
+        CliRunner().invoke(main, ["check", "--mdl", "x", "h.jsonl"]))
+    assert "see '" in one_error_line(CliRunner().invoke(main, ["test", "--bogus"]))
+    from lab.cli import suggest
+
+    known = ["--sut", "--ttl-ms", "--time-limit", "--test-count"]
+    assert suggest("--tim", known) == ["--time-limit"], "a prefix wins over difflib's pick (--sut)"
+    assert suggest("--tset-count", known) == ["--test-count"]
+    assert suggest("--zzz", known) == []
+
+
+def test_a_member_that_dies_at_start_up_says_how_it_ended(tmp_path):
+    """Once `exit None`: a program whose main thread ends first looks dead (a zombie leader) before its exit
+    status can be read; the message waits for the status, and names a signal by name."""
+    from lab.stack.process import ManagedProcess, ProcessError
+
+    main_thread_ends_first = ("import ctypes, os, threading, time\n"
+                              "threading.Thread(target=lambda: (time.sleep(0.5), os._exit(5))).start()\n"
+                              "ctypes.CDLL(None).pthread_exit(None)\n")
+    for argv, how in (([sys.executable, "-c", main_thread_ends_first], "(exit 5)"),
+                      (["sh", "-c", "kill -9 $$"], "(killed by SIGKILL)")):
+        member = ManagedProcess("member", argv, tmp_path / "member.log", ports={"p": 1})
+        with pytest.raises(ProcessError) as e:
+            member.start(timeout=30)
+        assert str(e.value).startswith(f"member exited during start-up {how}"), str(e.value)
+
+
+@pytest.mark.parametrize("args, name", [
+    ([], "lease"),
+    (["--workload", "fenced-append"], "fenced-append"),
+    (["--sut", "valkey-lock-fenced"], "valkey-lock-fenced-lease"),
+    (["--sut", "valkey-lock-fenced", "--workload", "fenced-append"], "valkey-lock-fenced-fenced-append"),
+    (["--sut", "valkey-lock-fenced", "--name", "mine"], "mine"),
+])
+def test_a_third_party_run_is_named_after_its_system(monkeypatch, tmp_path, args, name):
+    """Runs of another system land apart from the reference server's (`store/<system>-<workload>/`)."""
+    (test,), _ = _captured_tests(monkeypatch, args, tmp_path)
+    assert test.name == name and test.run_dir == tmp_path / name / STAMP
+    from lab.cli import system_label
+
+    assert system_label("reference", ["http://127.0.0.1:9000/api"]) == "127.0.0.1-9000"
+    assert system_label("my.pkg:Factory", []) == "my.pkg-Factory"
+    assert system_label("reference", []) is None
+
+
 # -- secrets: URL user info never written down -----------------------------------------------------------------
 
 

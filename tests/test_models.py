@@ -359,3 +359,32 @@ def test_lease_a_backend_failure_may_end_the_current_lease_once():
     b = acq(HistoryBuilder(), 0, "r1", lease("L1", 1, 1000, 5000))
     b.nemesis("start-kill", {"fault": "kill", "phase": "start", "targets": ["lease-1"]})  # Valkey's data survives
     assert valid(acq(b, 1, "r2", lease("L2", 2, 2000, 6000)), "lease") is False
+
+
+# -- a model judges only what it models ---------------------------------------------------------------------------
+
+
+def test_every_registered_model_says_which_fs_it_models():
+    from checkers.models import LEASE_FS, models_taking
+
+    assert {n: sorted(m.fs) for n, m in MODELS.items() if n != "lease"} == {
+        "register": ["read", "write"], "cas-register": ["cas", "read", "write"], "mutex": ["acquire", "release"],
+        "fenced-register": ["read", "write"], "kv": ["append", "get", "put"]}
+    assert MODELS["lease"].fs == LEASE_FS
+    assert models_taking({"read", "write"}) == ["register", "cas-register", "fenced-register"]
+    assert models_taking({"acquire", "commit", "read"}) == ["lease"]
+
+
+def test_the_linearizable_checker_never_convicts_on_an_op_its_model_does_not_model():
+    """A store `read` beside lease ops: once `valid: false` under cas-register (the read's partition came first)."""
+    from checkers.linear import Linearizable
+
+    ops = [{"index": 0, "time": 1, "type": "invoke", "process": 0, "f": "acquire", "key": "k", "value": None},
+           {"index": 1, "time": 2, "type": "ok", "process": 0, "f": "acquire", "key": "k", "value": {"token": 1}},
+           {"index": 2, "time": 3, "type": "invoke", "process": 1, "f": "read", "key": "doc", "value": None},
+           {"index": 3, "time": 4, "type": "ok", "process": 1, "f": "read", "key": "doc", "value": ["e1"]}]
+    res = Linearizable("cas-register").check(None, ops, None)
+    assert res["valid"] == "unknown" and res["error"] == "model 'cas-register' does not model acquire"
+    stale = [{**op, "f": "write" if op["f"] == "acquire" else "read", "value": 7 if op["f"] == "acquire" else 8,
+              "key": "k"} for op in ops]
+    assert Linearizable("cas-register").check(None, stale, None)["valid"] is False

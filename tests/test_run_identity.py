@@ -40,7 +40,7 @@ def test_the_same_run_twice_against_one_server_is_valid_both_times(external, tmp
     for attempt in (1, 2):
         r = fencelab(*args)
         assert r.returncode == 0, f"run {attempt}: {r.stdout}{r.stderr}"
-        run = (tmp_path / "store" / workload / "latest").resolve()
+        run = (tmp_path / "store" / "latest").resolve()  # named after the system: 127.0.0.1-<port>-<workload>
         runs.append(json.loads((run / "test.json").read_text()))
         assert json.loads((run / "results.json").read_text())["valid"] is True
         history = [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]

@@ -146,7 +146,8 @@ def test_external_server_by_url_starts_no_stack_and_keeps_the_key_out(tmp_path):
         r = fencelab("test", "--workload", "lease", "--time-limit", "2", "--url", st["lease_servers"][0],
                      "--api-key-file", str(key_file), "--store-dir", str(tmp_path / "store"))
         assert r.returncode == 0, r.stdout + r.stderr
-        run = (tmp_path / "store" / "lease" / "latest").resolve()
+        port = st["lease_servers"][0].rsplit(":", 1)[1].strip("/")
+        run = (tmp_path / "store" / f"127.0.0.1-{port}-lease" / "latest").resolve()  # named after the system
         assert not (run / "stack").exists(), "no stack is started for an external system"
         for name in ("test.json", "history.jsonl", "results.json", "report.html"):
             assert key not in (run / name).read_text(), f"the API key leaked into {name}"

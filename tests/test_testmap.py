@@ -183,3 +183,36 @@ def test_a_campaign_json_of_an_older_lab_still_matches_its_runs(tmp_path):
     assert merged["runs"][0]["status"] == "done" and merged["runs"][0]["verdict"] is True
     entry["test"]["extra"] = {"servers": 4}  # a run of other options is planned again
     assert merge_plan(old, spec, plan, tmp_path)["runs"][0]["status"] == "pending"
+
+
+def test_the_float_options_are_finite_and_bounded_in_one_check():
+    """inf, nan and 1e308 once crashed a run after its stack had started (the generator's ns clock, the fault
+    schedule); one check refuses them for every caller of `validate`."""
+    from lab.testmap import numbers_problem
+
+    assert numbers_problem(Test()) is None and numbers_problem(Test(deadline_s=None)) is None
+    cases = {("time_limit", float("inf")): "--time-limit must be a finite number of seconds, not inf",
+             ("time_limit", 0.0): "--time-limit must be > 0 seconds, not 0.0",
+             ("time_limit", 1e308): "--time-limit must be between 0 and 604800 seconds, not 1e+308",
+             ("rate", float("nan")): "--rate must be a finite number of ops/s, not nan",
+             ("rate", 1e-9): "--rate must be between 0.001 and 1000000 ops/s, not 1e-09",
+             ("nemesis_interval", float("-inf")): "--nemesis-interval must be a finite number of seconds, not -inf",
+             ("deadline_s", float("inf")): "deadline_s must be a finite number of seconds, not inf"}
+    for (field, value), message in cases.items():
+        test = Test(**{field: value})
+        assert numbers_problem(test) == message
+        with pytest.raises(RunError) as e:
+            validate(test)
+        assert str(e.value) == message
+
+
+def test_a_url_that_is_no_url_is_named_as_such():
+    """`--url not-a-url` once reached the probe and read as "cannot reach the system under test"."""
+    from lab.testmap import urls_problem
+
+    assert urls_problem(Test(urls=["http://127.0.0.1:9000", "https://lease.example/api"])) is None
+    for bad in ("not-a-url", "ftp://host", "http://:80", "http://host:99999"):
+        assert urls_problem(Test(urls=[bad])) == (f"--url {bad!r} is not a URL: give the server's base URL, "
+                                                 "e.g. http://127.0.0.1:8080")
+    assert "user:***@" in urls_problem(Test(urls=["http://user:pw@host:x"])) and "pw" not in urls_problem(
+        Test(urls=["http://user:pw@host:x"]))

@@ -15,7 +15,7 @@ from typing import Any
 from checkers.core import gc_paused
 from checkers.linear.engine import prepare_partition, search
 from checkers.linear.history import Op, pair_partitions
-from checkers.models import ILLEGAL, LEASE_FS, Model, get_model
+from checkers.models import ILLEGAL, LEASE_FS, Model, get_model, unmodelled_fs
 
 __all__ = ["LEASE_TIME_LIMIT_S", "Linearizable", "check_history", "lease_linearizable"]
 
@@ -134,6 +134,9 @@ class Linearizable:
         if self.only_fs is not None:
             fs = self.only_fs
             history = [op for op in history if op.get("process") == "nemesis" or op.get("f") in fs]
+        elif unmodelled := unmodelled_fs(self.model, history):  # never a verdict from ops the model cannot read
+            return {"valid": "unknown", "model": self.model.name,
+                    "error": f"model {self.model.name!r} does not model {', '.join(unmodelled)}"}
         try:
             res = check_history(history, self.model, time_limit=self.time_limit,
                                 max_cache_entries=self.max_cache_entries)

@@ -17,9 +17,9 @@ nemesis, totals). An interrupted campaign resumes where it stopped.
 See docs/campaigns.md.
 """
 
-from lab.campaign.execute import CampaignOutcome, exit_code, format_plan, run_campaign
+from lab.campaign.execute import CampaignOutcome, check_store_dir, exit_code, format_plan, run_campaign
 from lab.campaign.page import write_page
 from lab.campaign.spec import CampaignError, PlannedRun, Spec, expand, load_spec, parse_spec, validate_plan
 
-__all__ = ["CampaignError", "CampaignOutcome", "PlannedRun", "Spec", "exit_code", "expand", "format_plan",
+__all__ = ["CampaignError", "CampaignOutcome", "PlannedRun", "Spec", "check_store_dir", "exit_code", "expand", "format_plan",
            "load_spec", "parse_spec", "run_campaign", "validate_plan", "write_page"]

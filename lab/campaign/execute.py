@@ -29,7 +29,7 @@ from lab.campaign.state import (STATE_FILE, CampaignLock, campaign_dir, counts, 
 from lab.exitcodes import sigterm_interrupts
 from lab.testmap import Test
 
-__all__ = ["CampaignOutcome", "exit_code", "format_plan", "run_campaign"]
+__all__ = ["CampaignOutcome", "check_store_dir", "exit_code", "format_plan", "run_campaign"]
 
 EXIT_INTERRUPTED = 130  # the shell's convention for a SIGINT
 
@@ -186,6 +186,21 @@ def _prepare_state(spec: Spec, plan: list[PlannedRun], store_dir: Path, path: Pa
     return state
 
 
+def check_store_dir(store_dir: Path | str) -> None:
+    """The store can hold the campaign: a directory, or a path whose nearest existing parent is a directory this
+    process may write into; CampaignError in one line otherwise. It writes nothing (`--dry-run` calls it too)."""
+    store_dir = Path(store_dir)
+    if store_dir.exists() and not store_dir.is_dir():
+        raise CampaignError(f"--store-dir {store_dir} exists and is not a directory")
+    nearest = store_dir.absolute()
+    while not nearest.exists() and nearest != nearest.parent:
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        raise CampaignError(f"--store-dir {store_dir}: cannot create it, {nearest} is a file")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise CampaignError(f"--store-dir {store_dir}: cannot create it, {nearest} is not writable")
+
+
 def run_campaign(spec: Spec, store_dir: Path | str = "store", *, resume: bool = True,
                  echo: Callable[[str], Any] = print, fancy: bool | None = None,
                  plan: list[PlannedRun] | None = None) -> CampaignOutcome:
@@ -194,12 +209,14 @@ def run_campaign(spec: Spec, store_dir: Path | str = "store", *, resume: bool = 
     `plan` is `validate_plan(spec)` when the caller has it already.
     """
     store_dir = Path(store_dir)
-    if store_dir.exists() and not store_dir.is_dir():
-        raise CampaignError(f"--store-dir {store_dir} exists and is not a directory")
+    check_store_dir(store_dir)
     plan = validate_plan(spec) if plan is None else plan
     by_id = {r.id: r for r in plan}
     cdir = campaign_dir(store_dir, spec.name)
-    cdir.mkdir(parents=True, exist_ok=True)
+    try:
+        cdir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # what check_store_dir cannot see without writing (e.g. /proc, a full or read-only disk)
+        raise CampaignError(f"--store-dir {store_dir}: cannot create {cdir} ({e.strerror or e})") from None
     path = cdir / STATE_FILE
     with CampaignLock(cdir), sigterm_interrupts():
         state = _prepare_state(spec, plan, store_dir, path, resume, echo)

@@ -123,6 +123,8 @@ def _parse_forms(path: Path, text: str, problems: list[str]) -> list:
             bad = mid
     rest_blank = all(not ln.strip() or ln.lstrip().startswith(";") for ln in lines[bad:])
     excerpt = lines[bad - 1][:80].rstrip("\n") if lines else ""
+    if _unknown_tag(error):  # a whole form the reader cannot take, not a write cut short
+        raise HistoryError(f"{path}:{bad}: malformed EDN line ({_describe(error)})")
     if rest_blank:
         try:
             forms = _parse("".join(lines[:good]))
@@ -133,10 +135,20 @@ def _parse_forms(path: Path, text: str, problems: list[str]) -> list:
     raise HistoryError(f"{path}:{bad}: malformed EDN line ({_describe(error)}): {excerpt!r}")
 
 
+def _unknown_tag(e: BaseException) -> str | None:
+    """The tag edn_format has no reader for (`Don't know how to handle tag ImmutableDict(foo/bar)`), or None."""
+    if not (isinstance(e, NotImplementedError) and "tag" in str(e)):
+        return None
+    m = re.search(r"tag\s+(?:\w+\()?([^()\s]+)", str(e))
+    return m.group(1) if m else "?"
+
+
 def _describe(e: BaseException) -> str:
-    """A short message for an edn_format error."""
-    if isinstance(e, NotImplementedError) and "tag" in str(e):
-        return f"unknown EDN tag: {e}"
+    """A short message for an edn_format error; an unknown tag says what the reader takes instead."""
+    tag = _unknown_tag(e)
+    if tag:
+        return (f"unknown EDN tag #{tag}: a history's ops are plain EDN maps (or #jepsen.history.Op records), "
+                "e.g. {:type :invoke, :f :read, :value nil, :process 0} (docs/history-format.md)")
     return f"{type(e).__name__}: {e}"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -34,6 +35,9 @@ def detect_format(path: str | os.PathLike) -> str:
         head = f.read(4096).decode("utf-8", errors="replace").lstrip()
     if not head:
         return "jsonl"
+    if re.match(r'\[\s*\{\s*"', head):  # `[{"type": ...`: JSON, not EDN (whose map keys are keywords)
+        raise HistoryError(f"{p}: a JSON array, not a history: fencelab reads JSONL, one op object per line "
+                           f"(docs/history-format.md), or Jepsen's EDN; e.g. jq -c '.[]' {p} > history.jsonl")
     if head[0] in "[;#(":
         return "edn"
     if head[0] == "{":

@@ -61,7 +61,8 @@ def is_client_process(process: Any) -> bool:
 def _problem(d: Any) -> str | None:
     """The first way `d` breaks the op record, or None when it is a valid op."""
     if not isinstance(d, dict):
-        return f"an op must be a JSON object, got {type(d).__name__}"
+        hint = " (a JSON array? one op object per line: docs/history-format.md)" if isinstance(d, list) else ""
+        return f"an op must be a JSON object, got {type(d).__name__}{hint}"
     missing = [k for k in REQUIRED if k not in d]
     if missing:
         return f"op is missing required field(s) {', '.join(missing)}"

@@ -158,7 +158,7 @@ class ManagedProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
-                raise ProcessError(f"{self.name} exited during start-up (exit {self.returncode()}); log {self.log_path}:\n{self.log_tail()}")
+                raise ProcessError(f"{self.name} exited during start-up ({exit_status(self)}); log {self.log_path}:\n{self.log_tail()}")
             if self.healthy():
                 return
             time.sleep(0.05)
@@ -273,3 +273,23 @@ class ManagedProcess:
             name=d["name"], argv=list(d["argv"]), log_path=Path(d["log"]), ports=dict(d.get("ports", {})),
             host=d.get("host", "127.0.0.1"), pid=d.get("pid"), create_time=d.get("create_time"),
         )
+
+
+def exit_status(proc: Any, wait_s: float = 5.0) -> str:
+    """How a process that is no longer alive ended: `exit 3`, `killed by SIGKILL`. A process whose main thread
+    ended while its other threads still exit looks dead (a zombie leader) before it can be reaped: wait for it."""
+    popen = getattr(proc, "_popen", None)
+    code = proc.returncode()
+    if code is None and popen is not None:
+        try:
+            code = popen.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            pass
+    if code is None:
+        return f"exit status unknown: pid {proc.pid} is no longer running as started"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code}"

@@ -180,9 +180,13 @@ def get_sut(name: str) -> SutEntry:
                    f"(or name a factory as module.path:Factory)")
 
 
-def require_capabilities(entry: SutEntry, needs: WorkloadNeeds) -> None:
-    """Refuse a workload that needs an ability the system lacks, saying what to do instead."""
+def require_capabilities(entry: SutEntry, needs: WorkloadNeeds, test: Any = None) -> None:
+    """Refuse a workload that needs an ability the system lacks, saying what to do instead; and, given the `test`,
+    an option about an ability the workload never uses (`--commit-mode` where nothing commits)."""
     workload = needs.workload
+    if test is not None and getattr(test, "commit_mode", None) is not None and "commit" not in needs.capabilities:
+        raise SutError(f"--commit-mode says how a system's commits reach the store; workload {workload!r} makes no "
+                       "commits: drop --commit-mode, or run a workload that commits (fenced-append)")
     if needs.lab_only and entry.name != DEFAULT_SUT:
         raise SutError(f"workload {workload!r} tests the lab's own Valkey, not a lease system: it runs only with "
                        f"SUT {DEFAULT_SUT!r}; use a lease-API workload (lease, idempotency) with SUT {entry.name!r}")

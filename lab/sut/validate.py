@@ -17,7 +17,7 @@ def validate_test(test: Test, needs: WorkloadNeeds) -> SutEntry:
     `needs`: what the test's workload declares (`workloads.needs_of(test.workload)`), passed in by the runner.
     """
     entry = sut_of(test)
-    require_capabilities(entry, needs)
+    require_capabilities(entry, needs, test)
     if entry.check is not None:
         entry.check(test)
     if entry.processes is not None:  # its declaration holds together and its binaries are installed
