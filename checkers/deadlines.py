@@ -19,7 +19,7 @@ can place the checker has nothing to judge: "unknown" with the reason.
 `availability` is informational: per f and per nemesis window, the success rate
 (ok / all invocations, info and never-completed included) and latency quantiles
 (p50/p95/p99/max in ms over completed ops). Windows come from
-`checkers.core.nemesis_windows` (value `{"phase": "start"|"end"}` or
+`checkers.windows.Faults.windows` (value `{"phase": "start"|"end"}` or
 `start-<fault>` / `stop-<fault>` f names); an op belongs to every window its
 invocation falls in, and to `outside` when it falls in none. It is valid unless a
 configured `min_success_rate` (a float for all ops, or {f: float}) is not met;

@@ -299,7 +299,7 @@ def _local_expiry(lease: Lease) -> int | None:
 def _unsafe_windows(pairs: list[Pair], leases: dict[Any, Lease], by_key: dict[Any, list[Lease]],
                     limit: int, commit_pairs: list[Pair] | None = None) -> dict:
     """Overlapping client beliefs per key, with the commits the older holder made inside them.
-    `commit_pairs`: the commits of `pairs` in order, when the caller has them (`pairs_of`)."""
+    `commit_pairs`: the commits of `pairs` in order, when the caller has them (`LeaseView.of`)."""
     ends = _belief_ends(pairs, leases)
     commits: dict[Any, list[Pair]] = defaultdict(list)
     for p in pairs if commit_pairs is None else commit_pairs:
