@@ -7,7 +7,7 @@ three buggy simulated servers of tests/test_checker_simulated.py (violations of 
 and stale commits), and every history any domain checker is given while tests/test_checker*.py run (the
 sensitivity catalog's violating histories, the recorded Valkey-clock run, Valkey losses, strobes, `sent`,
 malformed histories, ...), captured by wrapping the one pairing. On each, every domain checker runs alone
-(outside a shared analysis) and all of them composed (one shared analysis), with default options and with
+(building its own view of the history) and all of them composed (one view), with default options and with
 `require_deadline` / `min_success_rate` / `start_unix_ms` set. The old code is `git archive <rev> checkers lab`
 in a temporary directory; each side runs in its own interpreter. Prints one line per history and exits 1 on
 any difference.
@@ -40,9 +40,20 @@ class _Capture:
         self.kept: list[list] = []
 
     def pytest_configure(self, config) -> None:  # noqa: ARG002 - pytest's hook signature
-        import checkers.core as core
+        import importlib
 
-        real = core.pair
+        # the modules that pair histories for the checkers: checkers.core before the view, checkers.view (the
+        # view of a composition or a checker alone) and checkers.pairs (`pair_ops`) after it
+        for name in ("checkers.core", "checkers.view", "checkers.pairs"):
+            try:
+                module = importlib.import_module(name)
+            except ImportError:
+                continue
+            if hasattr(module, "pair"):
+                module.pair = self._capturing(module.pair)
+
+    def _capturing(self, real):
+        """`real` (lab.history.pair), keeping a copy of each history it is given."""
 
         def pair(history, *a, **kw):
             if isinstance(history, list) and id(history) not in self.seen:
@@ -54,7 +65,7 @@ class _Capture:
                     pass
             return real(history, *a, **kw)
 
-        core.pair = pair
+        return pair
 
 
 def _test_histories() -> list[tuple[str, list]]:

@@ -19,7 +19,7 @@ can place the checker has nothing to judge: "unknown" with the reason.
 `availability` is informational: per f and per nemesis window, the success rate
 (ok / all invocations, info and never-completed included) and latency quantiles
 (p50/p95/p99/max in ms over completed ops). Windows come from
-`checkers.core.nemesis_windows` (value `{"phase": "start"|"end"}` or
+`checkers.windows.Faults.windows` (value `{"phase": "start"|"end"}` or
 `start-<fault>` / `stop-<fault>` f names); an op belongs to every window its
 invocation falls in, and to `outside` when it falls in none. It is valid unless a
 configured `min_success_rate` (a float for all ops, or {f: float}) is not met;
@@ -34,7 +34,9 @@ from typing import Mapping
 
 import numpy as np
 
-from checkers.core import Pair, Violations, analyzed, error_code, history_end_time, nemesis_windows, pair_ops
+from checkers.core import ViewCheck, Violations
+from checkers.pairs import Pair, error_code
+from checkers.view import LeaseView
 
 __all__ = ["AvailabilityChecker", "DeadlinesChecker"]
 
@@ -46,7 +48,7 @@ LAB_PAUSES = frozenset(("client-pause",))
 NOT_STARTED = frozenset(("deadline_exceeded", "connect_error"))
 
 
-class DeadlinesChecker:
+class DeadlinesChecker(ViewCheck):
     """Checks every completion against its invocation's deadline plus a slack."""
 
     def __init__(self, slack_ms: float = 100.0, require_deadline: bool = False,
@@ -58,19 +60,18 @@ class DeadlinesChecker:
         self.start_unix_ms = start_unix_ms
         self.max_violations = max_violations
 
-    @analyzed
-    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+    def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Judge every client op that carries a deadline."""
         anchor = self.start_unix_ms if self.start_unix_ms is not None else (test or {}).get("start_unix_ms")
         slack = int(self.slack_ms * 1_000_000)
-        end = None  # history_end_time(history), computed when first needed (a pass over every op of the history)
+        end = None  # the history's end (view.faults.end), when first needed (a pass over every op of the history)
         v = Violations(self.max_violations)
         checked = no_deadline = unanchored = paused = not_started = 0
         worst = 0
-        held = [(w["start"], w["end"]) for w in nemesis_windows(history) if w["fault"] in LAB_PAUSES]
+        held = [(w["start"], w["end"]) for w in view.faults.windows if w["fault"] in LAB_PAUSES]
         if held:
-            end = history_end_time(history)
-        for p in pair_ops(history):
+            end = view.faults.end
+        for p in view.pairs:
             if held and _overlaps(p, held, end):
                 paused += 1  # the lab held this client: its lateness is the lab's, not the system's
                 continue
@@ -90,7 +91,7 @@ class DeadlinesChecker:
             done = p.t1
             if done is None:
                 if end is None:
-                    end = history_end_time(history)
+                    end = view.faults.end
                 done = end
             over = done - limit
             if over > worst:
@@ -142,7 +143,7 @@ def _deadline_ns(p: Pair, anchor: int | None) -> int | None:
 # --------------------------------------------------------------------------- availability
 
 
-class AvailabilityChecker:
+class AvailabilityChecker(ViewCheck):
     """Success rates and latency quantiles per f and per nemesis window; valid unless under a minimum."""
 
     def __init__(self, min_success_rate: float | Mapping[str, float] | None = None):
@@ -152,12 +153,11 @@ class AvailabilityChecker:
                 raise ValueError(f"min_success_rate must be within [0, 1], got {r}")
         self.min_success_rate = min_success_rate
 
-    @analyzed
-    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+    def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Measure availability overall, per f, and inside / outside each nemesis window."""
-        pairs = pair_ops(history)
+        pairs = view.pairs
         cols = _columns(pairs)
-        windows = nemesis_windows(history)
+        windows = view.faults.windows
         everything = np.ones(len(pairs), dtype=bool)
         outside = everything.copy()
         per_window = []

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from checkers.core import NEMESIS, Checker, merge_valid, safe_check
+from checkers.core import Checker, merge_valid, safe_check
+from lab.history.ops import NEMESIS
 
 __all__ = ["FaultCoverage", "asked_faults", "fault_windows", "with_fault_coverage"]
 

@@ -22,30 +22,30 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Violations, analyzed, lease_index, pair_ops
-from checkers.core import acquisition_start, backend_clock_moves, backend_rules_note, first_invocations
+from checkers.core import ViewCheck, Violations
+from checkers.pairs import Lease, acquisition_start
+from checkers.view import LeaseView
+from checkers.windows import backend_rules_note
 
 __all__ = ["FencingChecker"]
 
 
-class FencingChecker:
+class FencingChecker(ViewCheck):
     """Checks fencing-token uniqueness and monotonicity per identity (see module docstring)."""
 
     def __init__(self, max_violations: int = 1000):
         self.max_violations = max_violations
 
-    @analyzed
-    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+    def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Judge the ok acquires of a lease history."""
-        pairs = pair_ops(history)
-        leases = lease_index(history)
-        first_invoke = first_invocations(pairs)
+        leases = view.leases
+        first_invoke = view.first_invocations
         by_key: dict[Any, list[Lease]] = defaultdict(list)
         for lease in leases.values():
             if lease.token is not None:
                 by_key[lease.key].append(lease)
         v = Violations(self.max_violations)
-        moved = backend_clock_moves(history)
+        moved = view.faults.clock_moves
         for key, ls in by_key.items():
             _check_unique(key, ls, v)
             _check_realtime(key, ls, first_invoke, v)

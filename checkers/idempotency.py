@@ -37,7 +37,9 @@ import bisect
 import json
 from typing import Callable, Mapping
 
-from checkers.core import Pair, Violations, analyzed, error_code, pair_ops, sent, valkey_losses
+from checkers.core import ViewCheck, Violations
+from checkers.pairs import Pair, error_code, sent
+from checkers.view import LeaseView
 
 __all__ = ["IdempotencyChecker"]
 
@@ -55,20 +57,19 @@ NOTHING_SENT = frozenset(("connect_error", "not_held"))
 PER_ATTEMPT = frozenset(("deadline_ms", "deadline_at_ms", "session"))
 
 
-class IdempotencyChecker:
+class IdempotencyChecker(ViewCheck):
     """Checks retries by request_id against their original results (see module docstring)."""
 
     def __init__(self, max_violations: int = 1000):
         self.max_violations = max_violations
 
-    @analyzed
-    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+    def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Judge every idempotency key that was used more than once, and every conflict."""
         # idempotency key -> its one op, or the list of them when used more than once: most request_ids are
         # used once, and a list for each would cost more than the rest of the checker (1M-op histories)
         groups: dict[tuple, Pair | list[Pair]] = {}
         fs = IDEMPOTENT_FS
-        for p in pair_ops(history):
+        for p in view.pairs:
             gkey = p.rk  # (f, key, request_id): the invocation's request_id when it has one, which is the rule's
             if gkey is not None and p.vrid and p.f in fs:  # the invocation carries a request_id
                 g = groups.get(gkey)
@@ -88,7 +89,7 @@ class IdempotencyChecker:
             return records[0]
 
         retried = judged = 0
-        losses = sorted(done for _, done in valkey_losses(history))
+        losses = sorted(done for _, done in view.faults.valkey_losses)
         excused: list[int] = []
         for gkey, ops in groups.items():
             if ops.__class__ is not list:  # used once: only a conflict can be judged (false-conflict)

@@ -38,9 +38,10 @@ from bisect import bisect_left
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops
-from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, sent
-from checkers.core import pairs_of, successor_index
+from checkers.core import ViewCheck, Violations
+from checkers.pairs import Lease, Pair, PrefixMax, sent
+from checkers.view import LeaseView
+from checkers.windows import backend_rules_note
 
 __all__ = ["LeaseStateChecker"]
 
@@ -50,20 +51,19 @@ JUDGED_FS = LEASE_OPS | {"acquire", "inspect"}
 _EMPTY: dict = {}
 
 
-class LeaseStateChecker:
+class LeaseStateChecker(ViewCheck):
     """Checks lease state transitions in a lease history (see module docstring)."""
 
     def __init__(self, max_violations: int = 1000):
         self.max_violations = max_violations
 
-    @analyzed
-    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+    def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Judge every op on a known lease."""
-        pairs = pair_ops(history)
-        leases = lease_index(history)
-        first = first_invocations(pairs)
-        realtime, backend = successor_index(history)
-        moved = backend_clock_moves(history)
+        pairs = view.pairs
+        leases = view.leases
+        first = view.first_invocations
+        realtime, backend = view.successors
+        moved = view.faults.clock_moves
         if moved:
             backend = {}
         v = Violations(self.max_violations)
@@ -117,7 +117,7 @@ class LeaseStateChecker:
                 i = bisect_left(bk.xs, at)
                 if i and bk.best[i - 1][0] > lease.token:
                     _check_stale(p, lease, started, rt, bk, v)
-        maybe = _maybe_renewed(pairs_of(history, "renew"))
+        maybe = _maybe_renewed(view.of("renew"))
         for lease in leases.values() if not moved else ():
             _check_renew_times(lease, v, maybe.get(lease.lease_id, []))
         unjudged = None
@@ -133,16 +133,6 @@ def _res(p: Pair, field: str) -> Any:
     """A field of the completion's value (None when absent)."""
     r = p.result
     return r.get(field) if (r.__class__ is dict or isinstance(r, dict)) else None
-
-
-def _successors(leases: dict[Any, Lease]) -> tuple[dict, dict]:
-    """Per key: PrefixMax of tokens by first acquire-ok completion time, and by acquired_at_ms."""
-    realtime: dict[Any, list] = defaultdict(list)
-    backend: dict[Any, list] = defaultdict(list)
-    for lease in leases.values():
-        realtime[lease.key].append((lease.granted, lease.token, lease))
-        backend[lease.key].append((lease.acquired_at_ms, lease.token, lease))
-    return ({k: PrefixMax(v) for k, v in realtime.items()}, {k: PrefixMax(v) for k, v in backend.items()})
 
 
 def _check_named(p: Pair, named: Any, v: Violations) -> None:

@@ -100,6 +100,7 @@ __all__ = [
     "Model",
     "ModelError",
     "Output",
+    "SCALARS",
     "freeze",
     "get_model",
 ]
@@ -144,7 +145,8 @@ class FrozenDict(dict):
         return hash(frozenset(self.items()))
 
 
-_SCALARS = frozenset((type(None), int, str, float, bool))
+# the JSON scalar types `freeze` returns as they are (the pairing of checkers.linear asks the same question)
+SCALARS = frozenset((type(None), int, str, float, bool))
 
 
 def freeze(value: Any) -> Any:
@@ -152,7 +154,7 @@ def freeze(value: Any) -> Any:
 
     Values keep Python equality, so JSON `true` equals `1` (as in most JSON tools).
     """
-    if value.__class__ in _SCALARS:
+    if value.__class__ in SCALARS:
         return value
     if isinstance(value, list | tuple):
         return tuple(freeze(v) for v in value)

@@ -42,9 +42,10 @@ import itertools
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Pair, Violations, analyzed, error_code, lease_index, pair_ops, pairs_of
-from checkers.core import (backend_clock_moves, backend_rules_note, clock_segments, clock_strobe_windows,
-                           segment_of, valkey_losses)
+from checkers.core import ViewCheck, Violations
+from checkers.pairs import Lease, Pair, error_code
+from checkers.view import LeaseView
+from checkers.windows import Faults, backend_rules_note, segment_of
 
 __all__ = ["MutualExclusionChecker"]
 
@@ -52,29 +53,28 @@ LOSS_CODES = frozenset(("lease_lost", "stale_token"))
 MAX_NAMED = 10  # overlapping leases named per violation
 
 
-class MutualExclusionChecker:
+class MutualExclusionChecker(ViewCheck):
     """Checks backend-time exclusivity of leases, and measures client-side unsafe windows."""
 
     def __init__(self, max_violations: int = 1000, max_windows: int = 1000):
         self.max_violations = max_violations
         self.max_windows = max_windows
 
-    @analyzed
-    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+    def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Judge the leases of a lease history."""
-        pairs = pair_ops(history)
-        leases = lease_index(history)
+        pairs = view.pairs
+        leases = view.leases
         by_key: dict[Any, list[Lease]] = defaultdict(list)
         for lease in leases.values():
             by_key[lease.key].append(lease)
         v = Violations(self.max_violations)
-        moved = backend_clock_moves(history)
+        moved = view.faults.clock_moves
         compared = 0
-        groups = by_key.items() if not moved else _by_clock_segment(history, by_key).items()
-        excused = _RollbackExcuse(history, pairs)
+        groups = by_key.items() if not moved else _by_clock_segment(view.faults, by_key).items()
+        excused = _RollbackExcuse(view.faults, pairs)
         for key, ls in groups:
             compared += _check_backend_overlaps(key[0] if moved else key, ls, v, excused)
-        windows = _unsafe_windows(pairs, leases, by_key, self.max_windows, pairs_of(history, "commit"))
+        windows = _unsafe_windows(pairs, leases, by_key, self.max_windows, view.of("commit"))
         rules = backend_rules_note(moved) if not moved else (
             "per stretch between clock moves: the nemesis moved Valkey's clock, so only leases whose timed ops "
             "all lie between the same two moves are compared")
@@ -83,15 +83,15 @@ class MutualExclusionChecker:
                         **excused.summary())
 
 
-def _by_clock_segment(history: list[dict], by_key: dict[Any, list[Lease]]) -> dict[tuple, list[Lease]]:
+def _by_clock_segment(faults: Faults, by_key: dict[Any, list[Lease]]) -> dict[tuple, list[Lease]]:
     """(key, stretch) -> the leases whose every timed op lies in that stretch between clock moves.
 
     Backend times of one stretch are comparable with each other; a lease with ops on both sides of a
     move (or never completed), or with an op while a strobe was flipping a clock, is left out: fewer
     comparisons, never a false alarm.
     """
-    bounds = clock_segments(history)
-    strobes = clock_strobe_windows(history)  # a strobe flips the clock between its start and reset ops
+    bounds = faults.clock_segments
+    strobes = faults.strobe_windows  # a strobe flips the clock between its start and reset ops
 
     def strobed(ops: list[Pair]) -> bool:
         return any(p.t0 <= e and (p.t1 is None or p.t1 >= s) for p in ops for s, e in strobes)
@@ -153,8 +153,8 @@ class _RollbackExcuse:
 
     SUCCESS_FS = frozenset(("renew", "release", "commit"))
 
-    def __init__(self, history: list[dict], pairs: list[Pair]):
-        self.losses = sorted(valkey_losses(history))  # (began, completed), by completion below
+    def __init__(self, faults: Faults, pairs: list[Pair]):
+        self.losses = sorted(faults.valkey_losses)  # (began, completed), by completion below
         self.losses.sort(key=lambda e: e[1])
         self.last_success: dict[Any, int] = {}
         for p in pairs if self.losses else ():
@@ -299,7 +299,7 @@ def _local_expiry(lease: Lease) -> int | None:
 def _unsafe_windows(pairs: list[Pair], leases: dict[Any, Lease], by_key: dict[Any, list[Lease]],
                     limit: int, commit_pairs: list[Pair] | None = None) -> dict:
     """Overlapping client beliefs per key, with the commits the older holder made inside them.
-    `commit_pairs`: the commits of `pairs` in order, when the caller has them (`pairs_of`)."""
+    `commit_pairs`: the commits of `pairs` in order, when the caller has them (`LeaseView.of`)."""
     ends = _belief_ends(pairs, leases)
     commits: dict[Any, list[Pair]] = defaultdict(list)
     for p in pairs if commit_pairs is None else commit_pairs:

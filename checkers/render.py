@@ -26,7 +26,8 @@ from typing import Any
 
 from markupsafe import Markup
 
-from checkers.core import NEMESIS, history_end_time, nemesis_windows, pair_ops
+from checkers.pairs import pair_ops
+from checkers.windows import NEMESIS, history_end_time, nemesis_windows
 
 __all__ = ["failing_ops", "iter_violations", "render_html", "render_html_string"]
 

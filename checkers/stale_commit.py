@@ -47,14 +47,16 @@ from bisect import bisect_left
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Lease, Pair, PrefixMax, Violations, analyzed, lease_index, pair_ops
-from checkers.core import backend_clock_moves, backend_rules_note, first_invocations, request_key, successor_index
-from checkers.core import _shared, _successor_index, pairs_of
+from checkers.commits import Commit, FinalRead
+from checkers.core import ViewCheck, Violations
+from checkers.pairs import Lease, PrefixMax, request_key, successor_index
+from checkers.view import LeaseView
+from checkers.windows import backend_rules_note
 
-__all__ = ["StaleCommitChecker", "commits_of", "final_reads"]
+__all__ = ["StaleCommitChecker"]
 
 
-class StaleCommitChecker:
+class StaleCommitChecker(ViewCheck):
     """Checks accepted commits against leases, tokens and the final state (see module docstring)."""
 
     def __init__(self, max_violations: int = 1000, final_read: bool = False):
@@ -64,14 +66,12 @@ class StaleCommitChecker:
         self.max_violations = max_violations
         self.final_read = final_read
 
-    @analyzed
-    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+    def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Judge the commits and final reads of a lease history."""
-        pairs = pair_ops(history)
-        leases = lease_index(history)
-        first_invoke = first_invocations(pairs)
-        commits = commits_of(history)
-        reads = final_reads(history)
+        leases = view.leases
+        first_invoke = view.first_invocations
+        commits = view.commits
+        reads = view.final_reads
         for read in reads.values():
             if read.entries is None:
                 raise ValueError(f"op {read.p.i1}: read entries must be a list, got "
@@ -80,10 +80,10 @@ class StaleCommitChecker:
         accepted = [c for c in commits if c.p.type == "ok"]
         _check_realtime_order(accepted, v)  # each Commit knows its start (first_invoke)
         _check_rev_order(accepted, v)
-        moved = backend_clock_moves(history)
+        moved = view.faults.clock_moves
         unknown = _check_against_leases(accepted, leases, first_invoke, v, backend_times=not moved,
-                                        successors=successor_index(history),
-                                        starts_known=True)  # commits_of read them from first_invoke
+                                        successors=view.successors,
+                                        starts_known=True)  # the view's commits read them from first_invoke
         for read in reads.values():
             _check_read(read, v)
         _check_lost_and_phantom(commits, reads, v)
@@ -103,174 +103,6 @@ class StaleCommitChecker:
         return v.result(commits=counts, docs_read=len(reads), unknown_lease=unknown,
                         backend_time_rules=backend_rules_note(moved), unjudged=unjudged,
                         **({"unread_docs": sorted(map(str, unread))[:20]} if unread else {}))
-
-
-class Commit:
-    """A commit op with the fields the rules use, extracted once."""
-
-    __slots__ = ("p", "key", "token", "carried", "validated", "rev", "lease_id", "request_id", "doc", "entry",
-                 "returned_lease", "start", "written")
-
-    def __init__(self, p: Pair, first_invoke: dict | None = None):
-        inv = p.inv.get("value")
-        inv = inv if (inv.__class__ is dict or isinstance(inv, dict)) else _EMPTY
-        r = p.result
-        comp = r if (r.__class__ is dict or isinstance(r, dict)) else _EMPTY
-        typ = p.type
-        res = comp if typ == "ok" else _EMPTY
-        # the client may fill in what it sent (its lease, the entry) only in the completion's value; `sent`
-        # (docs/history-format.md) is what went on the wire and outranks the rest of the completion: a field is
-        # the sent one, else the invocation's (when not None), else the completion's (`_carried`)
-        wire = p.sent
-        self.p = p
-        self.key = p.key
-        # when it may have been accepted from: a replay (a retry with its request_id) from its request's first
-        # invocation
-        rk = p.rk
-        self.start = p.t0 if first_invoke is None or rk is None else first_invoke.get(rk, p.t0)
-        if not wire:
-            # no `sent` (the common case, written out: the hot path of a 1M-op history): each field is the
-            # invocation's when not None, else the completion's, for this checker and stale-write alike
-            self.returned_lease = None
-            ig, cg = inv.get, comp.get
-            carried = ig("fencing_token")
-            if carried is None:
-                carried = cg("fencing_token")
-            lid = ig("lease_id")
-            if lid is None:
-                lid = cg("lease_id")
-            rid = ig("request_id")
-            self.request_id = rid if rid is not None else cg("request_id")
-            doc = ig("doc")
-            if doc is None:
-                doc = cg("doc")
-            e = ig("entry")
-            if e is None:
-                e = cg("entry")
-            ec = e.__class__
-            he = (e if ec is tuple else tuple(e)) if ec is list or ec is tuple else None
-            if he is not None:
-                try:
-                    hash(he)  # the common case: a list of scalars (else `_hashable` itself)
-                except TypeError:
-                    he = _hashable(e)
-            elif isinstance(e, list | tuple):
-                he = _hashable(e)
-            self.entry = he if he is not None and len(he) == 3 else (p.process, carried, _hashable(e))
-            self.written = (lid, he, doc)
-        else:
-            # the lease the boundary says it accepted the commit under, when a history with `sent` reports one
-            self.returned_lease = res.get("lease_id")
-            carried = _carried("fencing_token", wire, inv, comp)
-            lid = _carried("lease_id", wire, inv, comp)
-            self.request_id = _carried("request_id", wire, inv, comp)
-            doc = _carried("doc", wire, inv, comp)
-            e = _carried("entry", wire, inv, comp)
-            # the entry as the final read lists it: the [process, token, n] triple itself, when it is one
-            self.entry = _hashable(e) if isinstance(e, list | tuple) and len(e) == 3 else (
-                p.process, carried, _hashable(e))
-            # stale-write reads the same fields with the invocation first ({**completion, **sent, **invocation
-            # without None}): (lease_id, entry, doc) as it reads them, computed here once for both checkers
-            if inv:
-                lid2, e2, doc2 = inv.get("lease_id"), inv.get("entry"), inv.get("doc")
-                lid2 = lid2 if lid2 is not None else lid if "lease_id" in wire else comp.get("lease_id")
-                e2 = e2 if e2 is not None else e if "entry" in wire else comp.get("entry")
-                doc2 = doc2 if doc2 is not None else doc if "doc" in wire else comp.get("doc")
-            else:
-                lid2, e2, doc2 = lid, e, doc
-            self.written = (lid2, _hashable(e2) if isinstance(e2, list | tuple) else None, doc2)
-        self.carried = carried
-        self.lease_id = lid
-        self.doc = doc
-        if res:
-            accepted = res.get("accepted_token")
-            self.token = carried if accepted is None else accepted  # what the boundary accepted
-            self.validated = res.get("validated_at_ms")
-            # a replayed commit (an idempotent retry) may report the document's revision at the time of the
-            # retry, not the one its original write made (the reference server does: lab/server/commit.py
-            # already_applied): its place in revision order is unknown, so it is left out of that order (the
-            # final read still has it)
-            self.rev = None if res.get("replayed") else _rev_number(res.get("rev"))
-        else:
-            self.token, self.validated, self.rev = carried, None, None
-
-
-_EMPTY: dict = {}
-
-
-def _carried(field: str, wire: dict, inv: dict, comp: dict) -> Any:
-    """What a commit carried in `field`: what was sent (`value.sent`), else the invocation's value when not
-    None, else the completion's (the merge {**completion, **invocation-without-None, **sent}, one field)."""
-    if field in wire:
-        return wire[field]
-    x = inv.get(field)
-    return x if x is not None else comp.get(field)
-
-
-def commits_of(history: list[dict]) -> list[Commit]:
-    """The commit ops of `history` as `Commit`s (in invocation order), shared inside `analysis(history)` by
-    stale-commit and stale-write: do not mutate them."""
-    def build() -> list[Commit]:
-        first = first_invocations(pair_ops(history))
-        return [Commit(p, first) for p in pairs_of(history, "commit")]
-
-    return _shared("commits", history, build)
-
-
-def _hashable(x: Any) -> Any:
-    """A hashable, comparable stand-in for a JSON value (lists become tuples, objects canonical JSON)."""
-    if isinstance(x, list | tuple):
-        t = tuple(x)
-        try:
-            hash(t)  # the common case: a list of scalars
-            return t
-        except TypeError:
-            return tuple(_hashable(e) for e in x)
-    if isinstance(x, dict):
-        return json.dumps(x, sort_keys=True)
-    return x
-
-
-def _rev_number(rev: Any) -> int | None:
-    """A revision as an int: ints as they are, CouchDB's "N-hash" as N, else None."""
-    if isinstance(rev, int) and not isinstance(rev, bool):
-        return rev
-    if isinstance(rev, str):
-        head = rev.split("-", 1)[0]
-        return int(head) if head.isdigit() else None
-    return None
-
-
-class FinalRead:
-    """The last ok read of one document, with its entries as hashable tuples (None when not a list)."""
-
-    __slots__ = ("p", "key", "doc", "entries")
-
-    def __init__(self, p: Pair):
-        val = p.inv.get("value")
-        self.p = p
-        self.key = p.key
-        self.doc = (val.get("doc") if isinstance(val, dict) else None) or p.result.get("doc")
-        entries = p.result.get("entries") or []
-        self.entries = [_hashable(e) for e in entries] if isinstance(entries, list) else None
-
-
-def final_reads(history: list[dict]) -> dict[tuple, FinalRead]:
-    """(key, doc) -> the last ok read of that document (by completion), shared inside `analysis(history)` by
-    stale-commit and stale-write: do not mutate them."""
-    return _shared("final-reads", history, lambda: _final_reads(pairs_of(history, "read")))
-
-
-def _final_reads(pairs: list[Pair]) -> dict[tuple, FinalRead]:
-    """`final_reads` itself."""
-    last: dict[tuple, Pair] = {}
-    for p in pairs:
-        if p.f == "read" and p.type == "ok" and isinstance(p.result, dict):
-            val = p.inv.get("value")
-            k = (p.key, (val.get("doc") if isinstance(val, dict) else None) or p.result.get("doc"))
-            if k not in last or p.t1 >= last[k].t1:
-                last[k] = p
-    return {k: FinalRead(p) for k, p in last.items()}
 
 
 def _check_realtime_order(accepted: list[Commit], v: Violations, first_invoke: dict | None = None) -> None:
@@ -322,20 +154,14 @@ def _check_rev_order(accepted: list[Commit], v: Violations) -> None:
                 best = c
 
 
-def _successor_indexes(leases: dict[Any, Lease]) -> tuple[dict, dict]:
-    """Per key: PrefixMax of tokens by acquired_at_ms, and by first acquire-ok completion time."""
-    realtime, backend = _successor_index(leases)
-    return backend, realtime
-
-
 def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
                           first_invoke: dict[Any, int], v: Violations, *, backend_times: bool = True,
                           successors: tuple[dict, dict] | None = None, starts_known: bool = False) -> int:
     """Expiry, release and successor rules for each accepted commit; returns how many had no known lease.
 
     Without `backend_times` (the backend's clock was moved) only the real-time rules run. `successors`:
-    `successor_index(history)` when the caller has it (shared), else built from `leases`."""
-    by_realtime, by_backend = successors if successors is not None else _successor_index(leases)
+    `LeaseView.successors` when the caller has it (shared), else built from `leases`."""
+    by_realtime, by_backend = successors if successors is not None else successor_index(leases)
     if not backend_times:
         by_backend = {}
     unknown = 0

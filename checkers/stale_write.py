@@ -25,31 +25,31 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Mapping
 
-from checkers.core import Pair, Violations, acquisition_start, analyzed, first_invocations, lease_index
-from checkers.core import pair_ops
-from checkers.stale_commit import _hashable, commits_of, final_reads  # one reading of entries and revisions
+from checkers.commits import hashable
+from checkers.core import ViewCheck, Violations
+from checkers.pairs import Pair, acquisition_start
+from checkers.view import LeaseView
 
 __all__ = ["StaleWriteChecker"]
 
 
-class StaleWriteChecker:
+class StaleWriteChecker(ViewCheck):
     """Writes of an earlier holder accepted after a later holder's (see module docstring)."""
 
     def __init__(self, max_violations: int = 1000):
         self.max_violations = max_violations
 
-    @analyzed
-    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
-        pairs = pair_ops(history)
-        leases = lease_index(history)
-        first = first_invocations(pairs)
+    def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
+        """Judge the accepted commits of a fenced-append history against the holders' real-time order."""
+        leases = view.leases
+        first = view.first_invocations
         spans = {}  # lease_id -> `_span`, written out (the hot path: every lease of a 1M-op history)
         for lid, lease in leases.items():
             start = lease.started
             spans[lid] = (acquisition_start(lease, first) if start is None else start, lease.granted)
-        # stale-commit's `Commit`s of the same ops, their fields read once for both checkers: `written` is
-        # (lease_id, entry, doc) as this checker reads them (`_Write`), `rev` the same
-        commits = [c for c in commits_of(history) if c.p.type == "ok"]
+        # the view's `Commit`s (checkers.commits), their fields read once for stale-commit and this checker:
+        # `written` is (lease_id, entry, doc) as this checker reads them, `rev` the same
+        commits = [c for c in view.commits if c.p.type == "ok"]
         known = []  # (acquisition start, end, commit) of each accepted commit of a known lease
         for c in commits:
             span = spans.get(c.written[0])
@@ -57,10 +57,10 @@ class StaleWriteChecker:
                 known.append((*span, c))
         by_entry = {w[2].written[1]: w for w in known if w[2].written[1] is not None}
         v = Violations(self.max_violations)
-        for read in final_reads(history).values():
+        for read in view.final_reads.values():
             entries = read.entries
             if entries is None:  # not a list: each item as it iterates
-                entries = [_hashable(e) for e in (read.p.result.get("entries") or [])]
+                entries = [hashable(e) for e in (read.p.result.get("entries") or [])]
             writes = [by_entry.get(e) for e in entries]
             _sweep([w for w in writes if w is not None], leases, v, read=read.p)
         by_doc: dict[tuple, list] = defaultdict(list)
@@ -89,7 +89,7 @@ def _rev(w: tuple) -> Any:
 def _sweep(writes: list[tuple], leases: dict, v: Violations, *, read: Pair | None) -> None:
     """Along the store's order, flag a write whose holder precedes an earlier-placed write's holder.
 
-    `writes`: (acquisition start, acquisition end, stale-commit's `Commit`) of the lease of each write, in the
+    `writes`: (acquisition start, acquisition end, `checkers.commits.Commit`) of the lease of each write, in the
     store's order; (lease_id, entry, doc) as this checker reads them are the commit's `written`."""
     if not writes:
         return

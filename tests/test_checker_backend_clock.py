@@ -10,7 +10,8 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from checkers.core import backend_clock_moves, compose, get_checker
+from checkers.core import compose, get_checker
+from checkers.windows import backend_clock_moves
 from lab.history import read_history
 
 DATA = Path(__file__).resolve().parent / "data" / "lease-valkey-clock-history.jsonl"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from checkers.core import DOMAIN_CHECKERS, compose, get_checker, pair_ops
+from checkers.core import DOMAIN_CHECKERS, compose, get_checker
+from checkers.pairs import pair_ops
 from checkers.linear import Linearizable, pair_history
 from checkers.linear.history import pair_partitions, partition_ops
 from lab.history import NEMESIS, HistoryError, HistoryWarning, pair

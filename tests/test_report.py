@@ -21,7 +21,7 @@ import pytest
 from checkers.core import compose, get_checker
 from lab.history import read_history, to_frame, write_jsonl
 from lab.report import ReportError, load_run, plot_data, write_report
-from checkers.core import nemesis_ops
+from checkers.windows import nemesis_ops
 from lab.report.data import bucket_width
 from lab.report.report import png_size
 from test_checker_core import MS, LeaseHistory

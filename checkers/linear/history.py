@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from checkers.models import _SCALARS, Input, Model, Output, freeze, merge_retries
+from checkers.models import SCALARS, Input, Model, Output, freeze, merge_retries
 from lab.history.ops import HistoryError, pair
 
 __all__ = ["HistoryError", "Op", "merge_retries", "pair_history", "pair_partitions", "partition_ops"]
@@ -245,7 +245,7 @@ def _recorder(shared: bool = False) -> Any:
     oks: dict[Any, Output] = {}  # int or None -> Output("ok", it)  (bool, float, str: equal ints, not shared)
     oks2: dict[tuple[int, int], Output] = {}  # a two-int list -> Output("ok", (int, int))
     ins: dict[Any, Input] = {}  # (f, int or None) or (f, int, int) -> Input(f, it / (int, int))
-    new_tuple, scalars, info, frz = _new_tuple, _SCALARS, _INFO, freeze
+    new_tuple, scalars, info, frz = _new_tuple, SCALARS, _INFO, freeze
 
     def record(inv: dict, comp: dict | None, ipos: int, pos: int | None) -> Op | None:
         if comp is None:  # never completed: indeterminate

@@ -25,7 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from checkers.core import nemesis_windows, pair_ops
+from checkers.pairs import pair_ops
+from checkers.windows import nemesis_windows
 from lab.evidence.page import write_page
 from lab.evidence.spec import Depth, EvidenceError, EvidenceSpec, ExtraRun, Row
 from lab.history import read_history_report

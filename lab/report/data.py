@@ -15,7 +15,7 @@ re-plotted without reading pixels.
   (the latest expiry any grant reported) and when an ok release ended them,
   commits accepted (at `validated_at_ms`) and rejected (at the backend time
   estimated from their completion, see `clock_offset_ms`).
-- `windows`: the nemesis's fault windows (`checkers.core.nemesis_windows`), in
+- `windows`: the nemesis's fault windows (`checkers.windows.nemesis_windows`), in
   seconds since the test started.
 
 Times on the client axes are seconds since the test started (the history's
@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from checkers.core import NEMESIS, analysis, error_code, history_end_time, lease_index, nemesis_windows, pair_ops
+from checkers.pairs import Pair, error_code
+from checkers.view import LeaseView, lease_view
+from checkers.windows import NEMESIS, history_end_time, nemesis_windows
 from lab.history import HistoryError, HistoryWarning, to_frame
 
 if TYPE_CHECKING:
@@ -60,7 +62,7 @@ def bucket_width(duration_s: float, buckets: int = 50) -> float:
 
 
 def _windows(history: list[dict]) -> list[dict]:
-    """Nemesis fault windows (`checkers.core.nemesis_windows`) in seconds since the start."""
+    """Nemesis fault windows (`checkers.windows.nemesis_windows`) in seconds since the start."""
     end = history_end_time(history)
     out = []
     for w in nemesis_windows(history):
@@ -136,14 +138,14 @@ def _rate(frame: "pd.DataFrame", width: float, end_s: float) -> dict:
     return {"bucket_s": width, "t": t, "series": series}
 
 
-def _clock_offset_ms(history: list[dict]) -> float | None:
+def _clock_offset_ms(pairs: list[Pair]) -> float | None:
     """Backend ms minus test-relative ms, estimated as the median over ok ops that report a backend time.
 
     A backend time (acquired/renewed/validated_at_ms) lies between the op's
     invocation and completion, so each op gives offset = backend - midpoint.
     """
     offsets = []
-    for p in pair_ops(history):
+    for p in pairs:
         if p.type != "ok" or not isinstance(p.result, dict):
             continue
         r = p.result
@@ -186,10 +188,10 @@ def _released(lease: Any, offset: float | None) -> dict:
     return {"released_ms": None, "release_estimated": False}
 
 
-def _fencing(history: list[dict], windows: list[dict], focus_keys: Iterable[Any], max_keys: int) -> dict:
+def _fencing(view: LeaseView, windows: list[dict], focus_keys: Iterable[Any], max_keys: int) -> dict:
     """Per key: tokens issued, leases' backend validity, commits accepted and rejected (backend ms)."""
-    offset = _clock_offset_ms(history)
-    leases = lease_index(history)
+    offset = _clock_offset_ms(view.pairs)
+    leases = view.leases
     per_key: dict[Any, dict] = {}
 
     def slot(key: Any) -> dict:
@@ -206,7 +208,7 @@ def _fencing(history: list[dict], windows: list[dict], focus_keys: Iterable[Any]
         s["leases"].append({"lease_id": lease.lease_id, "token": lease.token, "start_ms": lease.acquired_at_ms,
                             "end_ms": lease.expires_at_ms if lease.expires_at_ms is not None else lease.acquired_at_ms,
                             **_released(lease, offset)})
-    for p in pair_ops(history):
+    for p in view.pairs:
         if p.f != "commit" or p.type not in ("ok", "fail"):
             continue
         s = slot(p.key)
@@ -253,8 +255,7 @@ def plot_data(history: list[dict], *, max_points: int = MAX_RAW_POINTS, max_keys
     width = bucket_width(end_s)
     windows = _windows(history)
     try:
-        with analysis(history):  # the fencing data's passes share one pairing of the history
-            fencing = _fencing(history, windows, focus_keys, max_keys)
+        fencing = _fencing(lease_view(history), windows, focus_keys, max_keys)  # its passes share one pairing
     except HistoryError as e:  # leases are read only from a well-formed history: no fencing plot, and why
         fencing = {"time_unit": "backend ms (Valkey TIME)", "clock_offset_ms": None, "base_ms": None,
                    "keys_total": 0, "keys_shown": 0, "keys": [], "windows": [], "error": f"HistoryError: {e}"}

@@ -48,7 +48,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import lab.generator as gen
-from checkers.core import Compose, Pair, Violations, analyzed, error_code, get_checker, nemesis_windows, pair_ops
+from checkers.core import Compose, ViewCheck, Violations, get_checker
+from checkers.pairs import Pair, error_code
+from checkers.view import LeaseView
 from lab.scenarios.driver import ScenarioDriver, Shared
 from lab.scenarios.faults import build_nemesis
 from lab.sut import SutError, sut_of
@@ -305,16 +307,16 @@ class Tagged:
     Looking up a tag the scenario does not declare raises TagError (a typo must not read as "never ran").
     """
 
-    def __init__(self, history: list[dict], tags: Tags):
-        self.history = history
+    def __init__(self, view: LeaseView, tags: Tags):
+        self.history = view.history
         self.declared = tags
-        self.pairs = pair_ops(history)
+        self.pairs = view.pairs
         self.tags: dict[str, list[Pair]] = defaultdict(list)
         for p in self.pairs:
             tag = p.inv.get("tag")
             if tag is not None:
                 self.tags[str(tag)].append(p)
-        self.windows = nemesis_windows(history)
+        self.windows = view.faults.windows
 
     def one(self, tag: str) -> Pair | None:
         """The (first) op tagged `tag`, or None when the script never got there."""
@@ -368,7 +370,7 @@ def idx(*pairs: Pair | None) -> list[int]:
     return [i for p in pairs if p is not None for i in p.indices]
 
 
-class ScenarioChecker:
+class ScenarioChecker(ViewCheck):
     """Runs one scenario's check over the tagged history.
 
     The check function adds violations and returns details; `exercised: False`
@@ -379,10 +381,9 @@ class ScenarioChecker:
     def __init__(self, scenario: Scenario):
         self.scenario = scenario
 
-    @analyzed
-    def check(self, test: Mapping, history: list[dict], opts: Mapping) -> dict:
+    def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Judge the scenario's history against what its row requires."""
-        tagged = Tagged(history, Tags(self.scenario.name, self.scenario.tags))
+        tagged = Tagged(view, Tags(self.scenario.name, self.scenario.tags))
         v = Violations()
         details = dict(self.scenario.check(tagged, v, test if isinstance(test, Mapping) else {}) or {})
         exercised = details.pop("exercised", True)
