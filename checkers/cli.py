@@ -54,7 +54,7 @@ class _Unavailable:
     def __init__(self, name: str, error: BaseException):
         self.error = f"checker {name!r} is unavailable: {type(error).__name__}: {error}"
 
-    def check(self, test: Any, history: list[dict], opts: Any) -> dict:
+    def check(self, test: dict, history: list[dict], opts: Any) -> dict:
         """Always unknown, with the reason."""
         return {"valid": "unknown", "error": self.error}
 

@@ -180,11 +180,11 @@ def get_sut(name: str) -> SutEntry:
                    f"(or name a factory as module.path:Factory)")
 
 
-def require_capabilities(entry: SutEntry, needs: WorkloadNeeds, test: Any = None) -> None:
+def require_capabilities(entry: SutEntry, needs: WorkloadNeeds, test: Test | None = None) -> None:
     """Refuse a workload that needs an ability the system lacks, saying what to do instead; and, given the `test`,
     an option about an ability the workload never uses (`--commit-mode` where nothing commits)."""
     workload = needs.workload
-    if test is not None and getattr(test, "commit_mode", None) is not None and "commit" not in needs.capabilities:
+    if test is not None and test.commit_mode is not None and "commit" not in needs.capabilities:
         raise SutError(f"--commit-mode says how a system's commits reach the store; workload {workload!r} makes no "
                        "commits: drop --commit-mode, or run a workload that commits (fenced-append)")
     if needs.lab_only and entry.name != DEFAULT_SUT:
