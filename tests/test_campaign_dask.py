@@ -53,17 +53,19 @@ from lab.stack.process import ManagedProcess
 
 REPO = Path(lab.__file__).resolve().parent.parent
 PY = sys.executable
+# 4 short cells (the stack, the checkers and the report dominate a cell's cost on a loaded machine); one key
+# and short leases, so even a 2 s run acquires the key many times and the checkers have orders to compare
 SPEC = """
     name = "{name}"
     workloads = ["lease"]
-    nemeses = ["none", "kill"]
-    seeds = 2
+    seeds = 4
     [defaults]
-    time_limit = 2.5
+    time_limit = {time_limit}
     concurrency = 3
     rate = 30
-    keys = 2
-    nemesis_interval = 1.0
+    keys = 1
+    ttl_ms = 500
+    servers = 1
 """
 
 
@@ -77,9 +79,9 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _spec(tmp_path: Path, name: str) -> Path:
+def _spec(tmp_path: Path, name: str, time_limit: float = 2) -> Path:
     p = tmp_path / f"{name}.toml"
-    p.write_text(textwrap.dedent(SPEC.format(name=name)))
+    p.write_text(textwrap.dedent(SPEC.format(name=name, time_limit=time_limit)))
     return p
 
 
@@ -128,6 +130,16 @@ def test_a_shipped_run_lands_whole_with_its_paths_moved_and_no_secrets(tmp_path)
     assert str(tmp_path / "scratch") not in (final / "report.html").read_text()
     assert not (final / "stack" / "credentials.json").exists()
     assert [p.name for p in final.parent.iterdir()] == [worker_run.name]  # no hidden unpack directory left
+
+
+def test_a_store_path_a_text_replace_cannot_carry_gets_no_stale_report(tmp_path):
+    worker_run = _fake_run(tmp_path / "scratch", "c/cell")
+    store = tmp_path / "my store"  # quoted by the shell, escaped in HTML: the report is redone, never left stale
+    final = land_run(pack_run(worker_run), store, "c/cell", worker_run.name, str(worker_run),
+                     str(tmp_path / "scratch"))
+    assert f"--store-dir '{store.resolve()}'" in json.loads((final / "test.json").read_text())["replay"]
+    report = final / "report.html"
+    assert not report.exists() or str(tmp_path / "scratch") not in report.read_text()
 
 
 def test_a_bad_shipment_leaves_nothing_and_a_killed_clients_leftovers_are_swept(tmp_path):
@@ -303,6 +315,7 @@ def test_a_campaign_on_dask_lands_as_a_local_one_does(dask, tmp_path):
     assert sorted(mine) == sorted(theirs) and len(mine) == 4
     assert all(len(r["dirs"]) == 1 for r in theirs.values()), theirs
     assert {k: r["valid"] for k, r in mine.items()} == {k: r["valid"] for k, r in theirs.items()}
+    assert all(r["valid"] == [True] for r in theirs.values()), theirs
     for store in (local, remote):
         assert (store / "campaigns" / "c4" / "campaign.html").is_file()
     a, b = (json.loads((s / "campaigns" / "c4" / "campaign.json").read_text())["runs"] for s in (local, remote))
@@ -341,7 +354,7 @@ def _cell_running(root: Path) -> str | None:
 
 @pytest.mark.timeout(600)
 def test_a_worker_killed_mid_cell_loses_that_cell_only_and_the_same_command_resumes(dask, tmp_path):
-    spec, store = _spec(tmp_path, "k4"), tmp_path / "store"
+    spec, store = _spec(tmp_path, "k4", time_limit=4), tmp_path / "store"  # time to see a cell mid-run
     argv = [PY, "-m", "lab", "campaign", str(spec), "--store-dir", str(store), "--dask", dask.address]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env())
     try:
@@ -373,7 +386,7 @@ def test_a_worker_killed_mid_cell_loses_that_cell_only_and_the_same_command_resu
 
     dask.client.wait_for_workers(2, timeout=120)  # the nanny brings the killed worker back
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_env())
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode in (0, 3), r.stdout + r.stderr  # complete (a verdict may be unknown on a loaded machine)
     assert "3 already done" in r.stdout
     state = json.loads((store / "campaigns" / "k4" / "campaign.json").read_text())
     assert [e["status"] for e in state["runs"]] == ["done"] * 4

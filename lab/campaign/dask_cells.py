@@ -216,13 +216,18 @@ def land_run(tar: bytes, store_dir: Path, test_name: str, run_name: str, old_run
         if final.exists():  # a run of this name is there already (a retried cell in the same microsecond)
             final = parent / stamp_now()
         redo_report = not _relocate(src, final, old_run_dir, old_store, store_dir)
+        if redo_report:  # its paths are the worker's: never landed stale
+            (src / "report.html").unlink()
         os.rename(src, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if redo_report:
         from lab.report import write_report  # pandas and the plots: only for a store path the text replace cannot
 
-        write_report(final)
+        try:
+            write_report(final)
+        except Exception:  # noqa: BLE001 - the report is a convenience: the page links results.json instead
+            pass
     return final
 
 
@@ -371,7 +376,7 @@ class DaskCells:
             try:
                 run_dir = land_run(out["tar"], store_dir, run.test_name, out["run_name"], out["scratch_run_dir"],
                                    out["scratch_store"])
-            except (OSError, ValueError, tarfile.TarError) as e:
+            except (OSError, ValueError, tarfile.TarError, runner.RunError) as e:  # a test.json this lab cannot read
                 entry.update(status="failed", error=f"the shipped run could not be unpacked ({_short(e)})")
                 return
             entry["run_dir"] = os.path.relpath(run_dir, Path(store_dir).resolve())
