@@ -175,6 +175,10 @@ def test_an_unreachable_scheduler_is_one_line_and_nothing_is_written(tmp_path):
                              f"tcp://127.0.0.1:{port}"], tmp_path)
     assert f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port} within 5 s" in line
     assert not (tmp_path / "store").exists()
+    spec = _spec(tmp_path, "r")  # the spec's [run] dask, without --dask, goes to the same scheduler
+    spec.write_text(spec.read_text() + f'\n[run]\ndask = "127.0.0.1:{port}"\n')
+    line = _one_line_exit_2(["campaign", str(spec), "--store-dir", "store"], tmp_path)
+    assert f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}" in line
     line = _one_line_exit_2(["worker", f"127.0.0.1:{port}"], tmp_path)
     assert f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}" in line
 

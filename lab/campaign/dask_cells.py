@@ -54,8 +54,8 @@ from lab.campaign.state import iso_now, record_results, stamp_now
 from lab.exitcodes import EXIT_UNKNOWN, verdict_exit
 from lab.secrets import SECRET_FILES
 
-__all__ = ["CONNECT_TIMEOUT_S", "RESOURCE", "DaskCells", "facts", "land_run", "pack_run",
-           "run_cell", "worker_argv"]
+__all__ = ["CONNECT_TIMEOUT_S", "INCOMING", "RESOURCE", "DaskCells", "facts", "land_run", "pack_run", "run_cell",
+           "sweep_incoming", "worker_argv"]
 
 RESOURCE = "fencelab"  # the worker resource one cell takes
 CONNECT_TIMEOUT_S = 5.0  # an unreachable scheduler is one line after this long
