@@ -493,26 +493,52 @@ def serve_cmd(store_dir: Path, host: str, port: int) -> None:
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="Go on from campaign.json (finished runs are not redone), or start over (the old state is kept aside).")
 @click.option("--dry-run", is_flag=True, help="Validate the spec and print the plan; run nothing, write nothing.")
-def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool) -> None:
+@click.option("--dask", "dask_address", default=None, metavar="ADDRESS",
+              help="Run the cells on the Dask cluster of this scheduler (tcp://host:8786) [default: the spec's "
+                   "[run] dask, else here, one after another]; docs/beyond-one-machine.md.")
+def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool, dask_address: str | None) -> None:
     """Run a campaign: every combination of a spec's axes, resumably; writes campaign.json and campaign.html.
 
     Exit code (docs/cli.md#exit-codes): 0 all valid, 1 any invalid, 2 bad spec, 3 any unknown or failed run,
     130 interrupted.
     """
     from lab.campaign import CampaignError, check_store_dir, format_plan, load_spec, run_campaign, validate_plan
+    from lab.campaign.spec import check_dask_address
 
     try:
         campaign = load_spec(spec)
+        dask_address = check_dask_address(dask_address) if dask_address is not None else None
         plan = validate_plan(campaign)
         check_store_dir(store_dir)  # the dry run checks what the real run checks before its first run
         if dry_run:
             for line in format_plan(campaign, plan):
                 click.echo(line)
             return
-        outcome = run_campaign(campaign, store_dir, resume=resume, echo=click.echo, plan=plan)
+        outcome = run_campaign(campaign, store_dir, resume=resume, echo=click.echo, plan=plan, dask=dask_address)
     except CampaignError as e:
         fail(str(e))
     sys.exit(outcome.exit_code)
+
+
+@main.command("worker", context_settings={"ignore_unknown_options": True})
+@click.argument("scheduler")
+@click.option("--cells", default=1, show_default=True, type=int,
+              help="Cells this worker runs at once (its `fencelab` resource and its threads).")
+@click.argument("dask_args", nargs=-1, type=click.UNPROCESSED)
+def worker_cmd(scheduler: str, cells: int, dask_args: tuple[str, ...]) -> None:
+    """Run campaign cells for a Dask scheduler: `dask worker SCHEDULER --nthreads 1 --resources fencelab=1`.
+
+    Needs `make install` on this machine; further options go to `dask worker` (e.g. --name w1). See
+    docs/beyond-one-machine.md.
+    """
+    from lab.campaign import CampaignError
+    from lab.campaign.dask_cells import worker_argv
+
+    try:
+        argv = worker_argv(scheduler, cells, dask_args)
+    except CampaignError as e:
+        fail(str(e))
+    os.execv(argv[0], argv)  # the worker takes this process over (its pid is the one to stop)
 
 
 # -- the contract evidence bundle ---------------------------------------------------------------

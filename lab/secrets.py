@@ -10,6 +10,10 @@ import re
 from typing import Any
 
 # scheme://userinfo@ : the user info is everything between `//` and the first `@` before any `/`, space or quote
+# the files a run directory may hold that are secrets (a stack's demo API keys, key hashes, the CouchDB admin of a
+# compose stack, keys and certificates): `fencelab serve` never serves them, a Dask worker never ships them
+SECRET_FILES = ("credentials*.json", "principals*.json", "store-admin*.json", "*.pem", "*.key", "*.crt")
+
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<info>[^/@\s'\"]+)@")
 
 

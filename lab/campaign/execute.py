@@ -115,11 +115,12 @@ class _Progress:
 
 
 def describe(entry: dict[str, Any]) -> str:
-    """One line for a finished entry."""
+    """One line for a finished entry (and the Dask worker that ran it)."""
+    where = f" on {entry['worker']}" if entry.get("worker") else ""
     if entry["status"] == "failed":
-        return f"{entry['id']}: FAILED ({entry['error']})"
+        return f"{entry['id']}: FAILED{where} ({entry['error']})"
     return (f"{entry['id']}: valid={json.dumps(entry['verdict'])} ops={entry['ops']} "
-            f"{entry['elapsed_s'] or 0:.1f}s {entry['run_dir']}")
+            f"{entry['elapsed_s'] or 0:.1f}s {entry['run_dir']}{where}")
 
 
 def _one_line(e: BaseException) -> str:
@@ -203,14 +204,32 @@ def check_store_dir(store_dir: Path | str) -> None:
 
 def run_campaign(spec: Spec, store_dir: Path | str = "store", *, resume: bool = True,
                  echo: Callable[[str], Any] = print, fancy: bool | None = None,
-                 plan: list[PlannedRun] | None = None) -> CampaignOutcome:
+                 plan: list[PlannedRun] | None = None, dask: str | None = None) -> CampaignOutcome:
     """Run (or resume) a campaign; writes store/campaigns/<name>/campaign.json and campaign.html.
 
-    `plan` is `validate_plan(spec)` when the caller has it already.
+    `plan` is `validate_plan(spec)` when the caller has it already. `dask` (else the spec's `[run] dask`) is a
+    Dask scheduler whose workers run the cells (lab.campaign.dask_cells); it is checked before anything is written.
     """
     store_dir = Path(store_dir)
     check_store_dir(store_dir)
     plan = validate_plan(spec) if plan is None else plan
+    dask = dask or spec.dask
+    if dask is None:
+        return _run_campaign(spec, store_dir, resume, echo, fancy, plan, None)
+    from lab.campaign.dask_cells import DaskCells  # distributed (about a second to import): only for --dask
+
+    cells = DaskCells.connect(dask)
+    try:
+        echo(f"campaign {spec.name}: cells run on the Dask cluster {cells.address}: "
+             + ", ".join(f"{a} ({w['facts']['host']})" for a, w in sorted(cells.workers.items())))
+        return _run_campaign(spec, store_dir, resume, echo, fancy, plan, cells)
+    finally:
+        cells.close()
+
+
+def _run_campaign(spec: Spec, store_dir: Path, resume: bool, echo: Callable[[str], Any], fancy: bool | None,
+                  plan: list[PlannedRun], cells: Any) -> CampaignOutcome:
+    """`run_campaign` once the plan is valid (and the Dask cluster, if any, checked)."""
     by_id = {r.id: r for r in plan}
     cdir = campaign_dir(store_dir, spec.name)
     try:
@@ -230,7 +249,11 @@ def run_campaign(spec: Spec, store_dir: Path | str = "store", *, resume: bool = 
         with _Progress(spec.name, len(state["runs"]), len(state["runs"]) - len(todo), echo,
                        _fancy() if fancy is None else fancy) as progress:
             try:
-                for entry in todo:
+                if cells is not None and todo:
+                    per_worker = cells.run_cells(todo, by_id, store_dir, lambda: save_state(path, state), progress,
+                                                 lambda: write_page(state, data))
+                    echo("cells per worker: " + ", ".join(f"{w} {n}" for w, n in sorted(per_worker.items())))
+                for entry in todo if cells is None else ():
                     progress.start(entry)
                     execute_run(entry, by_id[entry["id"]], store_dir, lambda: save_state(path, state))
                     progress.finish(entry)

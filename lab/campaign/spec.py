@@ -30,14 +30,16 @@ from lab.testmap import DEFAULT_SERVERS, OPTIONS, OptionError, Test, check_optio
 from nemesis.registry import known_names, validate_names
 from workloads import WORKLOADS, needs_of
 
-__all__ = ["CampaignError", "Implementation", "PlannedRun", "Scenario", "Spec", "expand", "load_spec",
-           "parse_spec", "validate_plan"]
+__all__ = ["CampaignError", "Implementation", "PlannedRun", "Scenario", "Spec", "check_dask_address", "expand",
+           "load_spec", "parse_spec", "validate_plan"]
 
 MAX_RUNS = 10_000
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 RESERVED_NAMES = {"campaigns", "latest"}
 TOP_KEYS = ("name", "description", "defaults", "workloads", "nemeses", "scenarios", "implementations", "seeds",
-            "repetitions", "exclude")
+            "repetitions", "exclude", "run")
+RUN_KEYS = ("dask",)  # [run]: where the cells run (not what they are: the plan does not change)
+DASK_ADDRESS = re.compile(r"^(?:(tcp|tls)://)?(\[[0-9A-Fa-f:]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
 EXCLUDE_KEYS = ("workload", "nemesis", "scenario", "implementation", "why")
 # the axes own these Test fields: setting them in [defaults] or a scenario is a mistake the error explains
 AXIS_FIELDS = {"workload": "workloads", "nemesis": "nemeses", "seed": "seeds", "name": "name"}
@@ -131,6 +133,27 @@ class Spec:
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     # combinations left out of the plan (a nemesis a system cannot take): {axis: value, ..., "why": reason}
     exclude: list[dict[str, str]] = field(default_factory=list)
+    dask: str | None = None  # [run] dask: the scheduler the cells run on (`--dask` overrides it)
+
+
+def check_dask_address(address: Any, where: str = "--dask") -> str:
+    """A Dask scheduler address, `tcp://host:port` (a bare `host:port` means tcp), or a one-line CampaignError."""
+    m = DASK_ADDRESS.match(address.strip()) if isinstance(address, str) else None
+    if not m or not 0 < int(m.group(3)) < 65536:
+        raise CampaignError(f"{where}: {address!r} is not a Dask scheduler address such as tcp://10.0.0.5:8786")
+    return f"{m.group(1) or 'tcp'}://{m.group(2)}:{m.group(3)}"
+
+
+def _run_table(where: str, value: Any) -> str | None:
+    """`[run] dask = "tcp://host:8786"`: the Dask scheduler of docs/beyond-one-machine.md, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise CampaignError(f"{where} must be a table such as [run] dask = \"tcp://10.0.0.5:8786\", not {value!r}")
+    for key in value:
+        if key not in RUN_KEYS:
+            raise _unknown_key(where, key, RUN_KEYS, "[run] keys")
+    return None if value.get("dask") is None else check_dask_address(value["dask"], f"{where}.dask")
 
 
 def _check_name(where: str, value: Any, what: str) -> str:
@@ -416,6 +439,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> Spec:
         repetitions=_repetitions(f"{source}: repetitions", data.get("repetitions")),
         raw=dict(data),
         exclude=_exclude(f"{source}: exclude", data.get("exclude")),
+        dask=_run_table(f"{source}: run", data.get("run")),
     )
 
 

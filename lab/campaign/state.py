@@ -6,6 +6,7 @@ planned run with its Test options and
     status    pending | running | done | failed
     run_dir   the run's directory, relative to the store (store/<campaign>/<id>/<timestamp>)
     verdict   results.json's valid (true, false or "unknown"); ops; elapsed_s; error; note
+    worker    the Dask worker that ran it (`--dask`), else null
 
 A campaign killed mid-run leaves its last entry `running`, with the time the
 run started. `settle` decides what such an entry is on resume: the run's
@@ -92,7 +93,7 @@ def _entry(run: PlannedRun) -> dict[str, Any]:
             "test": redact_tree(run.test_options()),  # campaign.json keeps no URL user info (docs/cli.md#secrets)
             "status": "pending", "run_dir": None, "verdict": None, "ops": None, "elapsed_s": None,
             "started": None, "finished": None, "error": None, "note": None, "unexercised_faults": None,
-            "partial": None}
+            "partial": None, "worker": None}
 
 
 def new_state(spec: Spec, plan: list[PlannedRun], store_dir: Path) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from lab.secrets import SECRET_FILES
 from lab.templating import template_env
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -35,7 +36,7 @@ from lab.report.report import run_time, verdict_word
 
 __all__ = ["ServeError", "create_app", "scan_store", "serve_store"]
 
-DENIED = ("credentials*.json", "principals*.json", "*.pem", "*.key", "*.crt", ".*")  # never served
+DENIED = (*SECRET_FILES, ".*")  # never served
 TEXT_SUFFIXES = {".jsonl", ".edn", ".log", ".txt", ".md", ".lua"}  # shown in the browser, not downloaded
 MAX_DEPTH = 6  # directory levels searched below the store for runs, campaigns and evidence
 PAGES = ("campaign.html", "evidence.html")
