@@ -395,9 +395,9 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
         test.live["stack"] = stack
         if getattr(stack, "netns_hosts", None) is not None:  # servers in network namespaces: the netns nemesis cuts them
             test.live["netns_hosts"] = stack.netns_hosts
-        test.lease_servers, test.valkey = status["lease_servers"], status["valkey"]
-        test.client_nodes = status["client_nodes"]
-        test.store, test.credentials_file = status.get("store"), status["credentials"]
+        test.lease_servers, test.valkey = list(status.lease_servers), status.valkey
+        test.client_nodes = list(status.client_nodes)
+        test.store, test.credentials_file = status.store, status.credentials
         test.nodes = wl.nodes(test)
         write_test_json(test)
         writer = HistoryWriter(test.run_dir / "history.jsonl")  # time 0 of the history: the workload starts now
