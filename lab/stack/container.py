@@ -24,7 +24,7 @@ from typing import Any
 from lab.stack.container_probes import default_probe
 from lab.stack.docker_api import api_errors, one_line
 from lab.stack.errors import StackError
-from lab.stack.process import ProcessError
+from lab.stack.process import ProcessError, wait_until_healthy
 
 __all__ = ["LIVE_STATUSES", "ContainerProcess"]
 
@@ -125,16 +125,8 @@ class ContainerProcess:
 
     def wait_healthy(self, timeout: float = 60.0) -> None:
         """Poll `healthy()`; fail with the container's last log lines if it stops or `timeout` passes."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise ProcessError(f"{self.name} (container {self.container_id[:12]}) exited during start-up "
-                                   f"(exit {self.returncode()}); its last log lines:\n{self.log_tail()}")
-            if self.healthy():
-                return
-            time.sleep(0.1)
-        raise ProcessError(f"{self.name} (container {self.container_id[:12]}) not healthy after {timeout:.0f}s; "
-                           f"its last log lines:\n{self.log_tail()}")
+        wait_until_healthy(self, timeout, who=f"{self.name} (container {self.container_id[:12]})",
+                           where="its last log lines", poll=0.1, stop_when_late=False)
 
     def kill(self) -> None:
         """SIGKILL the container now (the nemesis's crash) and wait until Docker reports it exited."""
