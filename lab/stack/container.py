@@ -126,7 +126,8 @@ class ContainerProcess:
     def wait_healthy(self, timeout: float = 60.0) -> None:
         """Poll `healthy()`; fail with the container's last log lines if it stops or `timeout` passes."""
         wait_until_healthy(self, timeout, who=f"{self.name} (container {self.container_id[:12]})",
-                           where="its last log lines", poll=0.1, stop_when_late=False)
+                           where="its last log lines", exit_text=lambda p: f"exit {p.returncode()}", poll=0.1,
+                           stop_when_late=False)
 
     def kill(self) -> None:
         """SIGKILL the container now (the nemesis's crash) and wait until Docker reports it exited."""

@@ -7,17 +7,23 @@ version, a lease server `/healthz`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httpx
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-if TYPE_CHECKING:  # the container owner imports these probes
-    from lab.stack.container import ContainerProcess
+__all__ = ["PublishedService", "default_probe"]
 
-__all__ = ["default_probe"]
+
+class PublishedService(Protocol):
+    """What a probe needs of a container (`lab.stack.container.ContainerProcess`, which imports these probes):
+    its service name and the host port Docker published for it."""
+
+    service: str
+
+    def host_port(self, container_port: str | None = None) -> int | None: ...
 
 
 def _http_ok(url: str, statuses: tuple[int, ...] = (200,)) -> bool:
@@ -49,7 +55,7 @@ def _valkey_ok(port: int) -> bool:
         c.close()
 
 
-def default_probe(proc: "ContainerProcess") -> bool:
+def default_probe(proc: PublishedService) -> bool:
     """The service's own health probe through its published port, as the local stack's owners do."""
     port = proc.host_port()
     if port is None:

@@ -75,15 +75,15 @@ def _die_with_parent() -> None:
     _PRCTL(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
-def wait_until_healthy(proc: Any, timeout: float, *, who: str, where: str, show_exit: bool = True,
+def wait_until_healthy(proc: Any, timeout: float, *, who: str, where: str, exit_text: Any = None,
                        poll: float = 0.05, stop_when_late: bool = True) -> None:
     """Poll `proc.healthy()` until it passes (every `Process`'s start-up wait: a host pid, an SSH node's, a
     container); ProcessError naming `who`, `where` its log is and the log's tail when it dies first or `timeout`
-    passes (then stopped first, with `stop_when_late`)."""
+    passes (then stopped first, with `stop_when_late`); `exit_text(proc)` says how a dead one ended."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not proc.alive():
-            code = f" (exit {proc.returncode()})" if show_exit else ""
+            code = f" ({exit_text(proc)})" if exit_text is not None else ""
             raise ProcessError(f"{who} exited during start-up{code}; {where}:\n{proc.log_tail()}")
         if proc.healthy():
             return
@@ -173,7 +173,8 @@ class ManagedProcess:
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
         """Poll `healthy()` until it passes; fail with the log's tail if the process dies or times out."""
-        wait_until_healthy(self, timeout, who=self.name, where=f"log {self.log_path}")
+        wait_until_healthy(self, timeout, who=self.name, where=f"log {self.log_path}",
+                           exit_text=lambda p: f"exit {p.returncode()}")
 
     def healthy(self) -> bool:
         """Default probe: every declared port accepts TCP connections."""

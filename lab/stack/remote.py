@@ -434,8 +434,7 @@ class RemoteProcess:
     def wait_healthy(self, timeout: float = 30.0) -> None:
         """Poll `healthy()` until it passes; fail with the remote log's tail if it dies or `timeout` passes."""
         # no exit code: its parent is the host's init
-        wait_until_healthy(self, timeout, who=f"{self.name} on {self.node}", where=f"log {self.log_path}",
-                           show_exit=False)
+        wait_until_healthy(self, timeout, who=f"{self.name} on {self.node}", where=f"log {self.log_path}")
 
     def returncode(self) -> int | None:
         return None  # its parent is the host's init, which does not tell us
