@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 import psutil
@@ -44,6 +45,9 @@ if str(REPO / "bench") not in sys.path:
     sys.path.insert(0, str(REPO / "bench"))
 
 from figures import Figure  # noqa: E402
+
+if TYPE_CHECKING:
+    from lab.stack.base import StackStatus
 
 API = "/api/v1/target-leases"
 LIBRARIES = ("minimal", "httpx", "httpcore", "aiohttp", "aiosonic", "LeaseClient[aiohttp]", "LeaseClient")
@@ -262,7 +266,7 @@ def cpu_of(pids: list[int]) -> float:
     return total
 
 
-def lab_figure(stack_info: dict, server_pids: list[int], valkey_pid: int, seconds: float, processes: int,
+def lab_figure(stack_info: "StackStatus", server_pids: list[int], valkey_pid: int, seconds: float, processes: int,
                run_dir: Path) -> dict:
     """Recorded ops/s of the lease workload, and CPU per op of the lab process, the servers and Valkey."""
     import lab.generator as gen
@@ -271,9 +275,9 @@ def lab_figure(stack_info: dict, server_pids: list[int], valkey_pid: int, second
     from workloads import get_workload
 
     test = Test(workload="lease", time_limit=seconds, concurrency=processes, rate=1e6, keys=50, ttl_ms=5000,
-                lease_servers=stack_info["lease_servers"], valkey=stack_info["valkey"],
-                credentials_file=stack_info["credentials"])
-    test.nodes = stack_info["lease_servers"]
+                lease_servers=list(stack_info.lease_servers), valkey=stack_info.valkey,
+                credentials_file=stack_info.credentials)
+    test.nodes = list(stack_info.lease_servers)
     from lab.client import LeaseClient
 
     wl = get_workload("lease")(test)
@@ -324,9 +328,9 @@ def measure(seconds: float = 4.0, processes: int = 50, libraries=LIBRARIES) -> d
         stack = LocalStack(name="client-path", root=Path(d) / "stack", die_with_parent=True)
         try:
             st = stack.up(StackOptions(servers=2, store=False))
-            creds = json.loads(Path(st["credentials"]).read_text())
+            creds = json.loads(Path(st.credentials).read_text())
             key = _key_of(creds, "lease-a1")
-            urls = list(st["lease_servers"])
+            urls = list(st.lease_servers)
             server_pids = [p.pid for p in stack.processes if "lease" in p.name]
             valkey_pid = next(p.pid for p in stack.processes if "valkey" in p.name)
             for lib in libraries:

@@ -166,9 +166,9 @@ def part_b(seconds: float, processes: int, rounds: int = 2) -> None:
             # alternate the two modes and keep each one's best round: the machine's noise hits both alike
             for i, label in enumerate(("unrecorded", "recorded") * rounds):
                 test = Test(workload="lease", time_limit=seconds, concurrency=processes, rate=1e6, keys=50,
-                            ttl_ms=5000, lease_servers=st["lease_servers"], valkey=st["valkey"],
-                            credentials_file=st["credentials"])
-                test.nodes = st["lease_servers"]
+                            ttl_ms=5000, lease_servers=list(st.lease_servers), valkey=st.valkey,
+                            credentials_file=st.credentials)
+                test.nodes = list(st.lease_servers)
                 wl = get_workload("lease")(test)
                 writer = HistoryWriter(Path(d) / f"{label}-{i}.jsonl") if label == "recorded" else NullWriter()
                 t0 = time.perf_counter()

@@ -23,6 +23,7 @@ from click.core import ParameterSource
 from lab.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, sigterm_interrupts, verdict_exit
 from lab.paths import MissingTool, libfaketime
 from lab.secrets import redact_secrets, redact_url
+from lab.stack.base import StackStatus
 from lab.stack.local import LocalStack, StackError, StackOptions
 from lab.stack.process import ProcessError
 from lab.test_options import test_options
@@ -180,12 +181,12 @@ def status(name: str, home: Path | None, as_json: bool) -> None:
     st = stack.status()
     if not found:
         if as_json:
-            click.echo(json.dumps(st))
+            click.echo(json.dumps(st.as_dict()))
         else:
             click.echo(f"stack {name!r} is not up")
         sys.exit(1)
     _print_status(st, as_json)
-    if not st["up"]:
+    if not st.up:
         sys.exit(1)
 
 
@@ -205,25 +206,25 @@ def down(name: str, home: Path | None) -> None:
     click.echo(f"stack {name!r} stopped: {', '.join(stopped) or 'nothing was running'}")
 
 
-def _print_status(st: dict, as_json: bool) -> None:
+def _print_status(st: StackStatus, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(st, indent=2))
+        click.echo(json.dumps(st.as_dict(), indent=2))
         return
-    click.echo(f"stack {st['name']!r}: {'up' if st['up'] else 'DEGRADED'}  ({st['dir']})")
-    click.echo(f"  valkey        {st['valkey']}")
-    if st.get("store"):
-        click.echo(f"  store         {st['store']}")
-    for url in st["lease_servers"]:
+    click.echo(f"stack {st.name!r}: {'up' if st.up else 'DEGRADED'}  ({st.dir})")
+    click.echo(f"  valkey        {st.valkey}")
+    if st.store:
+        click.echo(f"  store         {st.store}")
+    for url in st.lease_servers:
         click.echo(f"  lease server  {url}")
-    if st.get("toxiproxy"):
-        click.echo(f"  toxiproxy     {st['toxiproxy']}  (every link below goes through its own proxy)")
-    for link in (st.get("topology") or {}).values():  # what clients and servers really dial
+    if st.toxiproxy:
+        click.echo(f"  toxiproxy     {st.toxiproxy}  (every link below goes through its own proxy)")
+    for link in (st.topology or {}).values():  # what clients and servers really dial
         scheme = "redis://" if link["to"].startswith("valkey") else "http://"
         click.echo(f"  proxy         {link['from'] + ' -> ' + link['to']:<18} {scheme + link['listen']:<30} "
                    f"(to {link['upstream']})")
-    click.echo(f"  credentials   {st['credentials']}  (API keys; one key file: docs/cli.md#api-keys)")
-    for p in st["processes"]:
-        click.echo(f"  {p['name']:<12}  pid {p['pid']:<8} {'alive' if p['alive'] else 'DEAD'}  log {p['log']}")
+    click.echo(f"  credentials   {st.credentials}  (API keys; one key file: docs/cli.md#api-keys)")
+    for p in st.processes:
+        click.echo(f"  {p.name:<12}  pid {p.pid!s:<8} {'alive' if p.alive else 'DEAD'}  log {p.log}")
 
 
 @main.command("api-key")
@@ -241,7 +242,7 @@ def api_key_cmd(name: str, home: Path | None, principal: str | None, out: Path |
         stack = _existing_stack(name, home)
         if stack.load_state() is None:
             fail(f"stack {name!r} is not up: start it with `fencelab up --name {name}`")
-        path = Path(stack.status()["credentials"])
+        path = Path(stack.status().credentials)
         creds = json.loads(path.read_text())
         cred = (next((c for c in creds if c.get("principal_id") == principal), None) if principal
                 else pick_credential(creds))

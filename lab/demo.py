@@ -19,17 +19,18 @@ import click
 from lab.campaign import load_spec, run_campaign
 from lab.client import LeaseClient
 from lab.paths import REPO_ROOT
+from lab.stack.base import StackStatus
 from lab.stack.local import LocalStack, StackOptions
 from workloads.common import identity_for, pick_credential
 
 
-async def _drive(stack_status: dict) -> list[str]:
+async def _drive(stack_status: StackStatus) -> list[str]:
     """Acquire, renew and release one lease; return printable lines."""
-    creds = json.loads(Path(stack_status["credentials"]).read_text())
+    creds = json.loads(Path(stack_status.credentials).read_text())
     cred = pick_credential(creds)
     ident = identity_for("demo")
     lines = []
-    urls = stack_status["lease_servers"]
+    urls = stack_status.lease_servers
     async with LeaseClient(urls[0], cred["api_key"], service_instance_id="demo-worker") as a, \
             LeaseClient(urls[-1], cred["api_key"], service_instance_id="demo-worker") as b:
         r = await a.acquire(ident, ttl_ms=5000, deadline_s=2)
@@ -57,7 +58,7 @@ def run_demo(name: str = "demo", home: Path | None = None, store_dir: Path = Pat
     click.echo(f"== bringing stack {name!r} up")
     status = stack.up(StackOptions(servers=2))
     try:
-        for url in status["lease_servers"]:
+        for url in status.lease_servers:
             click.echo(f"   lease server {url}")
         for line in asyncio.run(_drive(status)):
             click.echo(f"   {line}")

@@ -113,7 +113,8 @@ def lab_stack_options():
 
 @pytest.fixture(scope="session")
 def lab_stack(lab_stack_options, tmp_path_factory):
-    """A local stack (Valkey, store, lease servers) for the whole session; `.status()` has its URLs and keys."""
+    """A local stack (Valkey, store, lease servers) for the whole session; `.status()` (a `StackStatus`) has its
+    URLs and the path of its API keys."""
     from lab.stack.local import LocalStack
 
     stack = LocalStack(name="pytest-lab", root=tmp_path_factory.mktemp("lab-stack"), die_with_parent=True)

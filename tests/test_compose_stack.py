@@ -242,22 +242,22 @@ def test_up_runs_compose_and_describes_the_stack(tmp_path, engine, store_http):
     admin = json.loads(stack.store_admin_file.read_text())
     assert env["COUCHDB_PASSWORD"] == admin["password"] and admin["password"] not in " ".join(argv)
 
-    assert status["up"] and status["backend"] == "compose"
-    assert [p["name"] for p in status["processes"]] == ["valkey", "store", "toxiproxy", "lease-1", "lease-2"]
-    lease1 = status["processes"][3]
-    assert lease1["pid"] == 4242 and lease1["alive"] and lease1["log"].startswith("docker logs ")
-    assert list(lease1["ports"]) == ["8080/tcp"] and status["lease_servers"][0].endswith(f":{lease1['ports']['8080/tcp']}")
+    assert status.up and status.backend == "compose"
+    assert [p.name for p in status.processes] == ["valkey", "store", "toxiproxy", "lease-1", "lease-2"]
+    lease1 = status.processes[3]
+    assert lease1.pid == 4242 and lease1.alive and lease1.log.startswith("docker logs ")
+    assert list(lease1.ports) == ["8080/tcp"] and status.lease_servers[0].endswith(f":{lease1.ports['8080/tcp']}")
     assert stack_backend("t1", tmp_path) == "compose"
-    assert all(u.startswith("http://127.0.0.1:") for u in status["lease_servers"]) and len(status["lease_servers"]) == 2
-    assert status["valkey"].startswith("redis://127.0.0.1:") and status["toxiproxy"].startswith("http://127.0.0.1:")
-    topo = status["topology"]
+    assert all(u.startswith("http://127.0.0.1:") for u in status.lease_servers) and len(status.lease_servers) == 2
+    assert status.valkey.startswith("redis://127.0.0.1:") and status.toxiproxy.startswith("http://127.0.0.1:")
+    topo = status.topology
     assert sorted(topo) == sorted(["c1_lease-1", "c1_lease-2", "c2_lease-1", "c2_lease-2", "lease-1_valkey",
                                    "lease-2_valkey", "lease-1_store", "lease-2_store"])
     assert topo["lease-2_valkey"] == {"from": "lease-2", "to": "valkey", "listen": "toxiproxy:26102", "upstream": "valkey:6379"}
     assert topo["c2_lease-1"]["upstream"] == "lease-1:8080" and topo["c2_lease-1"]["listen"].startswith("127.0.0.1:")
-    assert status["client_nodes"] == [f"http://{topo[n]['listen']}" for n in ("c1_lease-1", "c1_lease-2", "c2_lease-1", "c2_lease-2")]
-    assert sorted(status["clocks"]) == ["lease-1", "lease-2", "valkey"]
-    assert all(Path(p).read_text().strip() == "+0" for p in status["clocks"].values())
+    assert list(status.client_nodes) == [f"http://{topo[n]['listen']}" for n in ("c1_lease-1", "c1_lease-2", "c2_lease-1", "c2_lease-2")]
+    assert sorted(status.clocks) == ["lease-1", "lease-2", "valkey"]
+    assert all(Path(p).read_text().strip() == "+0" for p in status.clocks.values())
 
     # hashes only in the mounted principals file; the keys and the admin stay on the host, 0600
     principals = (stack.dir / "principals" / "principals.json").read_text()
@@ -265,7 +265,7 @@ def test_up_runs_compose_and_describes_the_stack(tmp_path, engine, store_http):
     assert keys and not any(k in principals for k in keys)
     for f in (stack.credentials_file, stack.store_admin_file, stack.dir / "principals" / "principals.json"):
         assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
-    assert admin["password"] not in json.dumps(status) and admin["password"] not in stack.state_file.read_text()
+    assert admin["password"] not in json.dumps(status.as_dict()) and admin["password"] not in stack.state_file.read_text()
     # CouchDB's system databases were created with the stack's admin
     assert [(r.method, r.url.path) for r in store_http[0].requests] == [("PUT", "/_users"), ("PUT", "/_replicator")]
     assert all(r.headers["authorization"] == httpx.BasicAuth(admin["user"], admin["password"])._auth_header
@@ -282,8 +282,8 @@ def test_compose_v1_gets_no_wait_flag_and_the_store_runs_even_for_a_workload_wit
     argv = runner.calls[0][0]
     assert argv[0] == "/usr/bin/docker-compose" and "--wait" not in argv
     assert argv[-4:] == ["valkey", "store", "toxiproxy", "lease-1"]
-    assert status["store"] is not None
-    assert sorted(status["topology"]) == ["c1_lease-1", "lease-1_store", "lease-1_valkey"]
+    assert status.store is not None
+    assert sorted(status.topology) == ["c1_lease-1", "lease-1_store", "lease-1_valkey"]
 
 
 def test_missing_engine_is_one_line_before_anything_starts(tmp_path, monkeypatch):
@@ -355,7 +355,7 @@ def test_a_stale_project_is_taken_down_before_a_new_up(tmp_path, engine, store_h
     for d in engine.containers.values():  # the engine restarted: the containers exist, stopped
         d.update(status="exited", exit=0)
     again, _, _ = make_stack(tmp_path, engine, store_http, runner=runner)
-    assert again.up(StackOptions(servers=1, client_groups=1))["up"]
+    assert again.up(StackOptions(servers=1, client_groups=1)).up
     assert runner.verbs() == ["up", "down", "up"] and len(engine.containers) == 4
 
 
@@ -394,8 +394,8 @@ def test_status_without_an_engine_reports_instead_of_raising(tmp_path, engine, s
         docker.from_env, side_effect=docker.errors.DockerException("connection refused")))
     gone.load_state()
     status = gone.status()
-    assert status["up"] is False and "cannot reach a Docker engine" in status["error"]
-    assert status["lease_servers"] == stack.status()["lease_servers"]
+    assert status.up is False and "cannot reach a Docker engine" in status.error
+    assert status.lease_servers == stack.status().lease_servers
 
 
 # -- the containers, through the SDK's documented calls ------------------------------------------------
@@ -524,7 +524,7 @@ def test_network_nemeses_accept_the_compose_topology(running):
 
     stack, _ = running
     info = stack.status()
-    nem = ToxiproxyNemeses(info["toxiproxy"], info["topology"], ["partition", "latency"], seed=7)
+    nem = ToxiproxyNemeses(info.toxiproxy, info.topology, ["partition", "latency"], seed=7)
     assert {"start-partition", "stop-partition", "start-latency", "stop-latency"} <= set(nem.fs)
     assert nem.topology.servers == ["lease-1", "lease-2"] and nem.topology.clients == ["c1"]
 

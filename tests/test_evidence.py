@@ -168,8 +168,8 @@ def test_external_system_marks_stack_rows_not_applicable_and_lists_findings(tmp_
     try:
         status = stack.up(StackOptions(servers=1, store=False))
         key = tmp_path / "key"
-        key.write_text(pick_credential(json.loads(Path(status["credentials"]).read_text()))["api_key"])
-        evidence = run_evidence(spec, tmp_path / "store", target=EvidenceTarget((status["lease_servers"][0],), str(key)),
+        key.write_text(pick_credential(json.loads(Path(status.credentials).read_text()))["api_key"])
+        evidence = run_evidence(spec, tmp_path / "store", target=EvidenceTarget((status.lease_servers[0],), str(key)),
                                 echo=lambda line: None, runner=runner_with_a_finding)
     finally:
         stack.down()

@@ -35,12 +35,12 @@ def ext(tmp_path_factory):
         status = stack.up(StackOptions(servers=2, store=True))
         pids = {p.pid for p in stack.processes}
         SESSION_PIDS.update(pids)
-        creds = json.loads(Path(status["credentials"]).read_text())
+        creds = json.loads(Path(status.credentials).read_text())
         key = root / "key"
         key.write_text(pick_credential(creds)["api_key"] + "\n")
         other = root / "other-tenant-key"  # a valid key whose scope does not cover the workloads' identities
         other.write_text(next(c["api_key"] for c in creds if c["principal_id"] == "lease-b1") + "\n")
-        yield {"urls": status["lease_servers"], "store": status["store"], "key": key, "other_key": other}
+        yield {"urls": list(status.lease_servers), "store": status.store, "key": key, "other_key": other}
     finally:
         stack.down()
         SESSION_PIDS.difference_update({p.pid for p in stack.processes} | locals().get("pids", set()))
@@ -227,9 +227,14 @@ def test_a_partition_through_proxied_urls_cuts_the_client_link_and_heals(tmp_pat
     from nemesis.core import invocation
     from nemesis.registry import build
 
-    px = ProxiedUrls(ext["urls"], tmp_path / "px").up()
+    px = ProxiedUrls(ext["urls"], tmp_path / "px")
+    status = px.up()
     procs = list(px.processes)
     try:
+        assert status.lease_servers == tuple(ext["urls"]) and status.client_nodes == tuple(px.client_nodes)
+        assert status.backend == "external" and status.up and status.toxiproxy == px.info["toxiproxy"]
+        state = json.loads((tmp_path / "px" / "state.json").read_text())  # recorded: a later down finds it
+        assert [p["name"] for p in state["processes"]] == ["toxiproxy"] and state["client_nodes"] == px.client_nodes
         assert len(px.client_nodes) == 2 * len(ext["urls"]) and sorted(px.info["topology"]) == sorted(
             f"c{g}_lease-{i}" for g in (1, 2) for i in range(1, len(ext["urls"]) + 1))
         c1_lease1, c2_lease1 = px.client_nodes[0], px.client_nodes[len(ext["urls"])]
@@ -259,7 +264,7 @@ def test_a_partition_through_proxied_urls_cuts_the_client_link_and_heals(tmp_pat
         cut, other, healed = asyncio.run(scenario())
         assert (cut, other, healed) == (False, True, True), "only c1 -> lease-1 was cut, and it healed"
     finally:
-        assert px.down() == ["toxiproxy"]
+        assert px.down() == ["toxiproxy"] and not (tmp_path / "px" / "state.json").exists()
     assert procs and not any(p.alive() for p in procs), "the run's Toxiproxy is stopped by pid"
 
 

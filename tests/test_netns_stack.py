@@ -270,7 +270,7 @@ import json, sys, time
 from lab.stack.local import LocalStack, StackOptions
 stack = LocalStack(name="killed", root=sys.argv[1], die_with_parent=True)
 status = stack.up(StackOptions(netns=True, servers=1, store=False))
-print(json.dumps({"pids": {p["name"]: p["pid"] for p in status["processes"]}, "netns": status["netns"]}), flush=True)
+print(json.dumps({"pids": {p.name: p.pid for p in status.processes}, "netns": status.netns}), flush=True)
 time.sleep(120)
 """
 

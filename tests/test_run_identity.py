@@ -25,10 +25,10 @@ def fencelab(*args: str) -> subprocess.CompletedProcess:
 def external(make_stack, tmp_path):
     """A running reference stack (as `fencelab up` makes) and a key file for it, as a user would write one."""
     st = make_stack(servers=1, store=False).status()
-    key = pick_credential(json.loads(Path(st["credentials"]).read_text()))["api_key"]
+    key = pick_credential(json.loads(Path(st.credentials).read_text()))["api_key"]
     key_file = tmp_path / "key.txt"
     key_file.write_text(key + "\n")
-    return st["lease_servers"][0], key_file
+    return st.lease_servers[0], key_file
 
 
 @pytest.mark.parametrize("workload", ["lease", "idempotency"])

@@ -140,13 +140,13 @@ def test_external_server_by_url_starts_no_stack_and_keeps_the_key_out(tmp_path):
     stack = LocalStack(name="ext", root=tmp_path / "ext")
     st = stack.up()
     try:
-        key = pick_credential(json.loads(open(st["credentials"]).read()))["api_key"]
+        key = pick_credential(json.loads(open(st.credentials).read()))["api_key"]
         key_file = tmp_path / "key.txt"
         key_file.write_text(key + "\n")
-        r = fencelab("test", "--workload", "lease", "--time-limit", "2", "--url", st["lease_servers"][0],
+        r = fencelab("test", "--workload", "lease", "--time-limit", "2", "--url", st.lease_servers[0],
                      "--api-key-file", str(key_file), "--store-dir", str(tmp_path / "store"))
         assert r.returncode == 0, r.stdout + r.stderr
-        port = st["lease_servers"][0].rsplit(":", 1)[1].strip("/")
+        port = st.lease_servers[0].rsplit(":", 1)[1].strip("/")
         run = (tmp_path / "store" / f"127.0.0.1-{port}-lease" / "latest").resolve()  # named after the system
         assert not (run / "stack").exists(), "no stack is started for an external system"
         for name in ("test.json", "history.jsonl", "results.json", "report.html"):

@@ -139,14 +139,14 @@ def test_a_scenario_against_an_external_server(tmp_path):
     try:
         status = stack.up(StackOptions(servers=1, store=False))
         key = tmp_path / "key"
-        key.write_text(pick_credential(json.loads(Path(status["credentials"]).read_text()))["api_key"])
-        test = scenario_test("changed-body-same-request-id", urls=[status["lease_servers"][0]], api_key_file=str(key))
+        key.write_text(pick_credential(json.loads(Path(status.credentials).read_text()))["api_key"])
+        test = scenario_test("changed-body-same-request-id", urls=[status.lease_servers[0]], api_key_file=str(key))
         results = run_test(test, tmp_path / "store")
         assert results["valid"] is True and scenario_result(results, "changed-body-same-request-id")[
             "idempotency_conflicts"] > 0
         assert test.nemesis == [] and not (test.run_dir / "stack").exists()
         with pytest.raises(RunError, match="not applicable to an external system"):
-            validate(scenario_test("counter-near-limit", urls=[status["lease_servers"][0]], api_key_file=str(key)))
+            validate(scenario_test("counter-near-limit", urls=[status.lease_servers[0]], api_key_file=str(key)))
     finally:
         stack.down()
 

@@ -447,21 +447,21 @@ def netns_of(pid: int) -> str:
     return subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True).stdout.strip()
 
 
-def assert_placed(lab: SshLab, stack: SshStack) -> dict:
+def assert_placed(lab: SshLab, stack: SshStack):
     """Each process runs inside its host's namespace, bound to that host's address (not loopback)."""
     st = stack.status()
     where = {"valkey": "valkey", "store": "lease-1", "lease-1": "lease-1", "lease-2": "lease-2"}
-    for p in st["processes"]:
-        host = where[p["name"]]
-        assert p["alive"] and p["host"] == lab.hosts.address(host), p
-        assert netns_of(p["pid"]) == lab.hosts.netns(host), p
-        assert not any(c.laddr.ip.startswith("127.") for c in psutil.Process(p["pid"]).net_connections("tcp")
+    for p in st.processes:
+        host = where[p.name]
+        assert p.alive and p.host == lab.hosts.address(host), p
+        assert netns_of(p.pid) == lab.hosts.netns(host), p
+        assert not any(c.laddr.ip.startswith("127.") for c in psutil.Process(p.pid).net_connections("tcp")
                        if c.status == psutil.CONN_LISTEN), p
-    assert st["valkey"] == f"redis://{lab.hosts.address('valkey')}:6379/0"
-    assert st["store"] == f"http://{lab.hosts.address('lease-1')}:5984"
-    assert st["lease_servers"] == [f"http://{lab.hosts.address('lease-1')}:8080",
+    assert st.valkey == f"redis://{lab.hosts.address('valkey')}:6379/0"
+    assert st.store == f"http://{lab.hosts.address('lease-1')}:5984"
+    assert list(st.lease_servers) == [f"http://{lab.hosts.address('lease-1')}:8080",
                                    f"http://{lab.hosts.address('lease-2')}:8080"]
-    assert st["up"] and st["backend"] == "ssh" and st["client_nodes"] == st["lease_servers"]
+    assert st.up and st.backend == "ssh" and st.client_nodes == st.lease_servers
     return st
 
 
@@ -490,8 +490,8 @@ def test_workload_over_ssh_with_kernel_partitions(ssh_lab, tmp_path, workload):
         test = Test(name=f"ssh-{workload}", workload=workload, time_limit=12, concurrency=4, rate=25,
                     keys=2, seed=11, ttl_ms=1500, run_dir=tmp_path / "run")
         test.run_dir.mkdir()
-        test.lease_servers, test.valkey, test.store = st["lease_servers"], st["valkey"], st["store"]
-        test.credentials_file = st["credentials"]
+        test.lease_servers, test.valkey, test.store = list(st.lease_servers), st.valkey, st.store
+        test.credentials_file = st.credentials
         wl = get_workload(test.workload)(test)
         test.nodes = wl.nodes(test)
         # the store lives on host lease-1, so the link lease-2 -> lease-1 is lease-2's path to the store
@@ -532,7 +532,7 @@ def test_workload_over_ssh_with_kernel_partitions(ssh_lab, tmp_path, workload):
     # the start, once requests sent before it have finished), and some of their requests reached it
     for i, (value, _) in enumerate(PARTITIONS):
         t0, t1 = window(history, value["target"])
-        node = st["lease_servers"][int(value["target"].split("-")[1]) - 1]
+        node = st.lease_servers[int(value["target"].split("-")[1]) - 1]
         during = [op for op in history if op["process"] != "nemesis" and op["type"] != "invoke"
                   and test.nodes[(op["process"] % test.concurrency) % len(test.nodes)] == node
                   and t0 + 1_000_000_000 < op["time"] < t1]
@@ -619,14 +619,14 @@ async def test_process_clock_and_partition_nemeses_run_on_the_hosts(ssh_lab, tmp
         await pn.teardown(test)
 
         # clock: the remote offset file moves Valkey's TIME (libfaketime on the host)
-        vk = redis.Redis.from_url(stack.status()["valkey"], socket_timeout=2)
+        vk = redis.Redis.from_url(stack.status().valkey, socket_timeout=2)
         try:
             cn = ssh_clock(stack, rng=0, targets=["valkey"])
             await cn.setup(test)
             done = (await cn.invoke(test, nemesis_op("bump-clock", {"targets": ["valkey"], "delta_s": 3600})))["value"]
             assert done["offsets"] == {"valkey": 3600}
             assert stack.clocks()["valkey"].offset() == 3600
-            assert Path(stack.status()["clocks"]["valkey"]).read_text().strip() == "+3600.000"  # shared filesystem
+            assert Path(stack.status().clocks["valkey"]).read_text().strip() == "+3600.000"  # shared filesystem
             assert wait_for(lambda: vk.time()[0] - time.time() > 3500)
             await cn.invoke(test, nemesis_op("reset-clock"))
             assert wait_for(lambda: abs(vk.time()[0] - time.time()) < 60)
@@ -653,7 +653,7 @@ async def test_process_clock_and_partition_nemeses_run_on_the_hosts(ssh_lab, tmp
         for h in HOSTS:
             assert "flab-ssh-" not in ssh_lab.hosts.run(h, ["iptables", "-S", "INPUT"]).stdout
         assert ssh_lab.hosts.can_connect("lease-2", "lease-1", 5984)
-        assert stack.status()["up"]
+        assert stack.status().up
 
         local = LocalStack(root=tmp_path / "stack")  # a local-backend `down` given this state by mistake
         local.load_state()

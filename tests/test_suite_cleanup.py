@@ -35,7 +35,9 @@ def test_a_killed_pytest_leaves_no_session_valkey(tmp_path, sig):
     pid_file = tmp_path / "base" / "valkey.pid"
     valkey = None
     try:
-        wait_until(pid_file.exists, timeout=60, what="the inner session's Valkey")
+        # written after it is created: wait for its content, not only the file
+        wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=60,
+                   what="the inner session's Valkey")
         valkey = psutil.Process(int(pid_file.read_text()))
         assert valkey.is_running()
         proc.send_signal(sig)

@@ -60,13 +60,13 @@ def test_declared_processes_are_owned_and_proxied(kv_stack):
     for p in kv_stack.processes:
         assert p.alive() and p.pid and p.log_path.parent == kv_stack.dir / "logs"
     # two client groups x two members, each through its own proxy; every client group has a link to the store
-    assert sorted(status["topology"]) == ["c1_kv-1", "c1_kv-2", "c1_store", "c2_kv-1", "c2_kv-2", "c2_store",
+    assert sorted(status.topology) == ["c1_kv-1", "c1_kv-2", "c1_store", "c2_kv-1", "c2_kv-2", "c2_store",
                                           "peers_kv-2"]
-    assert len(status["client_nodes"]) == 4 and all(_ping(u) for u in status["client_nodes"])
+    assert len(status.client_nodes) == 4 and all(_ping(u) for u in status.client_nodes)
     real = {p.name: p.ports["client"] for p in kv_stack.processes if p.name.startswith("kv-")}
-    for node in status["client_nodes"]:
+    for node in status.client_nodes:
         assert not any(str(port) in node for port in real.values())  # nodes are proxied addresses
-    assert set(kv_stack.info["node_store"]) == set(status["client_nodes"])
+    assert set(kv_stack.info["node_store"]) == set(status.client_nodes)
     state = kv_stack.read_state_file()
     assert {p["name"] for p in state["processes"]} == set(names)
     pids = [p.pid for p in kv_stack.processes]
@@ -87,7 +87,7 @@ def test_existing_nemeses_act_on_declared_processes(kv_stack):
     targets = process_faults.stack_targets(kv_stack)
     assert list(targets) == ["kv-1", "kv-2"]  # members are targets; Toxiproxy never is
     kv1 = kv_stack.process("kv-1")
-    node = next(n for n in status["client_nodes"] if n == f"redis://{status['topology']['c1_kv-1']['listen']}/0")
+    node = next(n for n in status.client_nodes if n == f"redis://{status.topology['c1_kv-1']['listen']}/0")
 
     async def scenario():
         kill = process_faults.kill(targets, rng=1)

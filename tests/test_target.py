@@ -15,7 +15,8 @@ from lab.runner import RunError, run_test, validate
 from lab.stack.local import LocalStack
 from lab.sut.processes import LinkSpec, ProcessSpec, SystemProcesses
 from lab.sut.registry import register_sut, unregister_sut
-from lab.sut.target import BACKENDS, Backend, ExternalStack, Kind, target_of
+from lab.sut.proxy import UrlStack
+from lab.sut.target import BACKENDS, Backend, Kind, target_of
 from lab.testmap import Test
 from nemesis.core import completion
 from nemesis.registry import NEMESES, NemesisSpec
@@ -85,9 +86,9 @@ def test_an_external_url_has_a_stack_too(tmp_path):
     """One run path: a URL's stack starts nothing, and says where the clients go."""
     test = Test(urls=["http://127.0.0.1:9"])
     stack = target_of(test).make_stack(test, tmp_path)
-    assert isinstance(stack, ExternalStack)
+    assert isinstance(stack, UrlStack)
     status = stack.up(None)
-    assert status["lease_servers"] == status["client_nodes"] == ["http://127.0.0.1:9"]
+    assert status.lease_servers == status.client_nodes == ("http://127.0.0.1:9",)
     assert stack.down() == [] and stack.processes == []
 
 

@@ -4,7 +4,10 @@
 registry use of a placement (Jepsen's DB: set up, tear down, and the nodes'
 processes): `up(options)` -> status, `down()`, `status()`, `processes`,
 `process(name)`, `dir`, and `info` (addresses, Toxiproxy topology, clock
-files). `LocalStack`, `ComposeStack` and `SshStack` implement it
+files). `up()` and `status()` return a `StackStatus`, one typed value for
+every backend (what `fencelab status --json` prints, `as_dict()`).
+`LocalStack`, `ComposeStack`, `SshStack`, `lab.sut.processes.SutStack` and
+the URL stacks of `lab.sut.proxy` implement it
 (tests/test_stack_protocol.py); a backend-specific ability (the local stack's
 `netns_hosts`, a system's `leader_nemesis`) is asked for with `hasattr`, as
 Jepsen's optional DB protocols are; the nemeses of SSH hosts live in
@@ -12,13 +15,17 @@ Jepsen's optional DB protocols are; the nemeses of SSH hosts live in
 
 A backend is a class with `name`, `home`, `root`, `processes` and `info`;
 mixing in `StackFiles` gives it the directory layout, `save_state`, the
-state file's reading, and process lookup by name.
+state file's reading, and process lookup by name. The lifecycle the
+process-owning backends share (start and record a process, the store, the
+Toxiproxy topology, `down`, `status`) is `lab.stack.lifecycle.ProcessStack`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -36,6 +43,67 @@ def write_private_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class ProcessRow:
+    """One process of a stack as `status()` lists it; `node`/`host` on SSH hosts, `status`/`container` for a
+    container (Docker's view), None elsewhere."""
+
+    name: str
+    pid: int | None
+    alive: bool
+    ports: Mapping[str, Any]
+    log: str
+    node: str | None = None
+    host: str | None = None
+    status: str | None = None
+    container: str | None = None
+
+
+@dataclass(frozen=True)
+class StackStatus:
+    """What a stack runs and where its services answer: `up()` and `status()` of every `Stack` return it.
+
+    The runner reads the addresses (`lease_servers`, `client_nodes`, `valkey`, `store`, `credentials`);
+    `fencelab status` prints the rest. Fields a backend has no use for stay None / empty: `netns` (a local
+    stack in network namespaces), `system` and `members` (a system that brings its own processes), `project`,
+    `store_admin` and `error` (a Compose stack; `error` when no engine answers), `nodes` (SSH hosts).
+    """
+
+    name: str
+    backend: str  # local, compose, ssh, or external (URLs the lab does not run)
+    dir: str
+    up: bool = False
+    lease_servers: Sequence[str] = ()
+    client_nodes: Sequence[str] = ()  # the servers as the workload's clients dial them (through proxies)
+    valkey: str | None = None
+    store: str | None = None  # its URL without credentials
+    credentials: str | None = None  # the path of the demo API keys (never the keys)
+    toxiproxy: str | None = None
+    topology: Mapping[str, Any] | None = None
+    clocks: Mapping[str, str] = field(default_factory=dict)
+    processes: Sequence[ProcessRow] = ()
+    system: str = "reference"
+    members: Mapping[str, str] = field(default_factory=dict)
+    netns: Mapping[str, Any] | None = None
+    project: str | None = None
+    store_admin: str | None = None
+    nodes: Mapping[str, Any] | None = None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("lease_servers", "client_nodes", "processes"):  # frozen all the way down for sequences
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (what `fencelab status --json` prints)."""
+        return asdict(self)
+
+
+def rows_up(rows: Sequence[ProcessRow]) -> bool:
+    """Is a stack with these processes up: at least one, and every one alive?"""
+    return bool(rows) and all(r.alive for r in rows)
+
+
 @runtime_checkable
 class Stack(Protocol):
     """A placement of the system under test (local processes, Docker Compose, SSH nodes)."""
@@ -47,11 +115,11 @@ class Stack(Protocol):
     @property
     def dir(self) -> Path: ...
 
-    def up(self, opts: Any) -> dict[str, Any]: ...
+    def up(self, opts: Any) -> StackStatus: ...
 
     def down(self) -> list[str]: ...
 
-    def status(self) -> dict[str, Any]: ...
+    def status(self) -> StackStatus: ...
 
     def process(self, name: str) -> Any: ...
 
@@ -76,11 +144,6 @@ class StackFiles:
     @property
     def credentials_file(self) -> Path:
         return self.dir / "credentials.json"
-
-    def process_rows(self) -> list[dict[str, Any]]:
-        """Each host process as `status()` lists it: name, pid, alive, ports, log."""
-        return [{"name": p.name, "pid": p.pid, "alive": p.alive(), "ports": p.ports, "log": str(p.log_path)}
-                for p in self.processes]
 
     def save_state(self) -> None:
         """Record what runs (info and every started process) so a later `down` can find it."""

@@ -9,13 +9,14 @@ each service's container by its Compose labels and waits until it answers.
 `down()` (from any later command) runs `docker compose down -v` on the same
 project, so it removes exactly the containers, networks and volumes `up` made.
 
-Each service is a `ContainerProcess` (a `lab.stack.process.Process`, not a ManagedProcess) whose kill / pause /
-resume / start / stop go through the Docker SDK (`docker.from_env()`,
-`containers.get`, `kill(signal=...)`, `pause()`, `unpause()`, `start()`,
-`stop(timeout=...)`, `restart(timeout=...)`, `reload()` + `status`,
-`get_archive(path=...)`) instead of host pids, so the nemeses that take a
-stack's processes drive containers; the Valkey container also carries the
-stack's persistence mode and its live published port (`valkey-crash`).
+The parts live by role: the engine's API (the Docker SDK, the Compose CLI)
+in `lab.stack.docker_api`, the reaping of dead runs' projects (owner labels)
+in `lab.stack.orphans`, the containers' health probes in
+`lab.stack.container_probes`, and each service's container, a
+`ContainerProcess` driven through the Docker SDK (so the nemeses that take a
+stack's processes drive containers), in `lab.stack.container`; this module
+holds `ComposeStack` (on the lifecycle of `lab.stack.lifecycle.ProcessStack`)
+and the Compose files' Toxiproxy configuration.
 Toxiproxy is published on 127.0.0.1 and `info["topology"]` describes its
 proxies (from `compose/toxiproxy.json`), so the network nemeses work as on the
 local stack; the clock nemesis rewrites `clocks/<name>.rc` in the directory
@@ -31,17 +32,12 @@ Layout of a compose stack's state directory (`$FENCELAB_HOME/stacks/<name>/`):
 
 from __future__ import annotations
 
-import io
 import json
-import math
 import os
 import re
 import secrets
-import shutil
 import subprocess
-import tarfile
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,10 +45,15 @@ from typing import Any
 import httpx
 
 from lab import paths
-from lab.stack.base import StackFiles
+from lab.stack.base import ProcessRow, StackStatus, write_private_json
+from lab.stack.container import LIVE_STATUSES, ContainerProcess
+from lab.stack.docker_api import api_errors, compose_command, connect_docker, is_compose_v2, one_line
+from lab.stack.errors import StackError, stack_dir
 from lab.stack.faketime import FakeClock
 from lab.stack.images import ImageSet, ensure_images
-from lab.stack.local import StackError, StackOptions, stack_dir, write_private_json
+from lab.stack.lifecycle import ProcessStack
+from lab.stack.local import StackOptions
+from lab.stack.orphans import OWNER_LABEL, PROJECT_LABEL, owner_id, reap_orphans  # noqa: F401 - re-exported
 from lab.stack.process import ManagedProcess, ProcessError
 from lab.stack.topology import Topology, link_name, standard_links
 
@@ -75,120 +76,12 @@ COMPOSE_FILE = paths.REPO_ROOT / "compose" / "docker-compose.yml"
 SERVICE_PORTS = {"valkey": "6379/tcp", "store": "5984/tcp", "toxiproxy": "8474/tcp"}
 VALKEY_DATA_DIR = "/data"  # the valkey-data volume's mount point in compose/docker-compose.yml
 LEASE_PORT = "8080/tcp"
-LIVE_STATUSES = ("running", "paused")
 PERSISTENCE_ENV = {  # StackOptions.persistence -> (VALKEY_APPENDONLY, VALKEY_APPENDFSYNC)
     "none": ("no", "everysec"),
     "everysec": ("yes", "everysec"),
     "always": ("yes", "always"),
 }
-PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
-
-
-# -- the Docker SDK, the Compose CLI -------------------------------------------------
-def _docker_module() -> Any:
-    """The `docker` package, or a StackError saying how to install it."""
-    try:
-        import docker
-    except ImportError:
-        raise StackError("the compose backend needs the `docker` Python package: "
-                         ".tools/venv/bin/pip install 'docker>=7.1'") from None
-    return docker
-
-
-def _one_line(text: Any) -> str:
-    """`text` squeezed onto one line (Docker's errors span several)."""
-    return " ".join(str(text).split())
-
-
-def _api_errors() -> tuple[type[BaseException], ...]:
-    """What a Docker SDK call raises when the engine refuses or is gone."""
-    import requests
-
-    return (_docker_module().errors.DockerException, requests.exceptions.RequestException)
-
-
-def connect_docker(factory: Callable[[], Any] | None = None) -> Any:
-    """A Docker client (`docker.from_env()` by default), or one StackError line when no engine answers."""
-    docker = _docker_module()
-    try:
-        return (factory or docker.from_env)()
-    except docker.errors.DockerException as e:
-        where = os.environ.get("DOCKER_HOST") or "the default socket"
-        raise StackError(f"cannot reach a Docker engine at {where} ({_one_line(e)}): "
-                         "the compose backend needs a running Docker engine") from None
-
-
-def compose_command(run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> list[str]:
-    """`docker compose` (the v2 plugin) when it answers, else Debian's `docker-compose`; StackError if neither."""
-    if shutil.which("docker"):
-        try:
-            r = run(["docker", "compose", "version"], capture_output=True, text=True, timeout=30)
-            if r.returncode == 0:
-                return ["docker", "compose"]
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-    exe = shutil.which("docker-compose")
-    if exe:
-        return [exe]
-    raise StackError("neither `docker compose` nor `docker-compose` is installed: install Docker's compose "
-                     "plugin, or Debian's docker-compose (scripts/install.sh compose-tools)")
-
-
-def is_compose_v2(cmd: Sequence[str]) -> bool:
-    """Is this the v2 plugin (which knows `up --wait`)?"""
-    return list(cmd[:2]) == ["docker", "compose"]
-
-
-OWNER_LABEL = "org.fencelab.owner"  # "pid:start time" of the lab process whose run owns the project
-PROJECT_LABEL = "com.docker.compose.project"
-
-
-def owner_id(pid: int | None = None) -> str:
-    """This process (or `pid`) as an owner label: its pid and start time (a reused pid is not the owner)."""
-    import psutil
-
-    p = psutil.Process(pid)
-    return f"{p.pid}:{p.create_time():.2f}"
-
-
-def owner_alive(owner: str) -> bool:
-    """Is the process an owner label names still running (same pid, same start time)?"""
-    import psutil
-
-    try:
-        pid, started = owner.split(":", 1)
-        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 0.5
-    except (ValueError, psutil.Error):
-        return False
-
-
-def reap_orphans(client: Any) -> dict[str, dict[str, int]]:
-    """Remove the Compose projects of runs whose lab process died before its `down` (SIGKILL, power loss):
-    containers labelled with an owner that is no longer running, then their project's networks and volumes.
-    Only resources carrying `org.fencelab.owner` with a dead owner are touched: `fencelab up` stacks (no owner)
-    and other projects never are. Returns project -> counts removed."""
-    dead: set[str] = set()
-    for c in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
-        labels = c.labels or {}
-        owner, project = labels.get(OWNER_LABEL, ""), labels.get(PROJECT_LABEL, "")
-        if owner and project.startswith("fencelab-") and not owner_alive(owner):
-            dead.add(project)
-    out: dict[str, dict[str, int]] = {}
-    for project in sorted(dead):
-        flt = {"label": f"{PROJECT_LABEL}={project}"}
-        counts = {"containers": 0, "networks": 0, "volumes": 0}
-        for c in client.containers.list(all=True, filters=flt):
-            c.remove(force=True, v=True)
-            counts["containers"] += 1
-        for n in client.networks.list(filters=flt):
-            n.remove()
-            counts["networks"] += 1
-        for v in client.volumes.list(filters=flt):
-            v.remove(force=True)
-            counts["volumes"] += 1
-        out[project] = counts
-    return out
 
 
 def project_name(stack_name: str) -> str:
@@ -240,53 +133,6 @@ def _port_of(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
-# -- health probes over the published ports -------------------------------------------------
-def _http_ok(url: str, statuses: tuple[int, ...] = (200,)) -> bool:
-    """Does GET `url` answer one of `statuses`?"""
-    try:
-        return httpx.get(url, timeout=1.0).status_code in statuses
-    except httpx.HTTPError:
-        return False
-
-
-def _welcome_ok(url: str) -> bool:
-    """Does GET `url` answer a CouchDB welcome document (a JSON object with `version`)?"""
-    try:
-        r = httpx.get(url, timeout=1.0)
-        return r.status_code == 200 and "version" in r.json()
-    except (httpx.HTTPError, ValueError):
-        return False
-
-
-def _valkey_ok(port: int) -> bool:
-    """Does Valkey answer PING (not merely accept: it loads its AOF before serving)?"""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    c = redis.Redis(host="127.0.0.1", port=port, socket_timeout=1.0, socket_connect_timeout=1.0,
-                    retry=Retry(NoBackoff(), 0))
-    try:
-        return bool(c.ping())
-    except Exception:
-        return False
-    finally:
-        c.close()
-
-
-def default_probe(proc: "ContainerProcess") -> bool:
-    """The service's own health probe through its published port, as the local stack's owners do."""
-    port = proc.host_port()
-    if port is None:
-        return False
-    if proc.service == "valkey":
-        return _valkey_ok(port)
-    if proc.service == "store":  # the welcome document: Apache CouchDB and pouchdb-server both serve it
-        return _welcome_ok(f"http://127.0.0.1:{port}/")
-    if proc.service == "toxiproxy":
-        return _http_ok(f"http://127.0.0.1:{port}/version")
-    return _http_ok(f"http://127.0.0.1:{port}/healthz")
-
 
 def stack_backend(name: str = "default", home: Path | None = None, root: Path | None = None) -> str | None:
     """Which backend started the stack (`compose` or `local`), from its state.json; None when it is not up."""
@@ -300,268 +146,12 @@ def stack_backend(name: str = "default", home: Path | None = None, root: Path | 
     return data.get("backend", "local")
 
 
-# -- one container ------------------------------------------------------------------------
-@dataclass
-class ContainerProcess:
-    """A Compose service's container, a `lab.stack.process.Process` driven through the Docker SDK.
-
-    Not a ManagedProcess subclass: every part of it (start, stop, kill, pause, health, logs, state) goes through
-    Docker, none through a host pid. `pid` only records the container's main process (`State.Pid`) for the op log.
-    """
-
-    name: str
-    log_path: Path
-    host: str = "127.0.0.1"  # where its published ports answer
-    pid: int | None = None
-    service: str = ""
-    container_id: str = ""
-    container_port: str = ""
-    client: Any = field(default=None, repr=False, compare=False)
-    client_factory: Callable[[], Any] | None = field(default=None, repr=False, compare=False)  # connects lazily
-    probe: Callable[["ContainerProcess"], bool] | None = field(default=None, repr=False, compare=False)
-    persistence: str | None = None  # Valkey's mode (StackOptions.persistence), for valkey-crash's record
-    data_dir: str = ""  # the service's data directory inside the container (Valkey: /data)
-    _container: Any = field(default=None, repr=False, compare=False)
-
-    # -- the SDK object ----------------------------------------------------------------
-    def container(self) -> Any:
-        """The SDK Container, fetched once (`containers.get`) and then `reload()`ed; ProcessError if gone."""
-        if self.client is None:
-            if self.client_factory is None:
-                raise ProcessError(f"{self.name}: no Docker client bound (load the stack first)")
-            try:
-                self.client = self.client_factory()
-            except StackError as e:
-                raise ProcessError(f"{self.name}: {e}") from None
-        try:
-            if self._container is None:
-                self._container = self.client.containers.get(self.container_id or self.name)
-            else:
-                self._container.reload()
-        except _api_errors() as e:
-            self._container = None
-            raise ProcessError(f"{self.name}: container {self.container_id[:12] or self.name}: {_one_line(e)}") from None
-        pid = (getattr(self._container, "attrs", None) or {}).get("State", {}).get("Pid")
-        self.pid = pid or None
-        return self._container
-
-    def status(self) -> str:
-        """Docker's status of the container (`running`, `paused`, `exited`, ...), `missing` when it is gone."""
-        try:
-            return self.container().status
-        except ProcessError:
-            return "missing"
-
-    def _call(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
-        """One SDK call, its failure as a one-line ProcessError."""
-        try:
-            return fn(**kwargs)
-        except _api_errors() as e:
-            raise ProcessError(f"{self.name}: docker {what} failed: {_one_line(e)}") from None
-
-    def _wait_status(self, wanted: tuple[str, ...], timeout: float) -> bool:
-        """Poll `reload()` until the status is one of `wanted`; True when it got there."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.status() in wanted:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-
-    # -- ManagedProcess's surface -------------------------------------------------------
-    def alive(self) -> bool:
-        """Is the container running (paused counts: it holds its sockets, like a SIGSTOPped process)?"""
-        return self.status() in LIVE_STATUSES
-
-    def paused(self) -> bool:
-        """Is the container paused (the cgroup freezer, `docker pause`)?"""
-        return self.status() == "paused"
-
-    def healthy(self) -> bool:
-        """Running, not paused, and its probe passes over the published port."""
-        return self.status() == "running" and (self.probe or default_probe)(self)
-
-    def start(self, timeout: float = 60.0, wait: bool = True) -> "ContainerProcess":
-        """`container.start()` (same container, volumes and command); wait until healthy unless `wait=False`."""
-        if self.alive():
-            raise ProcessError(f"{self.name} is already running (container {self.container_id[:12]})")
-        c = self.container()
-        self._call("start", c.start)
-        self.container()  # reload: the new State.Pid, for the record
-        if wait:
-            self.wait_healthy(timeout)
-        return self
-
-    def wait_healthy(self, timeout: float = 60.0) -> None:
-        """Poll `healthy()`; fail with the container's last log lines if it stops or `timeout` passes."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise ProcessError(f"{self.name} (container {self.container_id[:12]}) exited during start-up "
-                                   f"(exit {self.returncode()}); its last log lines:\n{self.log_tail()}")
-            if self.healthy():
-                return
-            time.sleep(0.1)
-        raise ProcessError(f"{self.name} (container {self.container_id[:12]}) not healthy after {timeout:.0f}s; "
-                           f"its last log lines:\n{self.log_tail()}")
-
-    def kill(self) -> None:
-        """SIGKILL the container now (the nemesis's crash) and wait until Docker reports it exited."""
-        if not self.alive():
-            return
-        c = self._container
-        try:
-            c.kill(signal="SIGKILL")
-        except _api_errors() as e:
-            if self.status() != "paused":  # older engines refuse to kill a paused container
-                raise ProcessError(f"{self.name}: docker kill failed: {_one_line(e)}") from None
-            self._call("unpause", c.unpause)
-            self._call("kill", c.kill, signal="SIGKILL")
-        if not self._wait_status(("exited", "dead", "missing"), 10.0):
-            raise ProcessError(f"{self.name}: still {self.status()} 10 s after SIGKILL")
-
-    def signal(self, sig: int | str) -> None:
-        """Send `sig` to the container's main process (`container.kill(signal=...)`)."""
-        if not self.alive():
-            raise ProcessError(f"{self.name} is not running")
-        self._call("kill", self._container.kill, signal=sig)
-
-    def pause(self) -> None:
-        """`container.pause()`: freeze every process in the container."""
-        if self.status() != "running":
-            raise ProcessError(f"{self.name} is not running (status {self.status()})")
-        self._call("pause", self._container.pause)
-
-    def resume(self) -> None:
-        """`container.unpause()`."""
-        if self.status() != "paused":
-            raise ProcessError(f"{self.name} is not paused (status {self.status()})")
-        self._call("unpause", self._container.unpause)
-
-    def restart(self, timeout: float = 10.0, wait: bool = True) -> "ContainerProcess":
-        """`container.restart(timeout=...)` (SIGTERM, SIGKILL after `timeout` s), then wait until healthy."""
-        c = self.container()
-        if c.status == "paused":
-            self._call("unpause", c.unpause)
-        self._call("restart", c.restart, timeout=math.ceil(timeout))
-        if wait:
-            self.wait_healthy()
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """`container.stop(timeout=...)`: SIGTERM, SIGKILL after `timeout` s (a paused one is unpaused first)."""
-        if not self.alive():
-            return
-        c = self._container
-        if c.status == "paused":
-            self._call("unpause", c.unpause)  # a frozen process cannot handle SIGTERM
-        self._call("stop", c.stop, timeout=math.ceil(timeout))
-        if not self._wait_status(("exited", "dead", "missing"), timeout + 5.0):
-            raise ProcessError(f"{self.name}: still {self.status()} after docker stop")
-
-    def returncode(self) -> int | None:
-        """The exit code of a stopped container, None while it runs."""
-        try:
-            c = self.container()
-        except ProcessError:
-            return None
-        if c.status in LIVE_STATUSES:
-            return None
-        return (getattr(c, "attrs", None) or {}).get("State", {}).get("ExitCode")
-
-    # -- ports and logs -------------------------------------------------------------------
-    def host_port(self, container_port: str | None = None) -> int | None:
-        """The 127.0.0.1 host port Docker published for `container_port` (default: the service's own)."""
-        try:
-            ports = self.container().ports or {}
-        except ProcessError:
-            return None
-        for binding in ports.get(container_port or self.container_port) or []:
-            if binding.get("HostIp") in ("127.0.0.1", "", None) and binding.get("HostPort"):
-                return int(binding["HostPort"])
-        return None
-
-    @property
-    def port(self) -> int | None:
-        """The published host port of the service's own port (read live: a restart may publish a new one)."""
-        return self.host_port()
-
-    def data_files(self) -> dict[str, int]:
-        """The files under `data_dir` in the container (relative path -> size), via `container.get_archive`."""
-        if not self.data_dir:
-            raise ProcessError(f"{self.name}: no data directory is known for this container")
-        stream, _ = self._call("get_archive", self.container().get_archive, path=self.data_dir)
-        # the SDK hands out a tar stream; tarfile reads it (held in memory: Valkey's files are small here)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            files = {m.name.split("/", 1)[1]: m.size for m in tar if m.isfile() and "/" in m.name}
-        return dict(sorted(files.items()))
-
-    def take_file(self, path: str, dest: Path) -> int:
-        """Move the file `path` out of the running container to `dest` on the host (copied with
-        `get_archive`, then removed in the container with `rm`); its size in bytes."""
-        c = self.container()
-        stream, _ = self._call("get_archive", c.get_archive, path=path)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            member = next((m for m in tar if m.isfile()), None)
-            if member is None:
-                raise ProcessError(f"{self.name}: {path} is not a file in the container")
-            data = tar.extractfile(member).read()
-        dest.write_bytes(data)
-        res = self._call("exec", c.exec_run, cmd=["rm", "-f", "--", path])
-        if res.exit_code != 0:
-            raise ProcessError(f"{self.name}: cannot remove {path} in the container: {res.output.decode(errors='replace').strip()}")
-        return len(data)
-
-    def put_files(self, directory: str, files: dict[str, bytes]) -> list[str]:
-        """Write `files` (paths relative to `directory`, in the container, running or not) with
-        `put_archive`, owned like `directory` itself (Valkey may run as a user of its own); the paths."""
-        c = self.container()
-        stream, _ = self._call("get_archive", c.get_archive, path=directory)
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
-            top = next(iter(tar), None)
-            uid, gid = (top.uid, top.gid) if top is not None else (0, 0)
-        buf = io.BytesIO()
-        now = time.time()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for rel, data in files.items():
-                info = tarfile.TarInfo(rel)
-                info.size, info.mode, info.uid, info.gid, info.mtime = len(data), 0o644, uid, gid, now
-                tar.addfile(info, io.BytesIO(data))
-        if not self._call("put_archive", c.put_archive, path=directory, data=buf.getvalue()):
-            raise ProcessError(f"{self.name}: docker put_archive into {directory} was refused")
-        return list(files)
-
-    def logs(self) -> bytes:
-        """Everything the container printed (`container.logs()`)."""
-        return self._call("logs", self.container().logs)
-
-    def log_tail(self, lines: int = 20) -> str:
-        """The container's last `lines` log lines (for error messages)."""
-        try:
-            return self._call("logs", self.container().logs, tail=lines).decode(errors="replace").rstrip()
-        except ProcessError as e:
-            return f"(no log: {e})"
-
-    # -- state ---------------------------------------------------------------------------
-    def state(self) -> dict[str, Any]:
-        """What `from_state` needs to find this container again (no pid: it is not ours to signal)."""
-        return {"name": self.name, "kind": type(self).__name__, "service": self.service,
-                "container_id": self.container_id, "container_port": self.container_port,
-                "log": str(self.log_path), "persistence": self.persistence, "data_dir": self.data_dir}
-
-    @classmethod
-    def from_state(cls, d: dict[str, Any]) -> "ContainerProcess":
-        """A handle on a container recorded by an earlier command (bind a client before use)."""
-        return cls(name=d["name"], log_path=Path(d["log"]), service=d.get("service", d["name"]),
-                   container_id=d["container_id"], container_port=d.get("container_port", ""),
-                   persistence=d.get("persistence"), data_dir=d.get("data_dir", ""))
-
 
 # -- the stack --------------------------------------------------------------------------
 @dataclass
-class ComposeStack(StackFiles):
-    """A named Compose stack: its project, containers and state directory (LocalStack's surface).
+class ComposeStack(ProcessStack):
+    """A named Compose stack: its project, containers and state directory (LocalStack's surface; its own `up`
+    and `down` drive Compose, the rest is `ProcessStack`'s).
 
     `docker_factory`, `run` and `compose_cmd` default to `docker.from_env`,
     `subprocess.run` and the detected Compose CLI; tests replace them.
@@ -586,6 +176,8 @@ class ComposeStack(StackFiles):
     processes: list[ContainerProcess] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     _client: Any = field(default=None, repr=False)
+
+    backend = BACKEND
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -682,7 +274,7 @@ class ComposeStack(StackFiles):
                              f"for c1..c{clients} only")
         return proxies
 
-    def up(self, opts: StackOptions | None = None) -> dict[str, Any]:
+    def up(self, opts: StackOptions | None = None) -> StackStatus:
         """Validate, reach Docker, write the inputs, `compose up`, wait until healthy; on failure `down()`."""
         opts = opts or StackOptions()
         proxies = self.check(opts)
@@ -700,8 +292,8 @@ class ComposeStack(StackFiles):
         self.compose()
         try:
             reaped = reap_orphans(self.docker())
-        except _api_errors() as e:  # leftovers of a dead run stay (and are reported); this run still goes on
-            reaped = {"error": _one_line(e)}
+        except api_errors() as e:  # leftovers of a dead run stay (and are reported); this run still goes on
+            reaped = {"error": one_line(e)}
         if self.load_state():
             if any(p.alive() for p in self._bound()):
                 raise StackError(f"stack {self.name!r} is already up; run `fencelab down --name {self.name}` first")
@@ -758,7 +350,7 @@ class ComposeStack(StackFiles):
         try:
             self.down()
         except (StackError, ProcessError) as cleanup:
-            raise StackError(f"{_one_line(error)}; cleaning up also failed: {cleanup}") from error
+            raise StackError(f"{one_line(error)}; cleaning up also failed: {cleanup}") from error
 
     def _services(self, opts: StackOptions) -> list[str]:
         """The services `up` starts, backends first."""
@@ -876,13 +468,16 @@ class ComposeStack(StackFiles):
         if data.get("backend") != BACKEND:
             raise StackError(f"stack {self.name!r} in {self.dir} belongs to the local backend: take it down with "
                              f"`fencelab down --name {self.name}` or pick another name")
-        self.processes = [ContainerProcess.from_state(d) for d in data.get("processes", [])]
-        for p in self.processes:
-            p.client_factory, p.probe = self.docker, self.probe
+        self.processes = [self._process_from_state(d) for d in data.get("processes", [])]
         self.info = {k: v for k, v in data.items() if k != "processes"}
         if self.info.get("compose_file"):
             self.compose_file = Path(self.info["compose_file"])
         return data
+
+    def _process_from_state(self, d: dict[str, Any]) -> ContainerProcess:
+        p = ContainerProcess.from_state(d)
+        p.client_factory, p.probe = self.docker, self.probe
+        return p
 
     def _bound(self) -> list[ContainerProcess]:
         """The processes, each bound to this stack's Docker client (StackError when no engine answers)."""
@@ -892,41 +487,24 @@ class ComposeStack(StackFiles):
                 p.client = p.client or client
         return self.processes
 
-    def status(self) -> dict[str, Any]:
-        """What `fencelab status --json` prints (no secrets: the store URL carries no password)."""
+    def status(self) -> StackStatus:
+        """What `fencelab status --json` prints (no secrets: the store URL carries no password); `error` and no
+        processes when no engine answers."""
         try:
-            procs = [self._process_status(p) for p in self._bound()]
-            error = None
+            bound = self._bound()
         except StackError as e:
-            procs, error = [], str(e)
-        out = {
-            "name": self.name,
-            "backend": BACKEND,
-            "project": self.project,
-            "up": bool(procs) and all(p["alive"] for p in procs),
-            "lease_servers": self.info.get("lease_servers", []),
-            "valkey": self.info.get("valkey"),
-            "store": self.info.get("store"),
-            "toxiproxy": self.info.get("toxiproxy"),
-            "client_nodes": self.info.get("client_nodes", self.info.get("lease_servers", [])),
-            "topology": self.info.get("topology"),
-            "clocks": self.info.get("clocks", {}),
-            "credentials": str(self.credentials_file),
-            "store_admin": str(self.store_admin_file),
-            "dir": str(self.dir),
-            "processes": procs,
-        }
-        if error:
-            out["error"] = error
-        return out
+            return self._status([], error=str(e))
+        return self._status([self._row(p) for p in bound])
 
-    @staticmethod
-    def _process_status(p: ContainerProcess) -> dict[str, Any]:
-        """One container in `status()`: LocalStack's keys (name, pid, alive, ports, log) plus Docker's view."""
+    def _row(self, p: ContainerProcess) -> ProcessRow:
+        """One container in `status()`: LocalStack's fields (name, pid, alive, ports, log) plus Docker's view."""
         status = p.status()
-        return {"name": p.name, "pid": p.pid, "alive": status in LIVE_STATUSES, "status": status,
-                "ports": {p.container_port: p.host_port()}, "container": p.container_id[:12],
-                "log": f"docker logs {p.container_id[:12]}"}
+        return ProcessRow(name=p.name, pid=p.pid, alive=status in LIVE_STATUSES, status=status,
+                          ports={p.container_port: p.host_port()}, container=p.container_id[:12],
+                          log=f"docker logs {p.container_id[:12]}")
+
+    def _status_extras(self) -> dict[str, Any]:
+        return {"project": self.project, "store_admin": str(self.store_admin_file)}
 
     def process(self, name: str) -> ContainerProcess:
         """The container of service `name` (e.g. `valkey`, `lease-2`, `store`), bound to Docker."""

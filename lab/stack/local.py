@@ -4,7 +4,10 @@
 servers (Toxiproxy joins with the nemesis), provisions the demo principals and
 writes `state.json` after every process it starts, so that `down()` (possibly
 from another command, much later) always finds and stops exactly what `up()`
-started, by pid.
+started, by pid. The lifecycle (recording, the store choice, the topology,
+`down`, the typed status) is `lab.stack.lifecycle.ProcessStack`'s; this
+module says what the reference system runs and where (a local pid, or one in a
+network namespace).
 
 With `StackOptions(netns=True)` (root) every server process runs in its own
 network namespace host (`lab.stack.netns.NetnsHosts`: `valkey`, `store`,
@@ -23,8 +26,6 @@ Layout of a stack's state directory (`$FENCELAB_HOME/stacks/<name>/`):
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,46 +33,21 @@ from typing import Any
 from lab.secrets import redact_url
 from lab.server.auth import provision_demo_principals, write_principals_file
 from lab.server.mutants import MUTANT_NAMES
-from lab.stack.base import StackFiles, write_private_json  # noqa: F401 - re-exported
+from lab.stack.base import StackStatus, write_private_json  # noqa: F401 - re-exported
 from lab.stack.errors import NAME_RE, NemesisUnavailable, StackError, fencelab_home, stack_dir  # noqa: F401 - re-exported
 from lab.stack.faketime import faketime_env
 from lab.stack.leaseserver import LeaseServerProcess
+from lab.stack.lifecycle import ProcessStack
 from lab.stack.netns import NetnsHosts, check_netns_available, free_subnet, sweep_stale
-from lab.stack.process import ManagedProcess, ProcessError, free_port
-from lab.stack.store import PouchDBProcess
-from lab.stack.topology import Topology, standard_links
-from lab.stack.toxiproxy import ToxiproxyProcess
-from lab.stack.toxiproxy_api import ToxiproxyClient
+from lab.stack.process import ManagedProcess, ProcessError, free_port  # noqa: F401 - ProcessError re-exported
+from lab.stack.store import ExternalStore  # noqa: F401 - re-exported
+from lab.stack.topology import Link, standard_links
 from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess
 from lab.testmap import servers_problem
 
 # a netns stack: the endpoint name of the lab's clients (this namespace), and each server's port on its host
 NETNS_CLIENTS = "c1"
 NETNS_PORTS = {"valkey": 6379, "store": 5984, "lease": 8080}
-
-@dataclass
-class ExternalStore:
-    """A CouchDB-API store the lab does not run (the user's real CouchDB): only its URL."""
-
-    url: str
-
-    @property
-    def address(self) -> str:
-        """host:port, for a Toxiproxy upstream."""
-        from urllib.parse import urlsplit
-
-        u = urlsplit(self.url)
-        return f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"
-
-    def via(self, listen: str) -> str:
-        """The same URL (credentials kept) through a proxy listening on `listen`."""
-        from urllib.parse import urlsplit, urlunsplit
-
-        u = urlsplit(self.url)
-        auth = f"{u.username}:{u.password}@" if u.username else ""
-        return urlunsplit((u.scheme, auth + listen, u.path, u.query, u.fragment))
-
-
 
 @dataclass
 class StackOptions:
@@ -128,7 +104,7 @@ class StackOptions:
 
 
 @dataclass
-class LocalStack(StackFiles):
+class LocalStack(ProcessStack):
     """A named local stack: its processes and state directory."""
 
     name: str = "default"
@@ -140,22 +116,9 @@ class LocalStack(StackFiles):
     netns_hosts: Any = field(default=None, repr=False)  # a netns stack's NetnsHosts (the netns nemesis cuts them)
 
     # -- up ---------------------------------------------------------------
-    def up(self, opts: StackOptions | None = None) -> dict[str, Any]:
+    def up(self, opts: StackOptions | None = None) -> StackStatus:
         """Start everything; on any failure stop what was started and re-raise."""
-        opts = opts or StackOptions()
-        opts.validate()
-        existing = self.load_state()
-        if existing and any(p.alive() for p in self.processes):
-            raise StackError(f"stack {self.name!r} is already up; run `fencelab down --name {self.name}` first")
-        self.processes = []
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.info = {"name": self.name, "dir": str(self.dir), "options": vars(opts), "credentials": str(self.credentials_file)}
-        try:
-            self._start_all(opts)
-        except BaseException:
-            self.down()
-            raise
-        return self.status()
+        return super().up(opts or StackOptions())
 
     def _start_all(self, opts: StackOptions) -> None:
         if opts.netns:
@@ -166,13 +129,7 @@ class LocalStack(StackFiles):
         principals_file = self.dir / "principals.json"
         write_principals_file(records, principals_file)
         write_private_json(self.credentials_file, credentials)
-        store = None
-        if opts.wants_store and opts.store_url:
-            store = ExternalStore(opts.store_url)
-            self.info["store"] = redact_url(opts.store_url)
-        elif opts.wants_store:
-            store = self._start(PouchDBProcess(self.dir))
-            self.info["store"] = store.url
+        store = self._start_store(opts.wants_store, opts.store_url)
         names = [f"lease-{i}" for i in range(1, opts.servers + 1)]
         ports = {n: free_port() for n in names}
         valkey_urls = {n: valkey.url for n in names}
@@ -182,7 +139,11 @@ class LocalStack(StackFiles):
             ports = {n: NETNS_PORTS["lease"] for n in names}
             self.info["client_nodes"] = [f"http://{self.netns_hosts.address(n)}:{ports[n]}" for n in names]
         if opts.toxiproxy:
-            topo = self._build_topology(opts, valkey, store, ports)
+            upstreams = {"valkey": f"127.0.0.1:{valkey.port}", **{n: f"127.0.0.1:{p}" for n, p in ports.items()}}
+            if store is not None:
+                upstreams["store"] = store.address
+            links = standard_links(opts.client_groups, names, store=store is not None)
+            topo = self._start_proxies(Link(f, t, "127.0.0.1:0", upstreams[t]) for f, t in links)
             valkey_urls = {n: f"redis://{topo.address(n, 'valkey')}/0" for n in names}
             if store:
                 store_urls = {n: store.via(topo.address(n, 'store')) for n in names}
@@ -205,37 +166,6 @@ class LocalStack(StackFiles):
         self.info.setdefault("clocks", {})[name] = str(path)
         return faketime_env(path)
 
-    def _build_topology(self, opts: StackOptions, valkey, store, ports: dict[str, int]):
-        """Start Toxiproxy and create one proxy per link; the description goes into state.json."""
-        import asyncio
-
-        tp = self._start(ToxiproxyProcess(self.dir))
-        self.info["toxiproxy"] = tp.url
-        upstreams = {"valkey": f"127.0.0.1:{valkey.port}", **{n: f"127.0.0.1:{p}" for n, p in ports.items()}}
-        if store is not None:
-            upstreams["store"] = store.address
-        links = standard_links(opts.client_groups, list(ports), store=store is not None)
-
-        async def build():
-            async with ToxiproxyClient(tp.url) as client:
-                return (await Topology.build(client, upstreams, links)).describe()
-
-        self.info["topology"] = asyncio.run(build())
-        self.save_state()
-        return Topology.from_description(None, self.info["topology"])
-
-    def _start(self, proc: ManagedProcess) -> ManagedProcess:
-        """Start one process and record it in state.json at once (so `down` can always find it)."""
-        proc.die_with_parent = self.die_with_parent
-        if self.netns_hosts is not None:
-            self._into_netns(proc)
-        self.processes.append(proc)
-        try:
-            proc.start()
-        finally:
-            self.save_state()
-        return proc
-
     # -- network namespaces (netns=True) ---------------------------------------------------
     def _create_netns(self, opts: StackOptions) -> None:
         """One namespace host per server process, and this namespace on their bridge as `c1`."""
@@ -250,11 +180,11 @@ class LocalStack(StackFiles):
         except RuntimeError as e:
             raise StackError(f"cannot create the network namespaces: {e}") from e
 
-    def _into_netns(self, proc: ManagedProcess) -> None:
-        """Place a server not yet started into its namespace host: listen on the host's address and
+    def _place(self, proc: ManagedProcess) -> None:
+        """Place a server not yet started into its namespace host (netns=True): listen on the host's address and
         well-known port, under `ip netns exec` (which execs the program: the pid stays its own)."""
         hosts = self.netns_hosts
-        if proc.argv[:3] == ["ip", "netns", "exec"]:
+        if hosts is None or proc.argv[:3] == ["ip", "netns", "exec"]:
             return
         addr, port = hosts.address(proc.name), NETNS_PORTS["lease" if proc.name.startswith("lease-") else proc.name]
         argv = list(proc.argv)
@@ -270,7 +200,7 @@ class LocalStack(StackFiles):
         proc.host = addr
         proc.ports = {k: port for k in proc.ports}
 
-    def _remove_netns(self) -> list[str]:
+    def _after_stop(self) -> list[str]:
         """Delete this stack's namespaces and veth (its processes stopped), then those of killed runs."""
         errors = []
         if self.netns_hosts is not None or self.info.get("netns"):
@@ -290,54 +220,6 @@ class LocalStack(StackFiles):
             errors.append(f"sweeping the namespaces of killed runs: {e}")
         return errors
 
-    # -- state ------------------------------------------------------------
-    def load_state(self) -> dict[str, Any] | None:
-        """Read state.json (if any) into handles that can stop the recorded pids."""
-        data = self.read_state_file()
-        if data is None:
-            return None
-        self.processes = [ManagedProcess.from_state(d) for d in data.get("processes", [])]
-        self.info = {k: v for k, v in data.items() if k != "processes"}
-        return data
-
-    def status(self) -> dict[str, Any]:
-        """What `fencelab status --json` prints."""
-        procs = self.process_rows()
-        return {
-            "name": self.name,
-            "backend": "local",
-            "up": bool(procs) and all(p["alive"] for p in procs),
-            "lease_servers": self.info.get("lease_servers", []),
-            "valkey": self.info.get("valkey"),
-            "store": self.info.get("store"),
-            "toxiproxy": self.info.get("toxiproxy"),
-            "client_nodes": self.info.get("client_nodes", self.info.get("lease_servers", [])),
-            "topology": self.info.get("topology"),
-            "clocks": self.info.get("clocks", {}),
-            "netns": self.info.get("netns"),
-            "credentials": str(self.credentials_file),
-            "dir": str(self.dir),
-            "processes": procs,
-        }
-
-    # -- down -------------------------------------------------------------
-    def down(self) -> list[str]:
-        """Stop every recorded process (reverse start order) and remove state.json; returns names stopped."""
-        if not self.processes:
-            self.load_state()
-        stopped, errors = [], []
-        for p in reversed(self.processes):
-            try:
-                if p.alive():
-                    p.stop()
-                    stopped.append(p.name)
-            except ProcessError as e:
-                errors.append(str(e))
-        errors += self._remove_netns()
-        if errors:
-            raise StackError("; ".join(errors))
-        self.processes = []
-        if self.state_file.exists():
-            self.state_file.unlink()
-        return stopped
-
+    # -- status -----------------------------------------------------------
+    def _status_extras(self) -> dict[str, Any]:
+        return {"netns": self.info.get("netns")}

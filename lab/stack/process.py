@@ -75,6 +75,24 @@ def _die_with_parent() -> None:
     _PRCTL(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
+def wait_until_healthy(proc: Any, timeout: float, *, who: str, where: str, exit_text: Any = None,
+                       poll: float = 0.05, stop_when_late: bool = True) -> None:
+    """Poll `proc.healthy()` until it passes (every `Process`'s start-up wait: a host pid, an SSH node's, a
+    container); ProcessError naming `who`, `where` its log is and the log's tail when it dies first or `timeout`
+    passes (then stopped first, with `stop_when_late`); `exit_text(proc)` says how a dead one ended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            code = f" ({exit_text(proc)})" if exit_text is not None else ""
+            raise ProcessError(f"{who} exited during start-up{code}; {where}:\n{proc.log_tail()}")
+        if proc.healthy():
+            return
+        time.sleep(poll)
+    if stop_when_late:
+        proc.stop()
+    raise ProcessError(f"{who} not healthy after {timeout:.0f}s; {where}:\n{proc.log_tail()}")
+
+
 @runtime_checkable
 class Process(Protocol):
     """What the lab and its nemeses use of a process it owns, wherever it runs: a pid on this host
@@ -155,15 +173,7 @@ class ManagedProcess:
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
         """Poll `healthy()` until it passes; fail with the log's tail if the process dies or times out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise ProcessError(f"{self.name} exited during start-up ({exit_status(self)}); log {self.log_path}:\n{self.log_tail()}")
-            if self.healthy():
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise ProcessError(f"{self.name} not healthy after {timeout:.0f}s; log {self.log_path}:\n{self.log_tail()}")
+        wait_until_healthy(self, timeout, who=self.name, where=f"log {self.log_path}", exit_text=exit_status)
 
     def healthy(self) -> bool:
         """Default probe: every declared port accepts TCP connections."""

@@ -38,7 +38,7 @@ import httpx
 import paramiko
 
 from lab.stack.faketime import FakeClock
-from lab.stack.process import ProcessError
+from lab.stack.process import ProcessError, wait_until_healthy
 
 __all__ = [
     "RemoteError",
@@ -433,17 +433,8 @@ class RemoteProcess:
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
         """Poll `healthy()` until it passes; fail with the remote log's tail if it dies or `timeout` passes."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.alive():
-                raise ProcessError(f"{self.name} on {self.node} exited during start-up; log {self.log_path}:\n"
-                                   f"{self.log_tail()}")
-            if self.healthy():
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise ProcessError(f"{self.name} on {self.node} not healthy after {timeout:.0f}s; log {self.log_path}:\n"
-                           f"{self.log_tail()}")
+        # no exit code: its parent is the host's init
+        wait_until_healthy(self, timeout, who=f"{self.name} on {self.node}", where=f"log {self.log_path}")
 
     def returncode(self) -> int | None:
         return None  # its parent is the host's init, which does not tell us

@@ -44,8 +44,9 @@ from lab import __version__
 from lab.paths import REPO_ROOT
 from lab.server.auth import provision_demo_principals, write_principals_file
 from lab.server.mutants import MUTANT_NAMES
-from lab.stack.base import StackFiles
-from lab.stack.local import StackError, fencelab_home, stack_dir, write_private_json
+from lab.stack.base import ProcessRow, write_private_json
+from lab.stack.errors import StackError, fencelab_home, stack_dir  # noqa: F401 - re-exported
+from lab.stack.lifecycle import ProcessStack
 from lab.stack.process import ProcessError, port_open
 from lab.stack.remote import (RemoteError, RemoteFakeClock, RemoteProcess, SshHost, SshTarget, parse_target,
                               remote_process)
@@ -172,8 +173,12 @@ class SshOptions:
 
 
 @dataclass
-class SshStack(StackFiles):
-    """A named stack whose processes run on remote hosts over SSH; the same surface as LocalStack."""
+class SshStack(ProcessStack):
+    """A named stack whose processes run on remote hosts over SSH; the lifecycle of LocalStack
+    (`lab.stack.lifecycle.ProcessStack`), each process a `RemoteProcess` on its node."""
+
+    backend = "ssh"
+    stop_errors = (ProcessError, RemoteError)
 
     name: str = "default"
     home: Path | None = None
@@ -183,31 +188,30 @@ class SshStack(StackFiles):
     hosts: dict[str, SshHost] = field(default_factory=dict)  # node label -> connection
 
     # -- up ---------------------------------------------------------------------
-    def up(self, opts: SshOptions) -> dict[str, Any]:
-        """Connect, check every host, start everything; on any failure stop what was started and re-raise."""
-        targets = opts.validate()
-        if self.load_state() and any(self._alive_quietly(p) for p in self.processes):
-            raise StackError(f"stack {self.name!r} is already up; run `fencelab down --name {self.name}` first")
+    def _check(self, opts: SshOptions) -> None:
+        self._targets = opts.validate()
+
+    def _initial_info(self, opts: SshOptions) -> dict[str, Any]:
         self.close()
-        self.processes, self.hosts = [], {}
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.hosts = {}
         run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + secrets.token_hex(3)
-        self.info = {"name": self.name, "backend": "ssh", "dir": str(self.dir), "run_id": run_id,
-                     "options": {k: v for k, v in vars(opts).items()}, "credentials": str(self.credentials_file),
-                     "nodes": {}}
+        return {"name": self.name, "backend": "ssh", "dir": str(self.dir), "run_id": run_id,
+                "options": {k: v for k, v in vars(opts).items()}, "credentials": str(self.credentials_file),
+                "nodes": {}}
+
+    def _start_all(self, opts: SshOptions) -> None:
+        """Connect, check every host, start everything."""
+        for i, t in enumerate(self._targets, start=1):
+            self._add_node(f"n{i}", t, opts, self.info["run_id"])
+        self.save_state()
+        tools = self._check_hosts(opts)
+        self._start_processes(opts, tools)
+
+    def _cleanup_after(self, error: BaseException) -> None:
         try:
-            for i, t in enumerate(targets, start=1):
-                self._add_node(f"n{i}", t, opts, run_id)
-            self.save_state()
-            tools = self._check_hosts(opts)
-            self._start_all(opts, tools)
-        except BaseException:
-            try:
-                self.down()
-            except StackError:
-                pass  # the original failure is the one to report
-            raise
-        return self.status()
+            self.down()
+        except StackError:
+            pass  # the original failure is the one to report
 
     def _add_node(self, label: str, target: SshTarget, opts: SshOptions, run_id: str) -> None:
         """Log in to one host and record where its run directory is."""
@@ -274,7 +278,7 @@ class SshStack(StackFiles):
             raise StackError("ssh hosts not ready: " + "; ".join(problems))
         return tools
 
-    def _start_all(self, opts: SshOptions, tools: dict[str, dict[str, Any]]) -> None:
+    def _start_processes(self, opts: SshOptions, tools: dict[str, dict[str, Any]]) -> None:
         """Valkey, then the store, then the lease servers, each on its node, bound to the node's address."""
         place = {name: f"n{n}" for name, n in opts.placement().items()}
         for label, host in self.hosts.items():  # the run directory, marked as ours (down removes only marked ones)
@@ -290,7 +294,7 @@ class SshStack(StackFiles):
         # must get in (the address is the node's own; docs/ssh-backend.md says to keep that network private)
         argv = [tools[vnode]["valkey"], *valkey_argv(opts.valkey_port, PurePosixPath(data), opts.persistence,
                                                      host=vaddr)[1:], "--protected-mode", "no"]
-        valkey = self._start("valkey", "valkey", vnode, argv, {"valkey": opts.valkey_port}, data,
+        valkey = self._start_remote("valkey", "valkey", vnode, argv, {"valkey": opts.valkey_port}, data,
                              self._clock_env("valkey", vnode, opts, tools))
         self.info["valkey"] = f"redis://{vaddr}:{valkey.ports['valkey']}/0"
 
@@ -305,7 +309,7 @@ class SshStack(StackFiles):
             data = f"{self._rdir(snode)}/store"
             argv = [tools[snode]["node"], tools[snode]["pouchdb"], "--host", self._addr(snode),
                     "--port", str(opts.store_port), "--dir", data, "--no-stdout-logs"]
-            self._start("store", "store", snode, argv, {"http": opts.store_port}, data, None)
+            self._start_remote("store", "store", snode, argv, {"http": opts.store_port}, data, None)
             store_url = self.info["store"] = f"http://{self._addr(snode)}:{opts.store_port}"
 
         self.info["lease_servers"] = []
@@ -325,7 +329,7 @@ class SshStack(StackFiles):
                 argv += ["--store-url", store_url]
             if opts.mutant:  # a planted bug (lab runs only): the host runs this checkout's server (source hash)
                 argv += ["--allow-mutants", "--mutant", opts.mutant]
-            srv = self._start(name, "lease", node, argv, {"http": port}, rdir, self._clock_env(name, node, opts, tools))
+            srv = self._start_remote(name, "lease", node, argv, {"http": port}, rdir, self._clock_env(name, node, opts, tools))
             self.info["lease_servers"].append(srv.url)
             self.info["client_nodes"] = list(self.info["lease_servers"])
             self.save_state()
@@ -348,21 +352,17 @@ class SshStack(StackFiles):
         if port_open(self._addr(node), port, timeout=1.0):
             raise StackError(f"port {port} on {node} ({self._addr(node)}) is already in use")
 
-    def _start(self, name: str, kind: str, node: str, argv: list[str], ports: dict[str, int], cwd: str,
-               env: dict[str, str] | None) -> RemoteProcess:
-        """Start one remote process and record it in state.json at once (so `down` can always find it)."""
+    def _start_remote(self, name: str, kind: str, node: str, argv: list[str], ports: dict[str, int], cwd: str,
+                      env: dict[str, str] | None) -> RemoteProcess:
+        """Start one process on `node` (ProcessStack._start records it in state.json at once)."""
         proc = remote_process(kind, name=name, argv=[str(a) for a in argv],
                               log_path=PurePosixPath(f"{self._rdir(node)}/logs/{name}.log"), ports=ports, env=env,
                               cwd=cwd, host=self._addr(node), remote=self.hosts[node], node=node,
                               on_start=self._started)
-        self.processes.append(proc)
         try:
-            proc.start(timeout=60.0)
+            return self._start(proc, timeout=60.0)
         except (ProcessError, RemoteError) as e:
             raise StackError(f"{name} on {node}: {e}") from None
-        finally:
-            self.save_state()
-        return proc
 
     def _started(self, proc: RemoteProcess) -> None:
         """A process got a (new) pid: record it, so a later `down` stops the right one."""
@@ -388,39 +388,30 @@ class SshStack(StackFiles):
         self.hosts = {label: SshHost(SshTarget(host=n["host"], port=n["port"], user=n["user"], key_file=n["key_file"],
                                                known_hosts=n["known_hosts"], connect_timeout=n["connect_timeout"]))
                       for label, n in self.info.get("nodes", {}).items()}
-        self.processes = [RemoteProcess.from_state(d, self.hosts.get(d.get("node"))) for d in data.get("processes", [])]
-        for p in self.processes:
-            p.on_start = self._started
+        self.processes = [self._process_from_state(d) for d in data.get("processes", [])]
         return data
 
-    @staticmethod
-    def _alive_quietly(p: RemoteProcess) -> bool:
+    def _process_from_state(self, d: dict[str, Any]) -> RemoteProcess:
+        proc = RemoteProcess.from_state(d, self.hosts.get(d.get("node")))
+        proc.on_start = self._started
+        return proc
+
+    def _alive(self, p: RemoteProcess) -> bool:
+        """Alive, and False when its host does not answer."""
         try:
             return p.alive()
         except RemoteError:
             return False
 
-    def status(self) -> dict[str, Any]:
-        """What `fencelab status --json` prints (LocalStack's keys, plus the nodes)."""
-        procs = [{"name": p.name, "pid": p.pid, "alive": self._alive_quietly(p), "ports": p.ports,
-                  "log": str(p.log_path), "node": p.node, "host": p.host} for p in self.processes]
-        return {
-            "name": self.name,
-            "backend": "ssh",
-            "up": bool(procs) and all(p["alive"] for p in procs),
-            "lease_servers": self.info.get("lease_servers", []),
-            "valkey": self.info.get("valkey"),
-            "store": self.info.get("store"),
-            "toxiproxy": None,
-            "client_nodes": self.info.get("client_nodes", self.info.get("lease_servers", [])),
-            "topology": None,
-            "clocks": self.info.get("clocks", {}),
-            "credentials": str(self.credentials_file),
-            "dir": str(self.dir),
-            "nodes": {k: {kk: v[kk] for kk in ("host", "port", "user", "address", "dir")}
-                      for k, v in self.info.get("nodes", {}).items()},
-            "processes": procs,
-        }
+    def _row(self, p: RemoteProcess) -> ProcessRow:
+        return ProcessRow(name=p.name, pid=p.pid, alive=self._alive(p), ports=p.ports, log=str(p.log_path),
+                          node=p.node, host=p.host)
+
+    def _status_extras(self) -> dict[str, Any]:
+        """LocalStack's fields, plus the nodes (no Toxiproxy here: partitions are iptables rules on the hosts)."""
+        return {"toxiproxy": None, "topology": None,
+                "nodes": {k: {kk: v[kk] for kk in ("host", "port", "user", "address", "dir")}
+                          for k, v in self.info.get("nodes", {}).items()}}
 
     # -- nemeses on the hosts ---------------------------------------------------------
     def targets(self) -> dict[str, RemoteProcess]:
@@ -434,35 +425,24 @@ class SshStack(StackFiles):
                 for name, path in self.info.get("clocks", {}).items()}
 
     # -- down ----------------------------------------------------------------------------
-    def down(self) -> list[str]:
-        """Stop every recorded process (reverse start order), fetch logs, remove the remote run dirs and state.json."""
-        if not self.processes:
-            self.load_state()
-        stopped, errors = [], []
-        for p in reversed(self.processes):
-            try:
-                if p.alive():
-                    p.stop()
-                    stopped.append(p.name)
-            except (ProcessError, RemoteError) as e:
-                errors.append(f"{p.name} on {p.node}: {e}")
+    def _stop_error(self, p: RemoteProcess, e: BaseException) -> str:
+        return f"{p.name} on {p.node}: {e}"
+
+    def _after_stop(self) -> list[str]:
+        """Fetch each node's logs, remove its run directory (when nothing of ours runs there), close the connections."""
+        errors = []
         for label, host in self.hosts.items():
             rdir = self.info.get("nodes", {}).get(label, {}).get("dir")
             if not rdir:
                 continue
             try:
                 self._collect(label, host, rdir)
-                if not any(p.node == label and self._alive_quietly(p) for p in self.processes):
+                if not any(p.node == label and self._alive(p) for p in self.processes):
                     self._remove_run_dir(host, rdir)
             except RemoteError as e:
                 errors.append(f"{label}: {e}")
         self.close()
-        if errors:
-            raise StackError("; ".join(errors))
-        self.processes = []
-        if self.state_file.exists():
-            self.state_file.unlink()
-        return stopped
+        return errors
 
     def _collect(self, label: str, host: SshHost, rdir: str) -> None:
         """Copy the node's logs and audit logs into <dir>/nodes/<node>/."""

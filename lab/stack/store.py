@@ -7,12 +7,33 @@ directory, so it runs inside its own data directory.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from lab import paths
 from lab.stack.process import ManagedProcess, free_port
+
+
+@dataclass
+class ExternalStore:
+    """A CouchDB-API store the lab does not run (the user's real CouchDB, `--store-url`): only its URL."""
+
+    url: str
+
+    @property
+    def address(self) -> str:
+        """host:port, for a Toxiproxy upstream."""
+        u = urlsplit(self.url)
+        return f"{u.hostname}:{u.port or (443 if u.scheme == 'https' else 80)}"
+
+    def via(self, listen: str) -> str:
+        """The same URL (credentials kept) through a proxy listening on `listen`."""
+        u = urlsplit(self.url)
+        auth = f"{u.username}:{u.password}@" if u.username else ""
+        return urlunsplit((u.scheme, auth + listen, u.path, u.query, u.fragment))
 
 
 class PouchDBProcess(ManagedProcess):

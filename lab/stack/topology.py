@@ -109,12 +109,20 @@ class Topology:
         `upstreams` maps each endpoint that is dialled (`to`) to its real `host:port`.
         """
         pairs = _validate_links(upstreams, links)
-        body = [{"name": link_name(f, t), "upstream": upstreams[t], "listen": f"{host}:0"} for f, t in pairs]
+        return await cls.create(client, [Link(f, t, f"{host}:0", upstreams[t]) for f, t in pairs])
+
+    @classmethod
+    async def create(cls, client: ToxiproxyClient, links: Iterable[Link]) -> "Topology":
+        """Create the proxy of every link in one `POST /populate` (each listening where its `listen` says; port 0:
+        a free one) and return the topology with the addresses Toxiproxy listens on."""
+        links = list(links)
+        body = [{"name": link_name(link.frm, link.to), "upstream": link.upstream, "listen": link.listen}
+                for link in links]
         made = {p["name"]: p for p in await client.populate(body)}
         missing = [b["name"] for b in body if b["name"] not in made]
         if missing:
             raise ToxiproxyError(f"Toxiproxy did not create proxies {', '.join(missing)}", proxy=missing[0])
-        return cls(client, [Link(f, t, made[link_name(f, t)]["listen"], upstreams[t]) for f, t in pairs])
+        return cls(client, [Link(link.frm, link.to, made[link.name]["listen"], link.upstream) for link in links])
 
     @classmethod
     def from_description(cls, client: ToxiproxyClient, desc: Mapping[str, Mapping[str, str]]) -> "Topology":

@@ -27,8 +27,8 @@ A system under test the lab can run declares what it needs with a
 - `client_url(address)`: the node URL a worker is given for a member.
 
 `SutStack` (what `lab.runner` starts for such a system, in place of the
-reference `LocalStack`) owns every process exactly like the local stack does:
-a `ManagedProcess` each (pid, log under `<run>/stack/logs/`, data dir, stop by
+reference `LocalStack`) owns every process through the same lifecycle as the
+local stack (`lab.stack.lifecycle.ProcessStack`): a `ManagedProcess` each (pid, log under `<run>/stack/logs/`, data dir, stop by
 pid, dies with the run), `state.json`, Toxiproxy on every declared link and
 libfaketime clocks when the nemeses ask for them, and the lab's CouchDB-API
 store when the workload needs one. It exposes the same `processes` / `info`
@@ -50,20 +50,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.secrets import redact_url
-from lab.stack.base import StackFiles
 from lab.stack.errors import StackError
 from lab.stack.faketime import faketime_env
-from lab.stack.local import ExternalStore
+from lab.stack.lifecycle import ProcessStack
 from lab.stack.process import ManagedProcess, ProcessError, free_port
 from lab.stack.store import PouchDBProcess
-from lab.stack.toxiproxy import ToxiproxyProcess
 from lab.sut.protocol import SutError
 from lab.sut.registry import sut_of
 from nemesis.core import completion
 from nemesis.process_faults import PauseNemesis
-from lab.stack.topology import Link, Topology, _check_endpoint, link_name, role
-from lab.stack.toxiproxy_api import ToxiproxyClient, ToxiproxyError
+from lab.stack.topology import Link, _check_endpoint, role
 
 CLIENTS = "clients"  # the `frm` of a link every client group dials (one proxy per group: c1_<to>, c2_<to>, ...)
 STORE = "store"  # the lab's CouchDB-API store, as a link's `to`
@@ -276,7 +272,7 @@ class DeclaredProcess(ManagedProcess):
         return d
 
 
-class SutStack(StackFiles):
+class SutStack(ProcessStack):
     """The lab-owned processes of one system under test (+ the store, Toxiproxy, fake clocks); see module doc."""
 
     def __init__(self, decl: SystemProcesses, *, root: Path, die_with_parent: bool = False, name: str = "stack"):
@@ -291,48 +287,40 @@ class SutStack(StackFiles):
         self.placement: Placement | None = None
 
     # -- up ---------------------------------------------------------------
-    def up(self, opts: Any) -> dict[str, Any]:
-        """Start the store (if asked), Toxiproxy with a proxy per declared link (if asked), then the system's
-        processes (all spawned, then each waited for: a cluster needs its peers to come up); on any failure
-        everything started is stopped and the error raised."""
+    def _check(self, opts: Any) -> None:
         opts.validate()
         if getattr(opts, "netns", False):
             raise StackError(f"SUT {self.decl.system!r}: its processes run on loopback; network namespaces "
                              "(netns) are not available for them")
-        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _initial_info(self, opts: Any) -> dict[str, Any]:
+        return {"system": self.decl.system}
+
+    def _start_all(self, opts: Any) -> None:
+        """Start the store (if asked), Toxiproxy with a proxy per declared link (if asked), then the system's
+        processes (all spawned, then each waited for: a cluster needs its peers to come up)."""
         groups = int(getattr(opts, "client_groups", 2))
         placement = self.placement = Placement(self.decl, self.dir, groups, bool(getattr(opts, "fake_clocks", False)),
                                                getattr(opts, "persistence", "none"))
-        try:
-            store = None
-            if opts.store and opts.store_url:
-                store = ExternalStore(opts.store_url)
-                self.info["store"] = redact_url(opts.store_url)
-            elif opts.store:
-                store = self._start(PouchDBProcess(self.dir))
-                self.info["store"] = store.url
-            if isinstance(store, PouchDBProcess):  # the lab's own store: the client groups reach it by links
-                placement.store_address = store.address
-            if opts.toxiproxy:
-                self._build_topology(placement)
-            procs = []
-            for spec in self.decl.processes:
-                proc = spec.make(placement) if spec.make is not None else DeclaredProcess(spec, placement)
-                if not isinstance(proc, ManagedProcess):
-                    raise StackError(f"SUT {self.decl.system!r}: make() for {spec.name!r} returned "
-                                     f"{type(proc).__name__}, not a lab.stack ManagedProcess")
-                if placement.clocks and spec.fake_clock:
-                    self.info.setdefault("clocks", {})[spec.name] = str(placement.clock_file(spec.name))
-                procs.append(self._start(proc, wait=False))
-            for proc in procs:
-                proc.wait_healthy(self.decl.start_timeout_s)
-            self._wait_ready()
-            self._describe(placement, store)
-            self.save_state()
-        except BaseException:
-            self.down()
-            raise
-        return self.status()
+        store = self._start_store(opts.store, opts.store_url)
+        if isinstance(store, PouchDBProcess):  # the lab's own store: the client groups reach it by links
+            placement.store_address = store.address
+        if opts.toxiproxy:
+            self._build_topology(placement)
+        procs = []
+        for spec in self.decl.processes:
+            proc = spec.make(placement) if spec.make is not None else DeclaredProcess(spec, placement)
+            if not isinstance(proc, ManagedProcess):
+                raise StackError(f"SUT {self.decl.system!r}: make() for {spec.name!r} returned "
+                                 f"{type(proc).__name__}, not a lab.stack ManagedProcess")
+            if placement.clocks and spec.fake_clock:
+                self.info.setdefault("clocks", {})[spec.name] = str(placement.clock_file(spec.name))
+            procs.append(self._start(proc, wait=False))
+        for proc in procs:
+            proc.wait_healthy(self.decl.start_timeout_s)
+        self._wait_ready()
+        self._describe(placement, store)
+        self.save_state()
 
     def _wait_ready(self) -> None:
         """Poll the system's own readiness (e.g. a leader elected) until it holds."""
@@ -356,26 +344,12 @@ class SutStack(StackFiles):
     def _build_topology(self, placement: Placement) -> None:
         """Start Toxiproxy and one proxy per declared link (listening on ports chosen now, so the command lines
         can advertise them); the description goes into info["topology"] for the network nemeses."""
-        tp = self._start(ToxiproxyProcess(self.dir))
-        self.info["toxiproxy"] = tp.url
-        body, links = [], []
+        links = []
         for frm, to, port in placement.pairs():
             listen = f"127.0.0.1:{free_port()}"
-            upstream = placement.real(to, port)
-            body.append({"name": link_name(frm, to), "upstream": upstream, "listen": listen})
-            links.append(Link(frm, to, listen, upstream))
+            links.append(Link(frm, to, listen, placement.real(to, port)))
             placement.proxies[(frm, to)] = listen
-
-        async def build() -> dict[str, Any]:
-            async with ToxiproxyClient(tp.url) as client:
-                made = {p["name"] for p in await client.populate(body)}
-                missing = [b["name"] for b in body if b["name"] not in made]
-                if missing:
-                    raise ToxiproxyError(f"Toxiproxy did not create proxies {', '.join(missing)}", proxy=missing[0])
-                return Topology(client, links).describe()
-
-        self.info["topology"] = asyncio.run(build())
-        self.save_state()
+        self._start_proxies(links)
 
     def _describe(self, placement: Placement, store: Any) -> None:
         """info: the members' URLs, the client nodes (group g -> member m through its proxy) and each node's store."""
@@ -392,16 +366,6 @@ class SutStack(StackFiles):
         self.info["client_nodes"] = nodes
         self.info["node_store"] = node_store
 
-    def _start(self, proc: ManagedProcess, *, wait: bool = True) -> ManagedProcess:
-        """Start one process and record it in state.json at once (so `down` can always find it)."""
-        proc.die_with_parent = self.die_with_parent
-        self.processes.append(proc)
-        try:
-            proc.start(wait=wait)
-        finally:
-            self.save_state()
-        return proc
-
     # -- what the runner and the nemeses read -------------------------------
     def leader_nemesis(self, *, rng: Any):
         """`--nemesis leader-pause` on this system (nemesis.registry asks the stack, as it asks an SSH stack for
@@ -410,51 +374,20 @@ class SutStack(StackFiles):
             raise ValueError("--nemesis leader-pause: the system under test declares no leader")
         return leader_pause(self, rng=rng)
 
-    def status(self) -> dict[str, Any]:
-        """The runner's view (the same keys as LocalStack.status)."""
-        procs = self.process_rows()
-        return {
-            "name": self.name,
-            "system": self.decl.system,
-            "up": bool(procs) and all(p["alive"] for p in procs),
-            "lease_servers": list(self.info.get("members", {}).values()),
-            "members": self.info.get("members", {}),
-            "valkey": None,
-            "store": self.info.get("store"),
-            "toxiproxy": self.info.get("toxiproxy"),
-            "client_nodes": self.info.get("client_nodes", []),
-            "topology": self.info.get("topology"),
-            "clocks": self.info.get("clocks", {}),
-            "netns": None,
-            "credentials": None,
-            "dir": str(self.dir),
-            "processes": procs,
-        }
+    def _status_extras(self) -> dict[str, Any]:
+        """The members are the servers the clients dial; no Valkey or API keys of the lab's own."""
+        members = self.info.get("members", {})
+        return {"system": self.decl.system, "lease_servers": list(members.values()), "members": members,
+                "client_nodes": self.info.get("client_nodes", []), "credentials": None}
 
     def store_url_for(self, node: str) -> str | None:
         """The store as the client group of `node` reaches it (through its proxy when there is one)."""
         return self.info.get("node_store", {}).get(node) or self.info.get("store")
 
     # -- down -------------------------------------------------------------
-    def down(self) -> list[str]:
-        """Stop every process this stack started (reverse start order, by pid) and remove state.json."""
-        stopped, errors = [], []
-        for p in reversed(self.processes):
-            try:
-                if p.alive():
-                    p.stop()
-                    stopped.append(p.name)
-                else:
-                    p.stop()  # closes its log file
-            except ProcessError as e:
-                errors.append(str(e))
-        if errors:
-            raise StackError("; ".join(errors))
-        self.processes = []
+    def _after_stop(self) -> list[str]:
         self._drop_scratch_data()
-        if self.state_file.exists():
-            self.state_file.unlink()
-        return stopped
+        return []
 
     def _drop_scratch_data(self) -> None:
         """Remove the data directories the system marks as scratch (`keep_data=False`: e.g. etcd's 64 MB

@@ -31,7 +31,7 @@ from lab.stack.local import LocalStack, StackOptions
 from lab.stack.ssh import SshOptions, SshStack
 from lab.sut.processes import SutStack, SystemProcesses, declared_processes
 from lab.sut.protocol import SutError
-from lab.sut.proxy import ProxiedUrls
+from lab.sut.proxy import ProxiedUrls, UrlStack
 from lab.sut.registry import SutEntry, client_clock_problem, sut_of
 from lab.testmap import Test
 from nemesis.network import DIRECTIONS
@@ -339,8 +339,10 @@ class Target:
             return self.backend.make(test, Path(root))
         if self.kind is Kind.SYSTEM:
             return SutStack(self.decl, root=Path(root), die_with_parent=True)
-        return ExternalStack(list(self.urls), Path(root), proxied=self.proxied,
-                             store=test.store_url if test.live.get("store_url") else None)
+        store = test.store_url if test.live.get("store_url") else None  # the system's own store, as test.json shows it
+        if self.proxied:
+            return ProxiedUrls(list(self.urls), Path(root), client_groups=2, store=store)
+        return UrlStack(list(self.urls), Path(root), store=store)
 
     def stack_options(self, test: Test, *, store: bool) -> Any:
         """What the run's stack must start: servers, the store, and what the test's nemeses need of it."""
@@ -349,43 +351,6 @@ class Target:
         if self.kind is Kind.REFERENCE and self.backend.options is not None:
             return self.backend.options(test, opts)
         return opts
-
-
-class ExternalStack:
-    """The stack of a system the lab does not run: nothing to start, or the lab's Toxiproxy in front of its URLs.
-
-    It answers like every other stack (`up` -> status, `down`, `processes`, `info`), so a run has one path.
-    """
-
-    def __init__(self, urls: list[str], root: Path, *, proxied: bool, store: str | None):
-        self.name = "stack"
-        self.urls = list(urls)
-        self.dir = Path(root)
-        self.store = store  # the system's own store as test.json shows it (redacted), or None
-        self.proxies = ProxiedUrls(self.urls, self.dir, client_groups=2) if proxied else None
-        self.processes: list[Any] = []
-        self.info: dict[str, Any] = {}
-
-    def up(self, opts: Any) -> dict[str, Any]:
-        """Start the proxies (if any); the status names the URLs and what the clients dial."""
-        if self.proxies is not None:
-            self.proxies.up()
-            self.processes, self.info = self.proxies.processes, self.proxies.info
-        return self.status()
-
-    def status(self) -> dict[str, Any]:
-        client_nodes = self.proxies.client_nodes if self.proxies is not None else []
-        return {"lease_servers": list(self.urls), "valkey": None, "client_nodes": client_nodes or list(self.urls),
-                "store": self.store if self.store else None, "credentials": None}
-
-    def down(self) -> list[str]:
-        return self.proxies.down() if self.proxies is not None else []
-
-    def process(self, name: str) -> Any:
-        for p in self.processes:
-            if p.name == name:
-                return p
-        raise TargetError(f"the external system's stack has no process {name!r}")
 
 
 def _system_lacks(decl: SystemProcesses | None, ability: str) -> str | None:

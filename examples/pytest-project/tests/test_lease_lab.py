@@ -19,11 +19,11 @@ def test_lease_workload_holds_the_contract(lab_run):
 
 def test_one_holder_at_a_time_across_servers(lab_stack):
     status = lab_stack.status()
-    key = json.loads(open(status["credentials"]).read())[0]["api_key"]
+    key = json.loads(open(status.credentials).read())[0]["api_key"]
     identity = Identity("tenant-a", "program-1", "pytest", "door", "actor-1", "wf")
 
     async def scenario():
-        first, second = status["lease_servers"][:2]
+        first, second = status.lease_servers[:2]
         async with LeaseClient(first, key, service_instance_id="a") as a, \
                 LeaseClient(second, key, service_instance_id="b") as b:
             held = await a.acquire(identity, ttl_ms=5000)
