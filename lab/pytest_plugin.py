@@ -30,7 +30,7 @@ import warnings
 import zlib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -41,11 +41,15 @@ _RUNS = pytest.StashKey[list]()
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+if TYPE_CHECKING:  # the plugin imports nothing of the lab until a fixture runs (every pytest session loads it)
+    from lab.testmap import Test
+
+
 @dataclass
 class LabRun:
     """One lab run made by `lab_run`: the test, its results (None when it failed to run) and where it landed."""
 
-    test: Any
+    test: Test
     results: dict[str, Any] | None
     run_dir: Path | None
     nodeid: str = ""

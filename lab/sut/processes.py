@@ -57,6 +57,7 @@ from lab.stack.process import ManagedProcess, ProcessError, free_port
 from lab.stack.store import PouchDBProcess
 from lab.sut.protocol import SutError
 from lab.sut.registry import sut_of
+from lab.testmap import Test
 from nemesis.core import completion
 from nemesis.process_faults import PauseNemesis
 from lab.stack.topology import Link, _check_endpoint, role
@@ -153,9 +154,9 @@ class SystemProcesses:
         return [p.name for p in self.processes if p.name in dialled]
 
 
-def declared_processes(test: Any) -> SystemProcesses | None:
+def declared_processes(test: Test) -> SystemProcesses | None:
     """The processes the test's system declares, or None (the reference stack, or a system behind --url)."""
-    if getattr(test, "urls", None):
+    if test.urls:
         return None
     entry = sut_of(test)
     if entry.processes is None:
@@ -167,7 +168,7 @@ def declared_processes(test: Any) -> SystemProcesses | None:
     return decl
 
 
-def check_test(test: Any) -> None:
+def check_test(test: Test) -> None:
     """Before anything starts: the system's declaration is consistent and its binaries are installed (what it can
     take of the nemeses asked is the Target's answer: lab.sut.target)."""
     decl = declared_processes(test)
@@ -399,10 +400,10 @@ class SutStack(ProcessStack):
                 shutil.rmtree(self.placement.root / spec.name, ignore_errors=True)
 
 
-def store_url_for(test: Any, node: str) -> str | None:
+def store_url_for(test: Test, node: str) -> str | None:
     """The store a worker bound to `node` writes into: its client group's link to the store, when the lab runs
     the system's processes; else the run's store (`test.live["store_url"]`, `test.store`)."""
-    stack = (getattr(test, "live", None) or {}).get("stack")
+    stack = test.live.get("stack")
     if hasattr(stack, "store_url_for") and not test.live.get("store_url"):  # a stack that proxies each group's store
         found = stack.store_url_for(node)
         if found:
