@@ -403,6 +403,8 @@ def print_verdict(run_dir: Path, results: dict) -> None:
     if isinstance(results.get("results"), dict):
         for line in checker_lines(results, violations=1, only_not_valid=True):
             click.echo(line)
+    if results.get("run_failed"):
+        click.echo(f"  run failed: {results['run_failed']}")
     faults = (results.get("results") or {}).get("faults") or {}
     t = faults.get("schedule") or {}
     if t.get("scaled"):

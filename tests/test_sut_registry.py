@@ -300,3 +300,99 @@ def test_fencing_style_is_declared_once_and_merged_with_not_claimed():
         "store", "none", "server")
     assert "stale-commit.commit-after-successor" in get_sut("valkey-lock-fenced").not_claimed
     assert "fencing" in get_sut("valkey-lock").not_claimed and "fencing" not in get_sut("valkey-lock-fenced").not_claimed
+
+
+# -- a plug-in that raises -------------------------------------------------------------------------------------
+
+RAISING = '''
+from lab.client import Result
+
+
+class Boom:
+    """A factory that raises at once."""
+
+    def __init__(self, test, node, instance):
+        raise ValueError("no such cluster")
+
+
+class Later:
+    """Opens once (the run's first open), then every later open raises."""
+
+    opened = 0
+
+    def __init__(self, test, node, instance):
+        Later.opened += 1
+        if Later.opened > 1:
+            raise RuntimeError("second open fails")
+
+    async def acquire(self, identity, *, ttl_ms, request_id=None, deadline_s=None):
+        return Result("fail", "lease_conflict")
+
+    async def renew(self, lease, **kw):
+        return Result("fail", "lease_lost")
+
+    async def release(self, lease, **kw):
+        return Result("fail", "lease_lost")
+
+    async def inspect(self, target, **kw):
+        return Result("fail", "lease_not_found")
+
+    async def aclose(self):
+        return None
+
+
+def bad_check(test):
+    raise KeyError("port")
+'''
+
+
+def test_a_plugin_that_raises_is_one_line_naming_it():
+    """A factory or a check that raises anything: PluginError naming the plug-in and the exception."""
+    def boom(test, node, instance):
+        raise ValueError("no such cluster")
+
+    def bad_check(test):
+        raise KeyError("port")
+
+    register_sut("raiser", boom, check=bad_check)
+    try:
+        with pytest.raises(SutError, match=r"^SUT 'raiser' \(test_sut_registry\..*boom\): ValueError: no such "
+                                           r"cluster$"):
+            opened(Test(extra={"sut": "raiser"}), "n", "i")
+        with pytest.raises(SutError, match=r"^SUT 'raiser' \(.*\): KeyError: 'port'$"):
+            validated(Test(extra={"sut": "raiser"}))
+    finally:
+        unregister_sut("raiser")
+
+
+def _fencelab(tmp_path, factory):
+    """`fencelab test` on a system in a loose module (`raising:Factory`), its output and exit code."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "raising.py").write_text(RAISING)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    p = subprocess.run([sys.executable, "-m", "lab", "test", "--sut", f"raising:{factory}", "--workload", "lease",
+                        "--time-limit", "1", "--concurrency", "2", "--store-dir", str(tmp_path / "store")],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    results = [json.loads(f.read_text()) for f in (tmp_path / "store").rglob("results.json")]
+    return p, results
+
+
+def test_a_factory_that_raises_at_the_first_open_is_bad_input(tmp_path):
+    p, _ = _fencelab(tmp_path, "Boom")
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip() == "fencelab: error: SUT 'raising:Boom' (raising.Boom): ValueError: no such cluster"
+
+
+def test_a_factory_that_raises_during_the_run_marks_it_failed(tmp_path):
+    """Not 1 (invalid): the run is cut short, results.json says so, exit 3 (unknown); no traceback."""
+    p, results = _fencelab(tmp_path, "Later")
+    assert p.returncode == 3, p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    assert "run failed: SUT 'raising:Later' (raising.Later): RuntimeError: second open fails" in p.stdout
+    (res,) = results
+    assert res["valid"] == "unknown" and res["run_failed"].startswith("SUT 'raising:Later'")

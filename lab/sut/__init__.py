@@ -13,8 +13,9 @@ from lab.findings import Finding, FindingsLog, load_findings, static_records
 from lab.sut import etcd, valkey_lock  # the built-in adapters, registered below
 from lab.sut.protocol import (OPTIONAL_CAPABILITIES, FencedCommit, ForceRelease, LeaseSystem, Revoke, SutError,
                               check_result, check_system)
-from lab.sut.registry import (DEFAULT_SUT, ENTRY_POINT_GROUP, CheckedSystem, SutEntry, WorkloadNeeds, api_key_for,
-                              get_sut, open_system, register_sut, sut_names, sut_of, unregister_sut)
+from lab.sut.registry import (DEFAULT_SUT, ENTRY_POINT_GROUP, FENCING_STYLES, CheckedSystem, PluginError, SutEntry,
+                              WorkloadNeeds, api_key_for, get_sut, open_system, register_sut, sut_names, sut_of,
+                              unregister_sut)
 from lab.sut.validate import validate_test
 
 # the built-in systems beyond `reference` and `starintel` (lab.sut.registry): registered here, at the top of the
@@ -32,8 +33,8 @@ register_sut("valkey-lock-fenced", valkey_lock.fenced_valkey_lock_system, capabi
              not_claimed=valkey_lock.NOT_CLAIMED, fencing="store", _trusted=True)
 
 __all__ = [
-    "DEFAULT_SUT", "ENTRY_POINT_GROUP", "OPTIONAL_CAPABILITIES", "CheckedSystem", "FencedCommit", "Finding",
-    "FindingsLog", "ForceRelease", "LeaseSystem", "Revoke", "SutEntry", "SutError", "api_key_for", "check_result",
+    "DEFAULT_SUT", "ENTRY_POINT_GROUP", "FENCING_STYLES", "OPTIONAL_CAPABILITIES", "CheckedSystem", "FencedCommit",
+    "Finding", "FindingsLog", "PluginError", "ForceRelease", "LeaseSystem", "Revoke", "SutEntry", "SutError", "api_key_for", "check_result",
     "check_system", "get_sut", "load_findings", "open_system", "register_sut",
     "static_records", "sut_names", "sut_of", "unregister_sut", "validate_test", "WorkloadNeeds",
 ]

@@ -101,6 +101,31 @@ class SutEntry:
         return f"SUT {self.name!r} ({getattr(self.factory, '__module__', '?')}.{qual})"
 
 
+class PluginError(SutError):
+    """A registered system's own code (its factory, its check) raised: the message names the plug-in and the
+    exception, in one line (docs/plugging-in-a-system.md#when-a-plug-in-raises)."""
+
+
+def plugin_call(entry: SutEntry, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """`fn(*args, **kw)`, a plug-in's own code: any exception but SutError (already one line) becomes PluginError.
+    A built-in's exception is the lab's own bug and keeps its traceback."""
+    if entry.trusted:
+        return fn(*args, **kw)
+    try:
+        return fn(*args, **kw)
+    except SutError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever a plug-in raises is reported as one line naming it
+        raise PluginError(f"{entry.where}: {type(e).__name__}: {e}") from e
+
+
+def check_sut(entry: SutEntry, test: Any) -> None:
+    """The system's own check of a test's options, before anything starts (a plug-in that raises: PluginError)."""
+    if entry.check is not None:
+        plugin_call(entry, entry.check, test)
+
+
+PLUGIN_ERRORS = "plugin_errors"  # test.live: what a plug-in's factory raised during the run (lab.runner reads it)
 _REGISTRY: dict[str, SutEntry] = {}
 _BY_SPEC: dict[str, SutEntry] = {}  # systems named as module.path:Factory, imported once
 
@@ -241,7 +266,12 @@ def open_system(test: Test, node: Any, service_instance_id: str, *, needs: Workl
     entry = sut_of(test)
     require_capabilities(entry, needs)
     kwargs = {"timeout_s": timeout_s} if timeout_s is not None and entry.accepts_timeout else {}
-    system = entry.factory(test, node, service_instance_id, **kwargs)
+    try:
+        system = plugin_call(entry, entry.factory, test, node, service_instance_id, **kwargs)
+    except PluginError as e:  # the run notes it (a worker's failed open is an op that failed; the run is marked)
+        if isinstance(getattr(test, "live", None), dict):
+            test.live.setdefault(PLUGIN_ERRORS, []).append(str(e))
+        raise
     if inspect.isawaitable(system):
         if hasattr(system, "close"):
             system.close()  # never awaited: close it so Python does not warn
