@@ -41,7 +41,8 @@ from lab.sut.probe import ProbeError, probe_external as probe, store_db
 from lab.sut.registry import PLUGIN_ERRORS, claimed_checker
 from lab.sut.target import BACKENDS, Kind, Target, TargetError, load_hosts as _load_hosts, target_of
 from lab.test_options import TEST_OPTIONS
-from lab.testmap import COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem
+from lab.testmap import (COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem,
+                         sut_opt_arg, sut_options_of)
 from nemesis.registry import build, start_fs
 from nemesis.schedule import lane_timing, timing_problem
 from workloads import get_workload, needs_of
@@ -218,6 +219,8 @@ def replay_command(test: Test) -> str:
                 value = None
         elif p.name == "sut":
             value = test.extra.get("sut_import") or test.sut_name()
+        elif p.name == "sut_opts":
+            value = [sut_opt_arg(k, v) for k, v in sut_options_of(test).items()]
         elif p.name == "servers" and test.urls:  # the lab's own stack only: --url names the servers
             value = None
         else:
