@@ -19,7 +19,11 @@ The SUT layer never imports the workloads: each workload declares its
 `WorkloadNeeds` (`workloads.needs_of(name)`), and the runner passes them in
 (`validate_test(test, needs)`, `open_system(..., needs=...)`).
 Systems from outside the lab are wrapped so that every result is checked
-(`check_result`): a malformed one is an error naming the method.
+(`check_result`): a malformed one is an error naming the method; a factory
+or check that raises is `PluginError`, one line naming the plug-in.
+A system also declares how its commits are fenced (`fencing`: server, store,
+none); the rules each style does not claim are one table, `FENCING_STYLES`,
+merged into the entry's `not_claimed`.
 """
 
 from __future__ import annotations
