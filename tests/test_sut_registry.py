@@ -299,7 +299,8 @@ def test_fencing_style_is_declared_once_and_merged_with_not_claimed():
     assert (get_sut("valkey-lock-fenced").fencing, get_sut("valkey-lock").fencing, get_sut("etcd").fencing) == (
         "store", "none", "server")
     assert "stale-commit.commit-after-successor" in get_sut("valkey-lock-fenced").not_claimed
-    assert "fencing" in get_sut("valkey-lock").not_claimed and "fencing" not in get_sut("valkey-lock-fenced").not_claimed
+    assert "fencing" in get_sut("valkey-lock").not_claimed
+    assert "fencing" not in get_sut("valkey-lock-fenced").not_claimed
 
 
 # -- a plug-in that raises -------------------------------------------------------------------------------------

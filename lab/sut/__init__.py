@@ -34,7 +34,8 @@ register_sut("valkey-lock-fenced", valkey_lock.fenced_valkey_lock_system, capabi
 
 __all__ = [
     "DEFAULT_SUT", "ENTRY_POINT_GROUP", "FENCING_STYLES", "OPTIONAL_CAPABILITIES", "CheckedSystem", "FencedCommit",
-    "Finding", "FindingsLog", "PluginError", "ForceRelease", "LeaseSystem", "Revoke", "SutEntry", "SutError", "api_key_for", "check_result",
+    "Finding", "FindingsLog", "ForceRelease", "LeaseSystem", "PluginError", "Revoke", "SutEntry", "SutError",
+    "api_key_for", "check_result",
     "check_system", "get_sut", "load_findings", "open_system", "register_sut",
     "static_records", "sut_names", "sut_of", "unregister_sut", "validate_test", "WorkloadNeeds",
 ]
