@@ -27,7 +27,7 @@ from lab.stack.base import StackStatus
 from lab.stack.local import LocalStack, StackError, StackOptions
 from lab.stack.process import ProcessError
 from lab.test_options import test_options
-from lab.testmap import Test
+from lab.testmap import Test, parse_sut_opt, set_sut_options
 
 # Each subcommand imports what it runs inside its own function, so `fencelab --help` and the quick subcommands
 # stay fast: the runner with every layer below it takes about a second to import, and paramiko (--backend ssh),
@@ -308,7 +308,7 @@ class _TestCommand(click.Command):
 def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
              servers, name, store_dir, sut, urls, api_key_file, scenario, store_url, mutant, proxy_urls=False,
              store_db=None, lab_owns_store=False, run_salt="new", commit_mode=None, backend="local",
-             hosts_file=None) -> None:
+             hosts_file=None, sut_opts=()) -> None:
     """Run a workload against a fresh local stack; record, check, and store the run.
 
     Exit code (docs/cli.md#exit-codes): 0 valid, 1 invalid, 2 bad input, 3 unknown (any run), 130 interrupted.
@@ -318,6 +318,11 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
         fail(f"--test-count must be >= 1, not {test_count}")
     # every comma separates a name: `partition,,kill` keeps its empty one, which validate() refuses
     nemeses = [n.strip() for n in nemesis.split(",")] if nemesis.strip() else []
+
+    try:
+        sut_options = dict(parse_sut_opt(text) for text in sut_opts)
+    except ValueError as e:
+        fail(str(e))
 
     ctx = click.get_current_context()
     given = {p for p in ctx.params if ctx.get_parameter_source(p) is ParameterSource.COMMANDLINE}
@@ -339,6 +344,8 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
                   nemesis_interval=nemesis_interval, run_salt="" if run_salt == "new" else run_salt, backend=backend,
                   **options)
              for i in range(test_count)]
+    for t in tests if sut_options else ():
+        set_sut_options(t, sut_options)
     for t in tests if store_url else ():
         t.live["store_url"] = store_url  # never saved: test.json gets the redacted form
     try:
@@ -404,6 +411,8 @@ def print_verdict(run_dir: Path, results: dict) -> None:
     if isinstance(results.get("results"), dict):
         for line in checker_lines(results, violations=1, only_not_valid=True):
             click.echo(line)
+    if results.get("run_failed"):
+        click.echo(f"  run failed: {results['run_failed']}")
     faults = (results.get("results") or {}).get("faults") or {}
     t = faults.get("schedule") or {}
     if t.get("scaled"):

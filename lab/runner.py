@@ -36,12 +36,13 @@ from lab.history.ops import is_client_process
 from lab.scenarios import SCENARIOS, ScenarioError, scenario_workload, validate_scenario
 from lab.secrets import redact_secrets, redact_tree, redact_url
 from lab.server.mutants import MUTANT_NAMES
-from lab.sut import SutError, get_sut, validate_test
+from lab.sut import PluginError, SutError, get_sut, validate_test
 from lab.sut.probe import ProbeError, probe_external as probe, store_db
-from lab.sut.registry import claimed_checker
+from lab.sut.registry import PLUGIN_ERRORS, claimed_checker
 from lab.sut.target import BACKENDS, Kind, Target, TargetError, load_hosts as _load_hosts, target_of
 from lab.test_options import TEST_OPTIONS
-from lab.testmap import COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem
+from lab.testmap import (COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem,
+                         sut_opt_arg, sut_options_of)
 from nemesis.registry import build, start_fs
 from nemesis.schedule import lane_timing, timing_problem
 from workloads import get_workload, needs_of
@@ -191,6 +192,7 @@ def link_latest(run_dir: Path, store_dir: Path, name: str) -> None:
 
 
 # Test fields given on `fencelab test`'s command line under their own names
+RUN_FAILED = "run_failed"  # test.extra: why the system's own code cut the run short (results: valid unknown)
 _REPLAY_FIELDS = ("workload", "time_limit", "concurrency", "rate", "keys", "ttl_ms", "seed", "nemesis",
                   "nemesis_interval", "name", "run_salt", "backend")
 
@@ -217,6 +219,8 @@ def replay_command(test: Test) -> str:
                 value = None
         elif p.name == "sut":
             value = test.extra.get("sut_import") or test.sut_name()
+        elif p.name == "sut_opts":
+            value = [sut_opt_arg(k, v) for k, v in sut_options_of(test).items()]
         elif p.name == "servers" and test.urls:  # the lab's own stack only: --url names the servers
             value = None
         else:
@@ -346,7 +350,17 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
         test.nodes = wl.nodes(test) or ["in-process"]  # no node to dial: the system runs inside its client
         write_test_json(test)
         writer = HistoryWriter(test.run_dir / "history.jsonl")  # time 0 of the history: the workload starts now
-        asyncio.run(_run(test, wl, writer))
+        try:
+            asyncio.run(_run(test, wl, writer))
+        except PluginError as e:  # the system's own code raised at its first open: bad input, nothing ran
+            if not writer.count:
+                raise RunError(str(e)) from None
+            test.live.setdefault(PLUGIN_ERRORS, []).append(str(e))
+        failures = test.live.get(PLUGIN_ERRORS)
+        if failures:  # a worker's open raised during the run: the run is marked failed (`analyze` reads test.json)
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            test.extra[RUN_FAILED] = f"{failures[0]}{more}"
+            write_test_json(test)
     finally:
         if writer is not None:
             writer.close()
@@ -414,6 +428,9 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
 
     # every asked fault fired, or the verdict says which did not (a scenario's own faults: its row's checker)
     results = safe_check(with_fault_coverage(claimed_checker(test, checker), start_fs()), test.to_json(), history, {})
+    if test.extra.get(RUN_FAILED):  # cut short by the system's own code: what was judged stands, no verdict
+        results["run_failed"] = test.extra[RUN_FAILED]
+        results["valid"] = "unknown"
     results["history_problems"] = problems
     results["ops"] = count_operations(history)  # operations the clients invoked (each is 2 entries when complete)
     results["entries"] = len(history)

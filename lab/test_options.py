@@ -63,6 +63,10 @@ TEST_OPTIONS: list[click.Option] = [
         help="For a third-party system (docs/third-party.md): commit through the store's token guard (fenced, "
              "the default when the system hands out a fencing token) or whenever the client believes it "
              "holds the lock (unfenced)."),
+    click.Option(["--sut-opt", "sut_opts"], multiple=True, metavar="KEY=VALUE",
+        help="A per-system option the plug-in reads from test.extra[KEY] (repeatable; kept in the replay): VALUE "
+             "is a JSON scalar when it parses as one (1, 2.5, true, null, \"quoted\"), else the string as given. "
+             "A Test field's name is refused: use its own option (docs/plugging-in-a-system.md#per-system-options)."),
 ]
 
 

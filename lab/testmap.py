@@ -321,3 +321,69 @@ def servers_problem(servers: Any) -> str | None:
     if isinstance(servers, bool) or not isinstance(servers, int) or not 1 <= servers <= MAX_SERVERS:
         return f"--servers must be between 1 and {MAX_SERVERS}, not {servers}"
     return None
+
+
+# -- per-system options (`--sut-opt KEY=VALUE`, a campaign implementation's `sut_options`) -----------------------
+SUT_OPTS = "sut_opts"  # test.extra: the names of the keys set as per-system options (the replay repeats them)
+# what the runner itself records in `extra`: a per-system option may not take one of these names
+RUN_RECORDS = frozenset({SUT_OPTS, "sut_import", "nemesis_schedule", "probe", "run_failed", "key_nonce", "identity"})
+SUT_OPT_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+def sut_option_problem(key: Any, value: Any) -> str | None:
+    """Why `key = value` cannot be a per-system option (None: it can): a word, not a Test field nor a key the run
+    records, and a value that is a string, a number, a boolean or null."""
+    if not isinstance(key, str) or not SUT_OPT_KEY.fullmatch(key):
+        return f"{key!r} is not an option name (a word: letters, digits, _ . -)"
+    if key in _DEFAULTS or key in RUN_RECORDS:
+        what = "a Test field: set it with its own option" if key in _DEFAULTS else "recorded by the run itself"
+        return f"{key} is {what}"
+    if value is not None and not isinstance(value, (str, int, float, bool)) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        return f"{key}: the value must be a string, a finite number, true, false or null, not {value!r}"
+    return None
+
+
+def parse_sut_opt(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` as a per-system option: VALUE as a JSON scalar when it is one (1, 2.5, true, null, "quoted"),
+    else the string itself. ValueError naming what to change."""
+    import json  # only where an option is parsed (the CLI); testmap is imported everywhere
+
+    key, eq, raw = text.partition("=")
+    if not eq:
+        raise ValueError(f"--sut-opt {text!r}: write KEY=VALUE")
+    try:
+        value = json.loads(raw, parse_constant=_not_a_scalar)
+    except ValueError:
+        value = raw
+    if isinstance(value, (list, dict)):
+        value = raw  # only scalars are parsed: anything else is the string as given
+    problem = sut_option_problem(key, value)
+    if problem:
+        raise ValueError(f"--sut-opt {text!r}: {problem}")
+    return key, value
+
+
+def _not_a_scalar(name: str) -> Any:
+    raise ValueError(name)  # NaN, Infinity: kept as the string given
+
+
+def sut_opt_arg(key: str, value: Any) -> str:
+    """The `KEY=VALUE` text that `parse_sut_opt` reads back as this value (a string that would parse as another
+    scalar is quoted)."""
+    import json  # see parse_sut_opt
+
+    if isinstance(value, str) and parse_sut_opt(f"{key}={value}")[1] == value:
+        return f"{key}={value}"
+    return f"{key}={json.dumps(value)}"
+
+
+def set_sut_options(test: "Test", options: dict[str, Any]) -> None:
+    """Set per-system options in `test.extra`, and note their names so that the replay repeats them."""
+    test.extra.update(options)
+    test.extra[SUT_OPTS] = sorted(set(test.extra.get(SUT_OPTS) or ()) | set(options))
+
+
+def sut_options_of(test: "Test") -> dict[str, Any]:
+    """The per-system options a test was given (`--sut-opt`, `sut_options`)."""
+    return {k: test.extra[k] for k in test.extra.get(SUT_OPTS) or () if k in test.extra}

@@ -568,3 +568,18 @@ def test_the_complete_example_of_the_docs_is_a_valid_campaign(tmp_path, monkeypa
     assert {r.scenario for r in plan} == {"base", "short-ttl", "race"}
     res = invoke(str(path), "--dry-run", "--store-dir", str(tmp_path / "store"))
     assert res.exit_code == 0 and f"campaign nightly: {len(plan)} runs" in res.output, res.output
+
+
+def test_an_implementation_sets_per_system_options_kept_in_the_replay():
+    """`sut_options = {k = v}` (what `fencelab test --sut-opt k=v` sets): in the run's Test.extra and its replay
+    command; a Test field's name is refused."""
+    base = {"name": "c", "workloads": ["lease"]}
+    spec = parse_spec({**base, "implementations": {"v": {"sut": "valkey-lock", "sut_options": {
+        "valkey_persistence": "none", "hold_s": 1.5}}}})
+    test = expand(spec)[0].to_test()
+    assert (test.extra["valkey_persistence"], test.extra["hold_s"]) == ("none", 1.5)
+    assert "--sut-opt hold_s=1.5 --sut-opt valkey_persistence=none" in runner.replay_command(test)
+    with pytest.raises(CampaignError, match=r"implementations.v: sut_options: ttl_ms is a Test field"):
+        parse_spec({**base, "implementations": {"v": {"sut": "valkey-lock", "sut_options": {"ttl_ms": 5}}}})
+    with pytest.raises(CampaignError, match=r"sut_options: hold_s: the value must be a string, a finite number"):
+        parse_spec({**base, "implementations": {"v": {"sut": "valkey-lock", "sut_options": {"hold_s": [1]}}}})

@@ -98,7 +98,9 @@ def _options(t: Test) -> dict:
     ["--mutant", "volatile-counter", "--name", "planted/volatile"],
     ["--run-salt", "abc123", "--name", "pinned"],
     ["--workload", "fenced-append", "--store-url", "http://127.0.0.1:1/"],
-], ids=["defaults", "options", "scenario", "mutant", "salt", "store-url"])
+    ["--sut-opt", "hold_s=1.5", "--sut-opt", "mode=fast", "--sut-opt", 'label="7"', "--sut-opt", "on=true",
+     "--sut-opt", "none=null", "--sut-opt", "list=[1, 2]", "--sut-opt", "empty="],
+], ids=["defaults", "options", "scenario", "mutant", "salt", "store-url", "sut-opt"])
 def test_replay_command_parses_back_into_the_same_test(monkeypatch, tmp_path, args):
     store = tmp_path / "somewhere" / "store"
     (first,), res = _captured_tests(monkeypatch, args, store)
@@ -109,6 +111,15 @@ def test_replay_command_parses_back_into_the_same_test(monkeypatch, tmp_path, ar
     (again,), _ = _captured_tests(monkeypatch, argv[2:], None)
     assert again.run_dir == store / first.name / STAMP, "the replay lands in the first run's store"
     assert _options(again) == _options(first)
+
+
+def test_sut_opts_are_plugin_options_in_extra_typed_as_json_scalars(monkeypatch, tmp_path):
+    (t,), _ = _captured_tests(monkeypatch, ["--sut-opt", "hold_s=1.5", "--sut-opt", 'label="7"', "--sut-opt",
+                                            "mode=fast", "--sut-opt", "n=3", "--sut-opt", "n=4"], tmp_path)
+    assert {k: t.extra[k] for k in ("hold_s", "label", "mode", "n")} == {"hold_s": 1.5, "label": "7", "mode": "fast",
+                                                                        "n": 4}
+    replay = runner.replay_command(t)
+    assert "--sut-opt hold_s=1.5 --sut-opt 'label=\"7\"' --sut-opt mode=fast --sut-opt n=4" in replay
 
 
 def test_replay_of_an_external_run_names_the_sut_by_import_path_and_draws_a_fresh_salt(monkeypatch, tmp_path):
@@ -160,6 +171,9 @@ def one_error_line(res) -> str:
     (["--tim", "3"], "no such option --tim (did you mean --time-limit?)"),
     (["--workload"], "requires an argument"),
     (["--time-limit", "soon"], "Invalid value for '--time-limit'"),
+    (["--sut-opt", "ttl_ms=5"], "--sut-opt 'ttl_ms=5': ttl_ms is a Test field: set it with its own option"),
+    (["--sut-opt", "hold_s"], "--sut-opt 'hold_s': write KEY=VALUE"),
+    (["--sut-opt", "probe=1"], "probe is recorded by the run itself"),
 ])
 def test_bad_test_options_are_one_line_before_anything_starts(tmp_path, args, needle):
     """Each once started the stack and crashed (inf, 1e308), ran silently (partition,,kill, --commit-mode on a

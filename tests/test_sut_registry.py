@@ -212,3 +212,188 @@ def test_workloads_declare_what_they_need_and_the_sut_layer_never_asks_them():
     with pytest.raises(SutError, match="'register' tests the lab's own Valkey"):
         sut.registry.require_capabilities(get_sut("starintel"), needs_of("register"))
     sut.registry.require_capabilities(get_sut("starintel"), needs_of("lease"))  # core operations: fine
+
+
+# -- fencing style: declared once, the rules follow ------------------------------------------------------------
+
+class TokenStore:
+    """A store that checks tokens (Kleppmann's fence): a write below the highest token accepted is refused."""
+
+    def __init__(self):
+        self.entries, self.highest = [], 0
+
+    def write(self, token, entry):
+        if token < self.highest:
+            return False
+        self.highest = token
+        self.entries.append(entry)
+        return True
+
+
+class StoreFenced:
+    """A correct store-fenced plug-in: leases with increasing tokens, commits through the store's token guard only."""
+
+    capabilities = frozenset({"commit"})
+    fencing = "store"
+    store = TokenStore()
+
+    def __init__(self, test, node, service_instance_id):
+        self.instance = service_instance_id
+
+    async def commit(self, lease, doc, body, *, identity=None, request_id=None, deadline_s=None):
+        if not self.store.write(lease.fencing_token, body):
+            return Result("fail", "stale_token")
+        return Result("ok", "commit_accepted", data={"doc": doc, "accepted_token": lease.fencing_token})
+
+
+def _old_holder_writes_first(fencing):
+    """Run the plug-in's commits (L1 token 1, L2 token 2 acquired, then L1 writes, then L2), judged as `fencing`."""
+    from test_checker_core import LeaseHistory
+
+    from checkers.core import compose, get_checker
+    from lab.sut.registry import claimed_checker
+
+    register_sut("fenced-plugin", StoreFenced, fencing=fencing, replace=True)
+    try:
+        StoreFenced.store = TokenStore()
+        system = StoreFenced(None, "n", "i")
+        l1, l2 = (Lease(f"L{t}", t, "active", 0, 0, 1000, 1000) for t in (1, 2))
+        h = LeaseHistory()
+        h.acquire(0, "L1", 1, at=0)
+        h.acquire(1, "L2", 2, at=10)
+        import asyncio
+
+        for p, lease, n in ((0, l1, 1), (1, l2, 1)):  # the old holder's write lands before its successor's first
+            r = asyncio.run(system.commit(lease, "d", [p, lease.fencing_token, n]))
+            assert r.outcome == "ok"
+            h.commit(p, lease.lease_id, lease.fencing_token, [p, lease.fencing_token, n], rev=n)
+        h.read(9, list(StoreFenced.store.entries))
+        test = Test(workload="fenced-append", extra={"sut": "fenced-plugin"})
+        return claimed_checker(test, compose({"stale-commit": get_checker("stale-commit")})).check({}, h.ops, {})
+    finally:
+        unregister_sut("fenced-plugin")
+
+
+def test_a_store_fenced_plugin_is_valid_without_copying_anything():
+    """fencing="store": an old holder's write accepted by the token guard before its successor's first write is
+    correct; the same history from a system whose commits the lease service validates (server) is a violation."""
+    res = _old_holder_writes_first("store")
+    assert res["valid"] is True, res
+    assert res["results"]["stale-commit"]["not_claimed_violations"] == {"commit-after-successor": 1}
+    res = _old_holder_writes_first("server")
+    assert res["valid"] is False and "commit-after-successor" in res["results"]["stale-commit"]["violation_counts"]
+
+
+def test_fencing_style_is_declared_once_and_merged_with_not_claimed():
+    from lab.sut.registry import FENCING_STYLES
+
+    entry = register_sut("fenced-plugin", StoreFenced, not_claimed={"idempotency": "no request ids"}, replace=True)
+    try:  # the class attribute declares it; what it does not claim beyond its style is kept
+        assert entry.fencing == "store"
+        assert entry.not_claimed == {**FENCING_STYLES["store"], "idempotency": "no request ids"}
+        assert register_sut("fenced-plugin", TinySystem, replace=True).fencing == "server"  # the default: all rules
+        with pytest.raises(SutError, match=r"fencing must be one of server, store, none .*not 'token'"):
+            register_sut("fenced-plugin", TinySystem, fencing="token", replace=True)
+    finally:
+        unregister_sut("fenced-plugin")
+    assert (get_sut("valkey-lock-fenced").fencing, get_sut("valkey-lock").fencing, get_sut("etcd").fencing) == (
+        "store", "none", "server")
+    assert "stale-commit.commit-after-successor" in get_sut("valkey-lock-fenced").not_claimed
+    assert "fencing" in get_sut("valkey-lock").not_claimed
+    assert "fencing" not in get_sut("valkey-lock-fenced").not_claimed
+
+
+# -- a plug-in that raises -------------------------------------------------------------------------------------
+
+RAISING = '''
+from lab.client import Result
+
+
+class Boom:
+    """A factory that raises at once."""
+
+    def __init__(self, test, node, instance):
+        raise ValueError("no such cluster")
+
+
+class Later:
+    """Opens once (the run's first open), then every later open raises."""
+
+    opened = 0
+
+    def __init__(self, test, node, instance):
+        Later.opened += 1
+        if Later.opened > 1:
+            raise RuntimeError("second open fails")
+
+    async def acquire(self, identity, *, ttl_ms, request_id=None, deadline_s=None):
+        return Result("fail", "lease_conflict")
+
+    async def renew(self, lease, **kw):
+        return Result("fail", "lease_lost")
+
+    async def release(self, lease, **kw):
+        return Result("fail", "lease_lost")
+
+    async def inspect(self, target, **kw):
+        return Result("fail", "lease_not_found")
+
+    async def aclose(self):
+        return None
+
+
+def bad_check(test):
+    raise KeyError("port")
+'''
+
+
+def test_a_plugin_that_raises_is_one_line_naming_it():
+    """A factory or a check that raises anything: PluginError naming the plug-in and the exception."""
+    def boom(test, node, instance):
+        raise ValueError("no such cluster")
+
+    def bad_check(test):
+        raise KeyError("port")
+
+    register_sut("raiser", boom, check=bad_check)
+    try:
+        with pytest.raises(SutError, match=r"^SUT 'raiser' \(test_sut_registry\..*boom\): ValueError: no such "
+                                           r"cluster$"):
+            opened(Test(extra={"sut": "raiser"}), "n", "i")
+        with pytest.raises(SutError, match=r"^SUT 'raiser' \(.*\): KeyError: 'port'$"):
+            validated(Test(extra={"sut": "raiser"}))
+    finally:
+        unregister_sut("raiser")
+
+
+def _fencelab(tmp_path, factory):
+    """`fencelab test` on a system in a loose module (`raising:Factory`), its output and exit code."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    (tmp_path / "raising.py").write_text(RAISING)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    p = subprocess.run([sys.executable, "-m", "lab", "test", "--sut", f"raising:{factory}", "--workload", "lease",
+                        "--time-limit", "1", "--concurrency", "2", "--store-dir", str(tmp_path / "store")],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    results = [json.loads(f.read_text()) for f in (tmp_path / "store").rglob("results.json")]
+    return p, results
+
+
+def test_a_factory_that_raises_at_the_first_open_is_bad_input(tmp_path):
+    p, _ = _fencelab(tmp_path, "Boom")
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip() == "fencelab: error: SUT 'raising:Boom' (raising.Boom): ValueError: no such cluster"
+
+
+def test_a_factory_that_raises_during_the_run_marks_it_failed(tmp_path):
+    """Not 1 (invalid): the run is cut short, results.json says so, exit 3 (unknown); no traceback."""
+    p, results = _fencelab(tmp_path, "Later")
+    assert p.returncode == 3, p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+    assert "run failed: SUT 'raising:Later' (raising.Later): RuntimeError: second open fails" in p.stdout
+    (res,) = results
+    assert res["valid"] == "unknown" and res["run_failed"].startswith("SUT 'raising:Later'")

@@ -26,7 +26,8 @@ from typing import Any, Callable
 
 from lab.runner import RunError, validate
 from lab.sut.target import BACKENDS
-from lab.testmap import DEFAULT_SERVERS, OPTIONS, OptionError, Test, check_options, merge_options as _merge_options
+from lab.testmap import (DEFAULT_SERVERS, OPTIONS, SUT_OPTS, OptionError, Test, check_options,
+                         merge_options as _merge_options, sut_option_problem)
 from nemesis.registry import known_names, validate_names
 from workloads import WORKLOADS, needs_of
 
@@ -44,7 +45,7 @@ EXCLUDE_KEYS = ("workload", "nemesis", "scenario", "implementation", "why")
 # the axes own these Test fields: setting them in [defaults] or a scenario is a mistake the error explains
 AXIS_FIELDS = {"workload": "workloads", "nemesis": "nemeses", "seed": "seeds", "name": "name"}
 REFERENCE = "reference"
-IMPL_KEYS = ("name", "sut", "url", "api_key_file", "commit_mode", "backend", "hosts")
+IMPL_KEYS = ("name", "sut", "url", "api_key_file", "commit_mode", "backend", "hosts", "sut_options")
 
 
 class CampaignError(ValueError):
@@ -107,12 +108,16 @@ class Implementation:
     commit_mode: str | None = None  # -> Test.commit_mode (fenced / unfenced: docs/third-party.md)
     backend: str | None = None  # -> Test.backend: local processes, Docker Compose (docs/compose.md) or SSH nodes
     hosts: str | None = None  # -> Test.hosts_file: the SSH nodes of backend "ssh" (docs/ssh-backend.md)
+    # -> Test.extra: per-system options (`--sut-opt KEY=VALUE`), as sorted (key, value) pairs (a frozen value)
+    sut_options: tuple[tuple[str, Any], ...] = ()
 
     def options(self) -> dict[str, Any]:
         """The Test fields this implementation sets (none for the reference servers on the local backend)."""
         out = {"sut": self.sut if self.sut != REFERENCE else None, "urls": [self.url] if self.url else None,
                "api_key_file": self.api_key_file, "commit_mode": self.commit_mode, "backend": self.backend,
-               "hosts_file": self.hosts}
+               "hosts_file": self.hosts,
+               "extra": {**dict(self.sut_options), SUT_OPTS: [k for k, _ in self.sut_options]} if self.sut_options
+               else None}
         return {k: v for k, v in out.items() if v is not None}
 
 
@@ -329,7 +334,15 @@ def _implementation(where: str, name: Any, table: Mapping[str, Any]) -> Implemen
         raise CampaignError(f"{where}: backend \"ssh\" and hosts (a hosts file: docs/ssh-backend.md) go together")
     if hosts is not None and not isinstance(hosts, str):
         raise CampaignError(f"{where}: hosts must be the path of a hosts file (a string), not {hosts!r}")
-    return Implementation(name, sut, url, key_file, mode, backend, hosts)
+    sut_options = table.get("sut_options", {})
+    if not isinstance(sut_options, Mapping):
+        raise CampaignError(f"{where}: sut_options is a table of per-system options (hold_s = 1.0), not "
+                            f"{sut_options!r}")
+    for k, v in sut_options.items():
+        problem = sut_option_problem(k, v)
+        if problem:
+            raise CampaignError(f"{where}: sut_options: {problem}")
+    return Implementation(name, sut, url, key_file, mode, backend, hosts, tuple(sorted(sut_options.items())))
 
 
 def _implementations(where: str, value: Any) -> list[Implementation]:

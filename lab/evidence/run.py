@@ -34,6 +34,7 @@ from lab.runner import RunError, run_test, validate
 from lab.scenarios import SCENARIOS, ScenarioError, apply_scenario
 from lab.secrets import redact_url
 from lab.sut import SutError, load_findings
+from lab.sut.registry import check_sut
 from lab.sut.target import Kind, Target, target_of
 from lab.testmap import Test
 
@@ -110,8 +111,7 @@ class EvidenceTarget:
         test = Test(**self.options())
         target = target_of(test)
         target.check(test)
-        if target.sut.check is not None:  # the system's own check of its options (URLs, key)
-            target.sut.check(test)
+        check_sut(target.sut, test)  # the system's own check of its options (URLs, key); a plug-in's in one line
         return target
 
     def describe(self) -> dict[str, Any]:

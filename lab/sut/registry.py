@@ -19,7 +19,11 @@ The SUT layer never imports the workloads: each workload declares its
 `WorkloadNeeds` (`workloads.needs_of(name)`), and the runner passes them in
 (`validate_test(test, needs)`, `open_system(..., needs=...)`).
 Systems from outside the lab are wrapped so that every result is checked
-(`check_result`): a malformed one is an error naming the method.
+(`check_result`): a malformed one is an error naming the method; a factory
+or check that raises is `PluginError`, one line naming the plug-in.
+A system also declares how its commits are fenced (`fencing`: server, store,
+none); the rules each style does not claim are one table, `FENCING_STYLES`,
+merged into the entry's `not_claimed`.
 """
 
 from __future__ import annotations
@@ -44,6 +48,25 @@ ENTRY_POINT_GROUP = "fencelab.suts"
 DEFAULT_SUT = "reference"
 API_KEY_ENV = "FENCELAB_API_KEY"
 _CHECKED_OPS = frozenset({"acquire", "renew", "release", "inspect", "commit", "force_release", "revoke"})
+
+# -- fencing styles: how a system's commits are fenced, and the rules that do not hold for that style -----------
+_STORE_FENCE = ("the store checks a write's token only against the highest it has already accepted (Kleppmann's "
+                "fencing, C26/C27); it knows nothing of leases, so an old holder's write that lands before its "
+                "successor's first write is accepted by design")
+_NO_TOKEN = "the system hands out no fencing token: there is no token order to judge"
+#: `fencing=` of a system -> the checkers (`name`) and rules (`checker.kind`) it does not claim, with why.
+#: server: the lease service validates each commit at the commit point (C24-C29: this exact lease, unexpired, then a
+#:   conditional write), so every rule holds (the reference server; etcd, whose fenced commit asks etcd first).
+#: store: only a token the store checks fences a write (C26/C27 without C25): a write is refused only below the
+#:   highest token accepted, so the rules that need the store to know of leases do not hold.
+#: none: no token at all; what a write did is judged without tokens (stale-write).
+FENCING_STYLES: dict[str, dict[str, str]] = {
+    "server": {},
+    "store": {"stale-commit.commit-after-successor": _STORE_FENCE, "stale-commit.commit-after-release": _STORE_FENCE},
+    "none": {"fencing": _NO_TOKEN, "stale-commit.commit-after-successor": _NO_TOKEN,
+             "stale-commit.commit-after-release": _NO_TOKEN},
+}
+DEFAULT_FENCING = "server"  # a system that declares nothing is held to every rule
 
 
 @dataclass(frozen=True)
@@ -72,6 +95,8 @@ class SutEntry:
     processes: Callable[[Any], Any] | None = None
     # contract features the system does not claim: checker name -> why (the lab neither runs nor judges them)
     not_claimed: Mapping[str, str] = field(default_factory=dict)
+    # how its commits are fenced (FENCING_STYLES): what that style does not claim is merged into not_claimed
+    fencing: str = DEFAULT_FENCING
 
     @property
     def where(self) -> str:
@@ -80,6 +105,31 @@ class SutEntry:
         return f"SUT {self.name!r} ({getattr(self.factory, '__module__', '?')}.{qual})"
 
 
+class PluginError(SutError):
+    """A registered system's own code (its factory, its check) raised: the message names the plug-in and the
+    exception, in one line (docs/plugging-in-a-system.md#when-a-plug-in-raises)."""
+
+
+def plugin_call(entry: SutEntry, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """`fn(*args, **kw)`, a plug-in's own code: any exception but SutError (already one line) becomes PluginError.
+    A built-in's exception is the lab's own bug and keeps its traceback."""
+    if entry.trusted:
+        return fn(*args, **kw)
+    try:
+        return fn(*args, **kw)
+    except SutError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever a plug-in raises is reported as one line naming it
+        raise PluginError(f"{entry.where}: {type(e).__name__}: {e}") from e
+
+
+def check_sut(entry: SutEntry, test: Any) -> None:
+    """The system's own check of a test's options, before anything starts (a plug-in that raises: PluginError)."""
+    if entry.check is not None:
+        plugin_call(entry, entry.check, test)
+
+
+PLUGIN_ERRORS = "plugin_errors"  # test.live: what a plug-in's factory raised during the run (lab.runner reads it)
 _REGISTRY: dict[str, SutEntry] = {}
 _BY_SPEC: dict[str, SutEntry] = {}  # systems named as module.path:Factory, imported once
 
@@ -87,21 +137,23 @@ _BY_SPEC: dict[str, SutEntry] = {}  # systems named as module.path:Factory, impo
 def register_sut(name: str, factory: Callable[..., Any], *, capabilities: Any = None, doc: str | None = None,
                  check: Callable[[Any], None] | None = None, replace: bool = False,
                  processes: Callable[[Any], Any] | None = None, not_claimed: Mapping[str, str] | None = None,
-                 _trusted: bool = False) -> SutEntry:
+                 fencing: str | None = None, _trusted: bool = False) -> SutEntry:
     """Register `factory(test, node, service_instance_id) -> LeaseSystem` as system `name`.
 
     `capabilities` defaults to the factory's `capabilities` attribute (none
     when absent: a system claims only what it declares). `processes(test) ->
     lab.sut.processes.SystemProcesses` makes the lab run the system's own
     processes (docs/plugging-in-a-system.md); `not_claimed` maps checker
-    names to why the system does not claim what they judge.
+    names to why the system does not claim what they judge, beyond what its
+    `fencing` style (FENCING_STYLES: server, store, none; default server)
+    already does not claim.
     """
     if not isinstance(name, str) or not name or ":" in name or name != name.strip():
         raise SutError(f"a SUT name is a non-empty word without ':' or surrounding spaces, not {name!r}")
     if name in _REGISTRY and not replace:
         raise SutError(f"SUT {name!r} is already registered (by {_REGISTRY[name].where}); pass replace=True "
                        "to replace it")
-    entry = _make_entry(name, factory, capabilities, doc, check, _trusted, processes, not_claimed)
+    entry = _make_entry(name, factory, capabilities, doc, check, _trusted, processes, not_claimed, fencing)
     _REGISTRY[name] = entry
     return entry
 
@@ -109,9 +161,9 @@ def register_sut(name: str, factory: Callable[..., Any], *, capabilities: Any = 
 def _make_entry(name: str, factory: Callable[..., Any], capabilities: Any = None, doc: str | None = None,
                 check: Callable[[Any], None] | None = None, trusted: bool = False,
                 processes: Callable[[Any], Any] | None = None,
-                not_claimed: Mapping[str, str] | None = None) -> SutEntry:
-    """A validated registry entry (capabilities, processes and not_claimed default to the factory's attributes
-    of those names, else none: a system claims only what it declares)."""
+                not_claimed: Mapping[str, str] | None = None, fencing: str | None = None) -> SutEntry:
+    """A validated registry entry (capabilities, processes, not_claimed and fencing default to the factory's
+    attributes of those names, else none (fencing: server): a system claims only what it declares)."""
     if not callable(factory):
         raise SutError(f"SUT {name!r}: the factory must be callable as factory(test, node, service_instance_id), "
                        f"not {factory!r}")
@@ -126,10 +178,15 @@ def _make_entry(name: str, factory: Callable[..., Any], capabilities: Any = None
     if not isinstance(not_claimed, Mapping) or not all(isinstance(k, str) and isinstance(v, str) and v
                                                        for k, v in not_claimed.items()):
         raise SutError(f"SUT {name!r}: not_claimed maps checker names to a reason each, not {not_claimed!r}")
+    if fencing is None:
+        fencing = getattr(factory, "fencing", None) or DEFAULT_FENCING
+    if not isinstance(fencing, str) or fencing not in FENCING_STYLES:
+        raise SutError(f"SUT {name!r}: fencing must be one of {', '.join(FENCING_STYLES)} (how its commits are "
+                       f"fenced, docs/plugging-in-a-system.md#fencing-style), not {fencing!r}")
     return SutEntry(name=name, factory=factory, capabilities=check_capabilities(capabilities, f"SUT {name!r}"),
                     doc=doc if doc is not None else (inspect.getdoc(factory) or "").split("\n", 1)[0],
                     check=check, trusted=trusted, accepts_timeout=_accepts(factory, "timeout_s"),
-                    processes=processes, not_claimed=dict(not_claimed))
+                    processes=processes, not_claimed={**FENCING_STYLES[fencing], **not_claimed}, fencing=fencing)
 
 
 def unregister_sut(name: str) -> None:
@@ -213,7 +270,12 @@ def open_system(test: Test, node: Any, service_instance_id: str, *, needs: Workl
     entry = sut_of(test)
     require_capabilities(entry, needs)
     kwargs = {"timeout_s": timeout_s} if timeout_s is not None and entry.accepts_timeout else {}
-    system = entry.factory(test, node, service_instance_id, **kwargs)
+    try:
+        system = plugin_call(entry, entry.factory, test, node, service_instance_id, **kwargs)
+    except PluginError as e:  # the run notes it (a worker's failed open is an op that failed; the run is marked)
+        if isinstance(getattr(test, "live", None), dict):
+            test.live.setdefault(PLUGIN_ERRORS, []).append(str(e))
+        raise
     if inspect.isawaitable(system):
         if hasattr(system, "close"):
             system.close()  # never awaited: close it so Python does not warn

@@ -7,7 +7,7 @@ Apart from the registry (`lab.sut.registry`) because it also asks a system that 
 from __future__ import annotations
 
 from lab.sut.processes import check_test
-from lab.sut.registry import SutEntry, WorkloadNeeds, require_capabilities, sut_of
+from lab.sut.registry import SutEntry, WorkloadNeeds, check_sut, require_capabilities, sut_of
 from lab.testmap import Test
 
 
@@ -18,8 +18,7 @@ def validate_test(test: Test, needs: WorkloadNeeds) -> SutEntry:
     """
     entry = sut_of(test)
     require_capabilities(entry, needs, test)
-    if entry.check is not None:
-        entry.check(test)
+    check_sut(entry, test)
     if entry.processes is not None:  # its declaration holds together and its binaries are installed
         check_test(test)
     return entry

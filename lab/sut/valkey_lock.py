@@ -435,16 +435,12 @@ def valkey_processes(test: Test):
                            install="run `make install`", check_installed=installed)
 
 
-_STORE_FENCE = ("the store checks a write's token only against the highest it has already accepted (Kleppmann's "
-                "fencing); it knows nothing of leases, so an old holder's write that lands before its successor's "
-                "first write is accepted by design")
+# what redis-py's Lock does not claim beyond its fencing style (the store-side token rules follow from
+# `fencing="store"` / `"none"` at registration: lab.sut.registry.FENCING_STYLES)
 NOT_CLAIMED = {"idempotency": "redis-py's Lock never sees a request id: retries by request id are not a feature it "
                               "claims",
                "linearizable": "the lease model holds retries sharing a request id to one operation (C17) and "
-                               "grants to increasing tokens; redis-py's Lock never sees a request id",
-               "stale-commit.commit-after-successor": _STORE_FENCE,
-               "stale-commit.commit-after-release": _STORE_FENCE}
-NOT_CLAIMED_UNFENCED = {**NOT_CLAIMED, "fencing": "valkey-lock hands out no fencing token"}
+                               "grants to increasing tokens; redis-py's Lock never sees a request id"}
 
 
 def commit_mode_of(test: Test, default: str) -> str:
