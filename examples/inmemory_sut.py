@@ -57,6 +57,7 @@ class InMemoryLeaseSystem:
     """A worker's handle on the run's LeaseTable (owner = principal + this worker's service instance)."""
 
     capabilities = frozenset({"force_release", "revoke"})  # no fenced commit: fenced-append refuses to run
+    background = False  # nothing of it runs between calls: client-pause's gate stops it whole
 
     def __init__(self, test, node, service_instance_id: str):
         self.table: LeaseTable = test.live.setdefault("inmemory_table", LeaseTable())

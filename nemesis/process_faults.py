@@ -19,7 +19,11 @@ stays on) and data directory, on the same port.
   instead workload clients call `await pauses.wait(process)` at the points
   where a real worker could stall (before sending a request, between
   validating and writing a fenced commit), and this nemesis holds one client
-  thread there: the classic GC-paused lease holder that wakes up stale.
+  thread there: the classic GC-paused lease holder that wakes up stale. What
+  the worker's system runs on its own between calls (a heartbeat thread) is
+  stopped by the system's `freeze()` / `thaw()` hooks, which the pause calls;
+  a system that declares neither the hooks nor `background = False` is
+  refused the fault (lab.sut.registry.freeze_problem).
 
 Every op completes as an `info` op whose value has `fault` and `phase`
 (`start` / `end` / `none`, see docs/nemesis.md) plus exactly what was done:
@@ -31,6 +35,7 @@ all targets are running, not stopped, and answering afterwards.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -468,17 +473,27 @@ def _check_concurrency(concurrency: Any) -> int:
 
 
 class ClientPauses:
-    """A gate per client thread: `await pauses.wait(process)` blocks while that thread is paused.
+    """A gate per client thread: `await pauses.wait(process, system)` blocks while that thread is paused.
 
     The lab's clients are asyncio tasks, so a "paused client process" is one
     that stops at its next gate and stays there until resumed. A thread (not a
     process id) is the unit: a process that crashes continues on the same
     thread under a new id (process + concurrency) and stays paused.
+
+    The gate holds the worker's requests; what its system's client runs on its
+    own between calls (a heartbeat thread, a keep-alive ping) is stopped by the
+    system's `freeze()` and restarted by its `thaw()` (sync or async; either
+    may be absent): a worker names its open system at each gate, `freeze` calls
+    the hooks of a paused thread's systems, `thaw` calls them again on resume,
+    and a hook that raises is returned as one line for the nemesis op's value.
     """
 
     def __init__(self, concurrency: int):
         self.concurrency = _check_concurrency(concurrency)
         self._gates: dict[int, asyncio.Event] = {}  # only paused threads; the event is set on resume
+        self._systems: dict[int, tuple[Any, ...]] = {}  # thread -> the systems its worker has open
+        self._frozen: dict[int, list[Any]] = {}  # thread -> the systems frozen by its current pause
+        self._late_errors: dict[int, list[str]] = {}  # hooks that raised outside a nemesis op (gate, timer)
 
     def _thread(self, thread: Any) -> int:
         """A valid thread index, or ValueError."""
@@ -486,10 +501,18 @@ class ClientPauses:
             raise ValueError(f"client thread must be an int in [0, {self.concurrency}), got {thread!r}")
         return thread
 
-    async def wait(self, process: Any) -> None:
-        """Return at once unless `process`'s thread is paused; then block until it is resumed."""
-        gate = self._gates.get(client_thread(process, self.concurrency))
+    async def wait(self, process: Any, *systems: Any) -> None:
+        """Return at once unless `process`'s thread is paused; then block until it is resumed.
+
+        `systems`: the systems the worker has open now (they replace the ones it named before); one opened
+        while its thread is paused is frozen here before the gate holds it."""
+        thread = client_thread(process, self.concurrency)
+        if systems:
+            self._systems[thread] = systems
+        gate = self._gates.get(thread)
         if gate is not None:
+            if systems:
+                self._late_errors.setdefault(thread, []).extend(await self.freeze(thread))
             await gate.wait()
 
     def is_paused(self, process: Any) -> bool:
@@ -516,10 +539,45 @@ class ClientPauses:
             self.resume(t)
         return threads
 
+    async def freeze(self, thread: int) -> list[str]:
+        """Call `freeze()` on each system `thread`'s worker has open and that is not frozen yet; what raised."""
+        frozen = self._frozen.setdefault(self._thread(thread), [])
+        todo = [s for s in self._systems.get(thread, ()) if not any(s is f for f in frozen)]
+        frozen.extend(todo)
+        return await _call_hooks(todo, "freeze")
+
+    async def thaw(self, thread: int) -> list[str]:
+        """Call `thaw()` on every system frozen on `thread`, plus what raised earlier off a nemesis op."""
+        thawed = self._frozen.pop(self._thread(thread), [])
+        return self._late_errors.pop(thread, []) + await _call_hooks(thawed, "thaw")
+
+    async def thaw_all(self) -> list[str]:
+        """Thaw every frozen thread; what raised."""
+        errors: list[str] = []
+        for t in sorted(set(self._frozen) | set(self._late_errors)):
+            errors += await self.thaw(t)
+        return errors
+
     @property
     def paused(self) -> list[int]:
         """The paused threads."""
         return sorted(self._gates)
+
+
+async def _call_hooks(systems: Sequence[Any], hook: str) -> list[str]:
+    """Call `hook` (sync or async) on each system that has it; one line per hook that raised."""
+    errors = []
+    for system in systems:
+        fn = getattr(system, hook, None)
+        if not callable(fn):
+            continue
+        try:
+            result = fn()
+            if inspect.isawaitable(result):
+                await result
+        except Exception as e:  # noqa: BLE001 - a plug-in's hook: recorded in the nemesis op's value, not raised
+            errors.append(f"{hook}(): {type(e).__name__}: {e}")
+    return errors
 
 
 class ClientPauseNemesis:
@@ -546,6 +604,7 @@ class ClientPauseNemesis:
         self.duration_s = _seconds("duration_s", duration_s, allow_none=True, maximum=self.max_duration_s)
         self._active: int | None = None
         self._timer: asyncio.Task | None = None
+        self._late_thaw_errors: list[str] = []  # what the timer's thaw raised, for the stop op's value
 
     @property
     def fs(self) -> frozenset[str]:
@@ -559,19 +618,23 @@ class ClientPauseNemesis:
         """Pause one client thread, or resume it."""
         f = op.get("f")
         if f == "start-client-pause":
-            return self._start(op, op.get("value"))
+            return await self._start(op, op.get("value"))
         if f == "stop-client-pause":
             return await self._stop(op)
         raise ValueError(f"client-pause nemesis does not handle f {f!r}; it handles {', '.join(sorted(self.fs))}")
 
     async def teardown(self, test: Test) -> None:
-        """Resume every client thread."""
+        """Resume every client thread (thawing its systems); raise if a thaw hook raised."""
         await self._cancel_timer()
+        errors = await self.pauses.thaw_all()
         self.pauses.resume_all()
         self._active = None
+        if errors:
+            raise RuntimeError("client-pause heal: " + "; ".join(errors))
 
-    def _start(self, op: dict, value: Any) -> dict:
-        """Close one thread's gate (given as `thread`, or drawn); auto-resume after the duration."""
+    async def _start(self, op: dict, value: Any) -> dict:
+        """Close one thread's gate (given as `thread`, or drawn) and freeze its systems; auto-resume after the
+        duration. A freeze hook that raised is in the value (`freeze_errors`)."""
         if value is None:
             value = {}
         if not isinstance(value, dict) or set(value) - {"thread", "duration_s"}:
@@ -589,14 +652,19 @@ class ClientPauseNemesis:
                             maximum=self.max_duration_s)
         self.pauses.pause(thread)
         self._active = thread
+        errors = await self.pauses.freeze(thread)
         until = duration if duration is not None else self.max_duration_s
         self._timer = asyncio.create_task(self._resume_later(thread, until), name="client-pause timer")
-        return completion(op, {"fault": self.fault, "phase": "start", "target": client_target(thread),
-                               "thread": thread, "duration_s": duration, "max_duration_s": self.max_duration_s})
+        value = {"fault": self.fault, "phase": "start", "target": client_target(thread), "thread": thread,
+                 "duration_s": duration, "max_duration_s": self.max_duration_s}
+        if errors:
+            value["freeze_errors"] = errors
+        return completion(op, value)
 
     async def _resume_later(self, thread: int, after_s: float) -> None:
-        """Reopen the gate after `after_s` (the stop op may come first)."""
+        """Thaw and reopen the gate after `after_s` (the stop op may come first; it reports what raised)."""
         await asyncio.sleep(after_s)
+        self._late_thaw_errors = await self.pauses.thaw(thread)
         self.pauses.resume(thread)
 
     async def _cancel_timer(self) -> None:
@@ -615,9 +683,13 @@ class ClientPauseNemesis:
         thread, self._active = self._active, None
         timer_done = self._timer is not None and self._timer.done()
         await self._cancel_timer()
+        errors, self._late_thaw_errors = self._late_thaw_errors + await self.pauses.thaw(thread), []
         was_paused = self.pauses.resume(thread)
-        return completion(op, {"fault": self.fault, "phase": "end", "target": client_target(thread), "thread": thread,
-                               "resumed_by": "stop" if was_paused else ("timer" if timer_done else "none")})
+        value = {"fault": self.fault, "phase": "end", "target": client_target(thread), "thread": thread,
+                 "resumed_by": "stop" if was_paused else ("timer" if timer_done else "none")}
+        if errors:
+            value["thaw_errors"] = errors
+        return completion(op, value)
 
 
 # -- constructors -------------------------------------------------------------------

@@ -200,7 +200,7 @@ NEMESES: dict[str, NemesisSpec] = {s.name: s for s in (
     _spec("pause", "SIGSTOP a lease server, Valkey or the store; SIGCONT at the stop", "process", _build_pause,
           ("processes",), 10),
     _spec("client-pause", "hold one client thread at its gates (a GC-paused lease holder)", "client",
-          _build_client_pause, ("client",), 40),
+          _build_client_pause, ("client", "client-freeze"), 40),
     _spec("leader-pause", "SIGSTOP the current leader of a system that has one (etcd's raft leader); SIGCONT at "
           "the stop", "process", _build_leader_pause, ("processes", "leader"), 50),
     _spec("client-clock", "bump or strobe the lab's client clocks only (no fake clocks needed; works against an "
@@ -369,7 +369,7 @@ def build(test: Test, names: Any, *, interval_s: float, seed: int, hold_s: float
         raise ValueError("--nemesis: no nemesis named")
     stack = test.live.get("stack")
     # the client nemeses act on the lab's own clients only: they need no stack (an external system has none)
-    if stack is None and any(NEMESES[n].needs - {"client", "client-clock"} for n in names):
+    if stack is None and any(NEMESES[n].needs - {"client", "client-freeze", "client-clock"} for n in names):
         raise ValueError("the nemesis needs the running stack in test.live['stack'] (a stack that is up)")
     ctx = FaultContext(test=test, stack=stack, seed=seed,
                        client_clocks=test.live.setdefault("client_clocks", clock.ClientClocks(test.concurrency)),

@@ -132,7 +132,8 @@ def test_clock_nemesis_fakes_declared_clocks(kv_stack):
 
 def check_nemeses(decl: SystemProcesses, names) -> None:
     """What the Target of a system declaring `decl` says of `names` (it raises the first refusal)."""
-    entry = SutEntry(name=decl.system, factory=lambda test, node, sid: None, capabilities=frozenset())
+    entry = SutEntry(name=decl.system, factory=lambda test, node, sid: None, capabilities=frozenset(),
+                     background=False)  # its client runs nothing between calls: client-pause stops it whole
     Target(kind=Kind.SYSTEM, sut=entry, backend=BACKENDS["local"], decl=decl).check_faults(names)
 
 

@@ -397,3 +397,29 @@ def test_a_factory_that_raises_during_the_run_marks_it_failed(tmp_path):
     assert "run failed: SUT 'raising:Later' (raising.Later): RuntimeError: second open fails" in p.stdout
     (res,) = results
     assert res["valid"] == "unknown" and res["run_failed"].startswith("SUT 'raising:Later'")
+
+
+def test_background_and_freeze_hooks_are_declared_and_checked():
+    """`background` (attribute or keyword) and freeze()/thaw() (both or neither) land on the entry."""
+    class Frozen(TinySystem):
+        background = True
+
+        def freeze(self): ...
+
+        def thaw(self): ...
+
+    class HalfFrozen(TinySystem):
+        def freeze(self): ...
+
+    try:
+        entry = register_sut("bg-plugin", Frozen)
+        assert entry.background is True and entry.freezes
+        entry = register_sut("bg-plugin", TinySystem, replace=True)
+        assert entry.background is None and not entry.freezes  # not declared: client-pause is refused (Target)
+        assert register_sut("bg-plugin", TinySystem, background=False, replace=True).background is False
+        with pytest.raises(SutError, match="background must be True or False"):
+            register_sut("bg-plugin", TinySystem, background="no", replace=True)
+        with pytest.raises(SutError, match="freeze and thaw go together \\(it has only freeze\\)"):
+            register_sut("bg-plugin", HalfFrozen, replace=True)
+    finally:
+        unregister_sut("bg-plugin")

@@ -13,6 +13,7 @@ import pytest
 
 from lab.runner import RunError, run_test, validate
 from lab.stack.local import LocalStack
+from lab.sut import get_sut
 from lab.sut.processes import LinkSpec, ProcessSpec, SystemProcesses
 from lab.sut.registry import register_sut, unregister_sut
 from lab.sut.proxy import UrlStack
@@ -52,7 +53,7 @@ def test_abilities_follow_the_kind_and_the_placement(kv_sut):
     assert "netns" not in compose.abilities and "valkey" in compose.abilities
     assert "leader" not in local.abilities  # the reference servers elect nobody
     url = target_of(Test(urls=["http://127.0.0.1:1"]))
-    assert url.abilities == {"client", "client-clock"}
+    assert url.abilities == {"client", "client-freeze", "client-clock"}
     proxied = target_of(Test(urls=["http://127.0.0.1:1"], proxy_urls=True))
     assert {"links", "partition"} <= proxied.abilities and "processes" not in proxied.abilities
     system = target_of(Test(sut=kv_sut))
@@ -69,6 +70,54 @@ def test_every_refusal_names_the_fault_and_why(kv_sut):
         for t in (Test(), Test(urls=["http://127.0.0.1:1"]), Test(sut=kv_sut)):
             problem = target_of(t).fault_problem(name)
             assert problem is None or problem.startswith(f"--nemesis {name}")
+
+
+class _Heartbeat:
+    """A plug-in whose client keeps its session alive from a thread of its own."""
+
+    background = True
+
+
+class _Frozen(_Heartbeat):
+    """The same, with the hooks that stop and restart that thread."""
+
+    def freeze(self) -> None: ...
+
+    def thaw(self) -> None: ...
+
+
+class _Quiet:
+    """A plug-in whose client sends only when called."""
+
+    background = False
+
+
+@pytest.mark.parametrize("factory, refused", [(_Heartbeat, "declares background activity"),
+                                              (lambda test, node, sid: None, "does not say whether"),
+                                              (_Frozen, None), (_Quiet, None)],
+                         ids=["background", "undeclared", "hooks", "quiet"])
+def test_client_pause_needs_a_client_that_stops_whole(factory, refused):
+    """client-pause is refused (one line, through the Target) for a system that declares neither `background =
+    False` nor freeze()/thaw(): the gate alone would leave its background activity keeping the session alive."""
+    register_sut("bg-target", factory, replace=True)
+    try:
+        target = target_of(Test(sut="bg-target"))
+        problem = target.fault_problem("client-pause")
+        if refused is None:
+            assert problem is None and target.can_take("client-pause")
+            return
+        assert problem.startswith("--nemesis client-pause: SUT 'bg-target'") and refused in problem
+        assert "background = False" in problem and "freeze()/thaw()" in problem and "\n" not in problem
+        assert "client-freeze" not in target.abilities and "client" in target.abilities
+        with pytest.raises(RunError, match="--nemesis client-pause: SUT 'bg-target'"):
+            validate(Test(sut="bg-target", nemesis=["client-pause"]))
+    finally:
+        unregister_sut("bg-target")
+
+
+def test_built_in_systems_declare_their_clients_quiet():
+    for name in ("reference", "starintel", "etcd", "valkey-lock", "valkey-lock-fenced"):
+        assert get_sut(name).background is False, name
 
 
 def test_commands_agree_on_a_system_the_lab_runs(kv_sut):

@@ -87,7 +87,8 @@ class LeaseDriver:
             if self.api is not None and hasattr(self.api, "pause_gate"):  # a system that stops mid-op too (etcd)
                 process = op["process"]
                 self.api.pause_gate = lambda: pauses.wait(process)
-            await pauses.wait(op["process"])
+            # naming its system lets the pause freeze it whole (its own background activity too)
+            await pauses.wait(op["process"], *([self.api] if self.api is not None else []))
 
     def session_for(self, test, op: dict[str, Any]) -> Session:
         """The op's session (its `value.session`), acting as that session's service instance."""

@@ -135,8 +135,8 @@ class ScenarioDriver:
     async def before_request(self, test, op: dict[str, Any]) -> None:
         """A client-paused thread waits here (the GC-paused holder of the races table)."""
         pauses = test.live.get("client_pauses")
-        if pauses is not None:
-            await pauses.wait(op["process"])
+        if pauses is not None:  # naming its systems lets the pause freeze them whole
+            await pauses.wait(op["process"], *self.systems.values())
 
     # -- ops ------------------------------------------------------------------------------------
     async def invoke(self, test, op: dict[str, Any]) -> dict[str, Any]:

@@ -452,6 +452,8 @@ def validate_scenario(test: Test, registry: Mapping[str, Scenario]) -> Scenario:
             target.check_faults(list(sc.nemeses))
         except (ValueError, SutError) as e:
             raise ScenarioError(f"--scenario {sc.name}: {e}") from None
+    if sc.client_pause and not target.can_take("client-pause"):  # it pauses clients: they must stop whole
+        raise ScenarioError(f"--scenario {sc.name}: {target.fault_problem('client-pause')}")
     missing = sorted(needs_of(sc.workload).capabilities - sut_of(test).capabilities)
     if missing:
         raise ScenarioError(f"--scenario {sc.name} needs {', '.join(missing)}, which SUT {sut_of(test).name!r} "

@@ -23,7 +23,10 @@ Systems from outside the lab are wrapped so that every result is checked
 or check that raises is `PluginError`, one line naming the plug-in.
 A system also declares how its commits are fenced (`fencing`: server, store,
 none); the rules each style does not claim are one table, `FENCING_STYLES`,
-merged into the entry's `not_claimed`.
+merged into the entry's `not_claimed`. And whether its client runs anything
+on its own between calls (`background`), and how that is stopped (`freeze` /
+`thaw` on the system): client-pause is refused for a system that declares
+neither `background = False` nor the hooks (`freeze_problem`).
 """
 
 from __future__ import annotations
@@ -97,6 +100,10 @@ class SutEntry:
     not_claimed: Mapping[str, str] = field(default_factory=dict)
     # how its commits are fenced (FENCING_STYLES): what that style does not claim is merged into not_claimed
     fencing: str = DEFAULT_FENCING
+    # does its client run anything on its own between calls (threads, keep-alive pings, a lock watchdog)?
+    # None: not declared (the lab cannot see a plug-in's threads, so client-pause is refused; `freeze_problem`)
+    background: bool | None = None
+    freezes: bool = False  # its system has `freeze()` / `thaw()`: client-pause stops and restarts that activity
 
     @property
     def where(self) -> str:
@@ -137,7 +144,8 @@ _BY_SPEC: dict[str, SutEntry] = {}  # systems named as module.path:Factory, impo
 def register_sut(name: str, factory: Callable[..., Any], *, capabilities: Any = None, doc: str | None = None,
                  check: Callable[[Any], None] | None = None, replace: bool = False,
                  processes: Callable[[Any], Any] | None = None, not_claimed: Mapping[str, str] | None = None,
-                 fencing: str | None = None, _trusted: bool = False) -> SutEntry:
+                 fencing: str | None = None, background: bool | None = None,
+                 _trusted: bool = False) -> SutEntry:
     """Register `factory(test, node, service_instance_id) -> LeaseSystem` as system `name`.
 
     `capabilities` defaults to the factory's `capabilities` attribute (none
@@ -146,14 +154,18 @@ def register_sut(name: str, factory: Callable[..., Any], *, capabilities: Any = 
     processes (docs/plugging-in-a-system.md); `not_claimed` maps checker
     names to why the system does not claim what they judge, beyond what its
     `fencing` style (FENCING_STYLES: server, store, none; default server)
-    already does not claim.
+    already does not claim. `background` (default: the factory's attribute of
+    that name, else undeclared) says whether its client runs anything on its
+    own between calls; `freeze` / `thaw` methods on the factory (a class)
+    say how that is stopped under client-pause (docs/plugging-in-a-system.md).
     """
     if not isinstance(name, str) or not name or ":" in name or name != name.strip():
         raise SutError(f"a SUT name is a non-empty word without ':' or surrounding spaces, not {name!r}")
     if name in _REGISTRY and not replace:
         raise SutError(f"SUT {name!r} is already registered (by {_REGISTRY[name].where}); pass replace=True "
                        "to replace it")
-    entry = _make_entry(name, factory, capabilities, doc, check, _trusted, processes, not_claimed, fencing)
+    entry = _make_entry(name, factory, capabilities, doc, check, _trusted, processes, not_claimed, fencing,
+                        background)
     _REGISTRY[name] = entry
     return entry
 
@@ -161,7 +173,8 @@ def register_sut(name: str, factory: Callable[..., Any], *, capabilities: Any = 
 def _make_entry(name: str, factory: Callable[..., Any], capabilities: Any = None, doc: str | None = None,
                 check: Callable[[Any], None] | None = None, trusted: bool = False,
                 processes: Callable[[Any], Any] | None = None,
-                not_claimed: Mapping[str, str] | None = None, fencing: str | None = None) -> SutEntry:
+                not_claimed: Mapping[str, str] | None = None, fencing: str | None = None,
+                background: bool | None = None) -> SutEntry:
     """A validated registry entry (capabilities, processes, not_claimed and fencing default to the factory's
     attributes of those names, else none (fencing: server): a system claims only what it declares)."""
     if not callable(factory):
@@ -183,10 +196,20 @@ def _make_entry(name: str, factory: Callable[..., Any], capabilities: Any = None
     if not isinstance(fencing, str) or fencing not in FENCING_STYLES:
         raise SutError(f"SUT {name!r}: fencing must be one of {', '.join(FENCING_STYLES)} (how its commits are "
                        f"fenced, docs/plugging-in-a-system.md#fencing-style), not {fencing!r}")
+    if background is None:
+        background = getattr(factory, "background", None)
+    if background is not None and not isinstance(background, bool):
+        raise SutError(f"SUT {name!r}: background must be True or False (does its client run anything on its own "
+                       f"between calls: threads, keep-alive pings, a watchdog?), not {background!r}")
+    hooks = [h for h in ("freeze", "thaw") if callable(getattr(factory, h, None))]
+    if len(hooks) == 1:
+        raise SutError(f"SUT {name!r}: freeze and thaw go together (it has only {hooks[0]}): client-pause stops the "
+                       "client's background activity with one and restarts it with the other")
     return SutEntry(name=name, factory=factory, capabilities=check_capabilities(capabilities, f"SUT {name!r}"),
                     doc=doc if doc is not None else (inspect.getdoc(factory) or "").split("\n", 1)[0],
                     check=check, trusted=trusted, accepts_timeout=_accepts(factory, "timeout_s"),
-                    processes=processes, not_claimed={**FENCING_STYLES[fencing], **not_claimed}, fencing=fencing)
+                    processes=processes, not_claimed={**FENCING_STYLES[fencing], **not_claimed}, fencing=fencing,
+                    background=background, freezes=bool(hooks))
 
 
 def unregister_sut(name: str) -> None:
@@ -212,6 +235,18 @@ def client_clock_problem(test: Test) -> str | None:
     system = f"the external system {', '.join(urls)}" if urls else f"the in-process SUT {test.sut!r}"
     return (f"{system} ({entry.name}) has no settable client clock: its LeaseSystem class declares no "
             "`clock_ms` attribute (docs/plugging-in-a-system.md)")
+
+
+def freeze_problem(entry: SutEntry) -> str | None:
+    """Why client-pause cannot stop this system's client (None: it can): it declares neither that its client runs
+    nothing on its own between calls (`background = False`) nor how that is frozen (`freeze` / `thaw`)."""
+    if entry.background is False or entry.freezes:
+        return None
+    said = ("declares background activity (background = True)" if entry.background else
+            "does not say whether its client runs anything on its own between calls (no `background`)")
+    return (f"{entry.where} {said} and has no freeze()/thaw() to stop it, so a paused worker's session could stay "
+            "alive; give its LeaseSystem class freeze()/thaw(), or declare `background = False` if its client runs "
+            "nothing between calls (docs/plugging-in-a-system.md#background-activity)")
 
 
 def get_sut(name: str) -> SutEntry:
@@ -415,9 +450,11 @@ def _import_factory(spec: str) -> Callable[..., Any]:
     return obj
 
 
+# background=False: LeaseClient and StarIntelClient are httpx clients that send only when called
 register_sut("reference", reference_system, capabilities=OPTIONAL_CAPABILITIES, check=_check_reference,
+             background=False, _trusted=True)
+register_sut("starintel", starintel_system, capabilities={"revoke"}, check=_check_starintel, background=False,
              _trusted=True)
-register_sut("starintel", starintel_system, capabilities={"revoke"}, check=_check_starintel, _trusted=True)
 
 
 # -- what a system does not claim ---------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from lab.stack.ssh import SshOptions, SshStack
 from lab.sut.processes import SutStack, SystemProcesses, declared_processes
 from lab.sut.protocol import SutError
 from lab.sut.proxy import ProxiedUrls, UrlStack
-from lab.sut.registry import SutEntry, client_clock_problem, sut_of
+from lab.sut.registry import SutEntry, client_clock_problem, freeze_problem, sut_of
 from lab.testmap import Test
 from nemesis.network import DIRECTIONS
 from nemesis.ssh import ssh_clock, ssh_partition
@@ -65,6 +65,8 @@ ABILITIES: dict[str, str] = {
     "server-clocks": "fake clocks in the reference lease servers (Valkey's clock, backend time, stays put)",
     "valkey": "its Valkey process and data files",
     "client": "the lab's own client threads",
+    "client-freeze": "a client that stops whole when its thread is paused (nothing of it runs between calls, or it "
+                     "declares freeze()/thaw())",
     "client-clock": "a client clock the lab can set",
     "leader": "a leader the lab can find",
 }
@@ -227,6 +229,8 @@ class Target:
         """Why this target has no `ability` (None: it has it)."""
         if ability == "client":
             return None
+        if ability == "client-freeze":  # a paused client must stop whole: its background activity too
+            return freeze_problem(self.sut)
         if ability == "client-clock":
             return self.client_clock_note
         if self.kind is Kind.REFERENCE:
@@ -252,7 +256,7 @@ class Target:
 
     def _refusal(self, name: str, need: str, why: str) -> str:
         """The line refusing nemesis `name`, which needs `need`, for the reason `why`."""
-        if need == "client-clock":
+        if need in ("client-freeze", "client-clock"):
             return f"--nemesis {name}: {why}"
         if self.kind is Kind.REFERENCE and why is _NO_LEADER:
             return f"--nemesis {name} cannot apply to SUT {self.name!r}: it lacks {why}"
