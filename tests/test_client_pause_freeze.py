@@ -29,8 +29,8 @@ from nemesis.core import invocation as op
 from nemesis.process_faults import ClientPauses, client_pause
 from workloads.lease import LeaseDriver
 
-SESSION_TTL_S = 0.6  # the server ends a session this long after its last heartbeat
-HEARTBEAT_S = 0.05   # the client's heartbeat thread beats this often (12 beats per TTL: slack for a busy machine)
+SESSION_TTL_S = 1.0  # the server ends a session this long after its last heartbeat
+HEARTBEAT_S = 0.05   # the client's heartbeat thread beats this often (20 beats per TTL: slack for a busy machine)
 
 
 class SessionServer:
