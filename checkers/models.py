@@ -1021,10 +1021,13 @@ MODELS: dict[str, Model] = {
 
 
 def unmodelled_fs(model: Model, history: list[dict]) -> list[str]:
-    """The `f`s of the history's client ops that `model` does not model (sorted; [] when it declares no `fs`)."""
+    """The `f`s of the history's client invocations that `model` does not model (sorted; [] when it declares no
+    `fs`). Invocations only: a completion whose `f` differs from its invocation's is a malformed history, which the
+    pairing reports as such (the same HistoryError in every checker)."""
     if model.fs is None:
         return []
-    return sorted({str(op.get("f")) for op in history if op.get("process") != "nemesis"} - model.fs)
+    return sorted({str(op.get("f")) for op in history
+                   if op.get("process") != "nemesis" and op.get("type") == "invoke"} - model.fs)
 
 
 def models_taking(fs: Collection[str]) -> list[str]:
