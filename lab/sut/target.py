@@ -142,8 +142,8 @@ class Backend:
     def check(self, test: Test) -> None:
         """The placement's own options are consistent (TargetError naming the option)."""
         if self.needs_hosts and not test.hosts_file:
-            raise TargetError(f"--backend {self.name} and --hosts FILE go together: the nodes to run on "
-                              "(docs/ssh-backend.md)")
+            raise TargetError(f"--backend {self.name} needs --hosts FILE, the nodes to run on: --backend {self.name} "
+                              "and --hosts FILE go together (docs/ssh-backend.md)")
         if not self.needs_hosts and test.hosts_file:
             raise TargetError("--hosts names SSH nodes: it goes with --backend ssh")
         if self.needs_hosts:
