@@ -156,7 +156,9 @@ def table(tmp_path_factory):
 
 
 @pytest.mark.timeout(900)  # the first one runs the whole table (its fixture): about 5 minutes on 2 cores
-@pytest.mark.parametrize("fault", FAULT_KINDS)
+# the clock row's plain run of `local-clock` is load-sensitive (the mutant stamps time before its backend call):
+# it failed 3 of 5 loaded table runs on 2026-12-03, so it runs under `make test-slow` until issue 18 item 11 lands
+@pytest.mark.parametrize("fault", [pytest.param(f, marks=pytest.mark.slow) if f == "clock" else f for f in FAULT_KINDS])
 def test_the_fault_exposes_its_planted_bug_on_every_seed_and_only_the_fault_does(fault, table):
     res = table[fault]
     if res.skipped:
