@@ -295,3 +295,44 @@ async def test_bad_arguments_are_refused_before_anything_starts(tmp_path):
         with pytest.raises(TypeError, match="history_writer must be"):
             await gen.run(TEST, {"f": "r"}, FakeClient(), history_writer=None, concurrency=1)
     assert read_history(tmp_path / "h.jsonl") == []
+
+
+
+class _CancelsTheRun:
+    """A client whose `at`-th invoke cancels the run `delay` loop steps later, as Ctrl-C does under asyncio.run."""
+
+    def __init__(self, at, delay):
+        self.at, self.delay, self.n, self.run = at, delay, 0, None
+
+    async def open(self, test, node):
+        return self
+
+    async def invoke(self, test, op):
+        self.n += 1
+        if self.n == self.at:
+            async def later():
+                for _ in range(self.delay):
+                    await asyncio.sleep(0)
+                self.run.cancel()
+            asyncio.ensure_future(later())
+        await asyncio.sleep(0)
+        return {"type": "ok", "value": None}
+
+
+async def test_a_cancellation_stops_the_run_even_as_a_completion_wakes_it(tmp_path):
+    # Python 3.11's wait_for swallowed a cancellation that landed in the step where a completion woke the
+    # interpreter (CI saw a run ignore Ctrl-C and go on to its time limit; this grid swallowed 54 of 120 then).
+    swallowed = []
+    with HistoryWriter(tmp_path / "h.jsonl") as w:
+        for at in range(5, 25):
+            for delay in range(6):
+                client = _CancelsTheRun(at, delay)
+                g = gen.clients(gen.stagger(0.0001, gen.repeat({"f": "read", "value": None})))
+                client.run = run_ = asyncio.create_task(gen.run(TEST, g, client, history_writer=w, concurrency=3))
+                await asyncio.wait({run_}, timeout=10)  # an endless generator: only the cancel ends it
+                if not run_.cancelled():
+                    swallowed.append((at, delay))
+                while not run_.done():  # stop a run that swallowed its cancel before the next one starts
+                    run_.cancel()
+                    await asyncio.wait({run_}, timeout=1)
+    assert not swallowed, f"the run went on after a cancel (op, steps later): {swallowed}"

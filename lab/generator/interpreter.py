@@ -235,8 +235,9 @@ class _Interpreter:
         if self.completions or self.failure is not None:
             return
         self.wakeup.clear()
-        try:
-            await asyncio.wait_for(self.wakeup.wait(), timeout)
+        try:  # asyncio.timeout, not wait_for: 3.11's wait_for swallows a Ctrl-C that lands as a completion wakes it
+            async with asyncio.timeout(timeout):
+                await self.wakeup.wait()
         except TimeoutError:
             pass
 

@@ -83,7 +83,8 @@ class AuditLog:
     async def close(self) -> None:
         """Send what is queued (briefly), then close the file."""
         try:
-            await asyncio.wait_for(self.flush(), 2.0)
+            async with asyncio.timeout(2.0):  # not wait_for: 3.11's can swallow a cancellation
+                await self.flush()
         except (TimeoutError, asyncio.TimeoutError):
             log.warning("audit: %d stream events not sent at shutdown", len(self._queue))
         # re-cancel until done: Python 3.11's timeout blocks (in backend calls) can swallow one cancellation

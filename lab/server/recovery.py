@@ -192,8 +192,9 @@ class Recovery:
         interval = self.settings.recovery_check_interval_ms / 1000
         delay = interval
         while not self._closed:
-            try:
-                await asyncio.wait_for(self._wake.wait(), delay)
+            try:  # asyncio.timeout: 3.11's wait_for can swallow the cancellation that stops this watcher
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

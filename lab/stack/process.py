@@ -41,19 +41,27 @@ def free_port(host: str = "127.0.0.1") -> int:
     A port the kernel hands out for bind(0) comes from the ephemeral range, where any outgoing connection may
     take it as its source port before the program we start binds it (etcd failed start-up so in CI); a port
     below that range is never taken that way. Drawn at random (not seeded: ports are not part of a run's
-    replay), checked by binding it; the kernel's pick is the fallback."""
+    replay), checked by binding it, and never one this process handed out before (a port drawn for a process
+    that has not started yet is free to bind, so a second draw could return it); the kernel's pick is the
+    fallback."""
     low, high = 10000, min(_ephemeral_low(), 65536)
     for _ in range(50):
         port = low + secrets.randbelow(max(high - low, 1))
+        if port in _HANDED_OUT:  # drawn for a process that has not bound it yet (etcd-3 met its own proxy so)
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+_HANDED_OUT: set[int] = set()  # every port free_port returned in this process: never handed out twice
 
 
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:

@@ -271,7 +271,8 @@ class EtcdLockSystem:
             if deadline_s is None:
                 r = await self.http.send(req)
             else:
-                r = await asyncio.wait_for(self.http.send(req), deadline_s)
+                async with asyncio.timeout(deadline_s):  # not wait_for: 3.11's can swallow a cancellation
+                    r = await self.http.send(req)
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             raise _Unsent(f"{path}: {type(e).__name__}: {e}"[:300]) from None
         except (asyncio.TimeoutError, httpx.TimeoutException) as e:
@@ -467,7 +468,8 @@ class EtcdLockSystem:
     async def _deadline(self, coro, deadline_s: float | None):
         if deadline_s is None:
             return await coro
-        return await asyncio.wait_for(coro, deadline_s)
+        async with asyncio.timeout(deadline_s):  # not wait_for: 3.11's can swallow a Ctrl-C's cancellation
+            return await coro
 
     async def aclose(self) -> None:
         if self._couch is not None:

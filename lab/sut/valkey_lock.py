@@ -179,7 +179,8 @@ class ValkeyLockSystem:
         """Run `coro` under the caller's deadline (asyncio.TimeoutError when it passes)."""
         if deadline_s is None:
             return await coro
-        return await asyncio.wait_for(coro, deadline_s)
+        async with asyncio.timeout(deadline_s):  # not wait_for: 3.11's can swallow a Ctrl-C's cancellation
+            return await coro
 
     async def _step(self, make: Callable[[], Awaitable[Any]], budget: "_Budget",
                     on_send: Callable[[], None] | None = None) -> Any:
