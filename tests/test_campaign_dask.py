@@ -398,18 +398,24 @@ def test_a_worker_killed_mid_cell_loses_that_cell_only_and_the_same_command_resu
     whole()
 
 
+def _refused_because_of(dask, tmp_path: Path, name: str, argv: list[str], env: dict[str, str]) -> tuple[str, str]:
+    """Start one odd worker, run a campaign on the cluster (refused: exit 2, one line), stop the worker;
+    (the odd worker's address, the line)."""
+    odd = dask.start_extra(name, argv, env, tmp_path)
+    try:
+        addr = dask.names()[name]
+        return addr, _one_line_exit_2(["campaign", str(_spec(tmp_path, name)), "--store-dir", "store", "--dask",
+                                       dask.address], tmp_path)
+    finally:
+        odd.stop(timeout=20)
+
+
 def test_a_worker_of_another_version_is_named_before_any_cell(dask, tmp_path):
     preload = tmp_path / "other_version.py"
     preload.write_text("import lab\nlab.__version__ = '0.0.0-test'\n")
-    odd = dask.start_extra("odd", [PY, "-m", "lab", "worker", dask.address, "--name", "odd", "--no-dashboard",
-                                   "--local-directory", str(tmp_path / "odd"), "--preload", str(preload)], {},
-                           tmp_path)
-    try:
-        addr = dask.names()["odd"]
-        line = _one_line_exit_2(["campaign", str(_spec(tmp_path, "v")), "--store-dir", "store", "--dask",
-                                 dask.address], tmp_path)
-    finally:
-        odd.stop(timeout=20)
+    addr, line = _refused_because_of(dask, tmp_path, "odd", [
+        PY, "-m", "lab", "worker", dask.address, "--name", "odd", "--no-dashboard",
+        "--local-directory", str(tmp_path / "odd"), "--preload", str(preload)], {})
     assert f"worker {addr} " in line and "fencelab 0.0.0-test (this client: " in line, line
     assert not any(a in line for n, a in dask.names().items() if n != "odd"), line
     assert not (tmp_path / "store").exists()
@@ -419,15 +425,9 @@ def test_a_worker_without_the_lab_is_named_before_any_cell(dask, tmp_path):
     shadow = tmp_path / "shadow" / "lab"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError('no lab on this machine')\n")
-    nolab = dask.start_extra("nolab", [PY, "-m", "distributed.cli.dask_worker", dask.address, "--name", "nolab",
-                                       "--nthreads", "1", "--resources", "fencelab=1", "--no-dashboard",
-                                       "--local-directory", str(tmp_path / "nolab")],
-                             {"PYTHONPATH": str(shadow.parent)}, tmp_path)
-    try:
-        addr = dask.names()["nolab"]
-        line = _one_line_exit_2(["campaign", str(_spec(tmp_path, "n")), "--store-dir", "store", "--dask",
-                                 dask.address], tmp_path)
-    finally:
-        nolab.stop(timeout=20)
+    addr, line = _refused_because_of(dask, tmp_path, "nolab", [
+        PY, "-m", "distributed.cli.dask_worker", dask.address, "--name", "nolab", "--nthreads", "1",
+        "--resources", "fencelab=1", "--no-dashboard", "--local-directory", str(tmp_path / "nolab")],
+        {"PYTHONPATH": str(shadow.parent)})
     assert f"worker {addr} cannot load the lab (" in line and "no lab on this machine" in line, line
     assert "make install" in line
