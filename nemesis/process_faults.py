@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -266,8 +266,9 @@ class _ProcessFault:
     value_keys = frozenset({"targets"})
 
     def __init__(self, processes: Mapping[str, Process], *, rng: Any, targets: Sequence[str] | None = None,
-                 restart_timeout_s: float = RESTART_TIMEOUT_S):
+                 restart_timeout_s: float = RESTART_TIMEOUT_S, leader: Callable[[], str | None] | None = None):
         self.processes = _check_processes(processes)
+        self.leader = leader  # who leads, where the system can say (etcd): recorded at each start and stop
         self.name = self.fault
         self.rng = as_rng(rng)
         self.rounds = Rounds(self.rng)  # every target once per round
@@ -323,6 +324,15 @@ class _ProcessFault:
     async def _cancel_timer(self) -> None:
         """Stop a pending timed restart, if this fault has one."""
 
+    async def _leader(self) -> dict[str, Any]:
+        """`{"leader": name or None}` by the system's own report, when it can say who leads; else nothing."""
+        if self.leader is None:
+            return {}
+        try:
+            return {"leader": await asyncio.to_thread(self.leader)}
+        except Exception as e:  # the fault goes on; the completion says the leader could not be read
+            return {"leader": None, "leader_error": f"{type(e).__name__}: {e}"[:200]}
+
     async def _start(self, op: dict, value: dict[str, Any]) -> dict:
         raise NotImplementedError
 
@@ -337,8 +347,9 @@ class KillNemesis(_ProcessFault):
     value_keys = frozenset({"targets", "restart_after_s"})
 
     def __init__(self, processes: Mapping[str, Process], *, rng: Any, targets: Sequence[str] | None = None,
-                 restart_after_s: float | None = None, restart_timeout_s: float = RESTART_TIMEOUT_S):
-        super().__init__(processes, rng=rng, targets=targets, restart_timeout_s=restart_timeout_s)
+                 restart_after_s: float | None = None, restart_timeout_s: float = RESTART_TIMEOUT_S,
+                 leader: Callable[[], str | None] | None = None):
+        super().__init__(processes, rng=rng, targets=targets, restart_timeout_s=restart_timeout_s, leader=leader)
         self.restart_after_s = _seconds("restart_after_s", restart_after_s, allow_none=True)
         self._timer: asyncio.Task | None = None
         self._timer_restarts: dict[str, Any] = {}
@@ -350,6 +361,7 @@ class KillNemesis(_ProcessFault):
                               error=f"{self.fault} is already active on {', '.join(self._active)}; stop it first")
         targets = self._choose(value)
         after = _seconds("restart_after_s", value.get("restart_after_s", self.restart_after_s), allow_none=True)
+        leader = await self._leader()  # before the kill: who led when the fault hit
         killed, skipped = {}, []
         for name in targets:
             proc = self.processes[name]
@@ -359,7 +371,7 @@ class KillNemesis(_ProcessFault):
             else:
                 killed[name] = {"pid": pid, **_persistence(proc)}
         record = {"fault": self.fault, "targets": targets, "signal": "SIGKILL", "killed": killed,
-                  "restart_after_s": after}
+                  "restart_after_s": after, **leader}
         if skipped:
             record["not_running"] = skipped
         if not killed:
@@ -401,7 +413,7 @@ class KillNemesis(_ProcessFault):
             else:
                 restarted[name] = {**await restart_process(self.processes[name], self.restart_timeout_s), "by": "stop"}
         self._active = []
-        value = {"fault": self.fault, "phase": "end", "restarted": restarted}
+        value = {"fault": self.fault, "phase": "end", "restarted": restarted, **await self._leader()}  # who leads after
         not_ready = [n for n, r in restarted.items() if not r.get("ready")]
         return completion(op, value, error=f"not answering after restart: {', '.join(not_ready)}" if not_ready else None)
 
@@ -417,6 +429,7 @@ class PauseNemesis(_ProcessFault):
             return completion(op, {"fault": self.fault, "phase": "none", "active": list(self._active)},
                               error=f"{self.fault} is already active on {', '.join(self._active)}; stop it first")
         targets = self._choose(value)
+        leader = await self._leader()  # before the pause: who led when the fault hit
         paused, skipped = {}, []
         for name in targets:
             proc = self.processes[name]
@@ -425,7 +438,7 @@ class PauseNemesis(_ProcessFault):
                 continue
             stopped = await _stop_signal(proc)
             paused[name] = {"pid": proc.pid, "stopped": stopped}
-        record = {"fault": self.fault, "targets": targets, "signal": "SIGSTOP", "paused": paused}
+        record = {"fault": self.fault, "targets": targets, "signal": "SIGSTOP", "paused": paused, **leader}
         if skipped:
             record["not_running"] = skipped
         if not paused:
@@ -446,7 +459,7 @@ class PauseNemesis(_ProcessFault):
             else:
                 gone.append(name)  # killed meanwhile (by another nemesis): its own heal restarts it
         self._active = []
-        value = {"fault": self.fault, "phase": "end", "resumed": resumed}
+        value = {"fault": self.fault, "phase": "end", "resumed": resumed, **await self._leader()}  # who leads after
         if gone:
             value["not_running"] = gone
         return completion(op, value)
@@ -694,16 +707,20 @@ class ClientPauseNemesis:
 
 # -- constructors -------------------------------------------------------------------
 def kill(processes: Mapping[str, Process], *, rng: Any, targets: Sequence[str] | None = None,
-         restart_after_s: float | None = None, restart_timeout_s: float = RESTART_TIMEOUT_S) -> KillNemesis:
-    """SIGKILL + restart: `start-kill` / `stop-kill` on lease servers, Valkey, the store."""
+         restart_after_s: float | None = None, restart_timeout_s: float = RESTART_TIMEOUT_S,
+         leader: Callable[[], str | None] | None = None) -> KillNemesis:
+    """SIGKILL + restart: `start-kill` / `stop-kill` on lease servers, Valkey, the store (or a system's
+    members; `leader` says who leads, recorded at each start and stop)."""
     return KillNemesis(processes, rng=rng, targets=targets, restart_after_s=restart_after_s,
-                       restart_timeout_s=restart_timeout_s)
+                       restart_timeout_s=restart_timeout_s, leader=leader)
 
 
 def pause(processes: Mapping[str, Process], *, rng: Any, targets: Sequence[str] | None = None,
-          restart_timeout_s: float = RESTART_TIMEOUT_S) -> PauseNemesis:
-    """SIGSTOP / SIGCONT: `start-pause` / `stop-pause` on lease servers, Valkey, the store."""
-    return PauseNemesis(processes, rng=rng, targets=targets, restart_timeout_s=restart_timeout_s)
+          restart_timeout_s: float = RESTART_TIMEOUT_S, leader: Callable[[], str | None] | None = None
+          ) -> PauseNemesis:
+    """SIGSTOP / SIGCONT: `start-pause` / `stop-pause` on lease servers, Valkey, the store (or a system's
+    members; `leader` as for kill)."""
+    return PauseNemesis(processes, rng=rng, targets=targets, restart_timeout_s=restart_timeout_s, leader=leader)
 
 
 def client_pause(pauses: ClientPauses, *, rng: Any, threads: Sequence[int] | None = None,

@@ -104,11 +104,18 @@ def _spec(name: str, doc: str, family: str, build: Builder, needs: tuple[str, ..
 
 # -- the builders, one per fault group ------------------------------------------------------------------------
 def _build_kill(ctx: FaultContext, names: list[str]) -> Any:
-    return process_faults.kill(process_faults.stack_targets(ctx.stack), rng=ctx.rng("kill"))
+    return process_faults.kill(process_faults.stack_targets(ctx.stack), rng=ctx.rng("kill"),
+                               leader=_leader_probe(ctx.stack))
 
 
 def _build_pause(ctx: FaultContext, names: list[str]) -> Any:
-    return process_faults.pause(process_faults.stack_targets(ctx.stack), rng=ctx.rng("pause"))
+    return process_faults.pause(process_faults.stack_targets(ctx.stack), rng=ctx.rng("pause"),
+                                leader=_leader_probe(ctx.stack))
+
+
+def _leader_probe(stack: Any) -> Any:
+    """Who leads now, where the system under test can say (a LeaderProbe stack); else None."""
+    return stack.leader_probe() if isinstance(stack, LeaderProbe) else None
 
 
 def _build_valkey_crash(ctx: FaultContext, names: list[str]) -> Any:
@@ -173,6 +180,14 @@ class LeaderStack(Protocol):
     """A stack whose system names its leader (the leader-pause nemesis's target)."""
 
     def leader_nemesis(self, *, rng: Any) -> Any: ...
+
+
+@runtime_checkable
+class LeaderProbe(Protocol):
+    """A stack that may say who leads: `leader_probe()` is a call returning the leading member's name (or None
+    when none leads), or None when its system declares no leader. Kill and pause record it."""
+
+    def leader_probe(self) -> Any: ...
 
 
 _NET = {"toxiproxy": True}

@@ -265,3 +265,46 @@ def test_client_pauses_validate():
         client_pause(pauses, rng=1, duration_s=120, max_duration_s=60)
     with pytest.raises(ValueError, match="thread must be one of"):
         asyncio.run(client_pause(pauses, rng=1).invoke(None, op("start-client-pause", {"thread": 5})))
+
+
+async def test_kill_and_pause_record_who_leads_when_the_system_can_say(tmp_path):
+    # issue 18 item 8: a process fault on a system with a leader records the leader at its start (before the
+    # fault) and at its stop (after the heal); a probe that fails is said, and the fault still happens
+    v = ValkeyProcess(tmp_path).start()
+    leads = iter(["valkey", None])
+
+    def probe():
+        return next(leads)
+
+    def broken():
+        raise OSError("status port closed")
+
+    try:
+        for make, start, stop, before, after in ((kill, "start-kill", "stop-kill", "valkey", None),
+                                                  (pause, "start-pause", "stop-pause", None, None)):
+            nem = make({"valkey": v}, rng=1, leader=probe if make is kill else broken)
+            started = await nem.invoke(None, op(start))
+            assert started["value"]["phase"] == "start" and started["value"]["leader"] == before
+            stopped = await nem.invoke(None, op(stop))
+            assert stopped["value"]["phase"] == "end" and stopped["value"]["leader"] == after
+            if make is pause:
+                assert started["value"]["leader_error"] == "OSError: status port closed"
+            await nem.teardown(None)
+        unled = await kill({"valkey": v}, rng=1).invoke(None, op("start-kill"))
+        assert "leader" not in unled["value"], "a system that names no leader gets no leader field"
+    finally:
+        v.stop()
+
+
+def test_the_registry_gives_kill_and_pause_the_stacks_leader_probe(tmp_path):
+    from types import SimpleNamespace
+
+    from nemesis.registry import FaultContext, NEMESES
+
+    probe = lambda: "etcd-2"  # noqa: E731
+    proc = ValkeyProcess(tmp_path)  # never started: the builders only collect the targets
+    for stack, expected in ((SimpleNamespace(processes=[proc], leader_probe=lambda: probe), probe),
+                            (SimpleNamespace(processes=[proc]), None)):
+        ctx = FaultContext(test=None, stack=stack, seed=1, client_clocks=None, client_pauses=None)
+        for name in ("kill", "pause"):
+            assert NEMESES[name].build(ctx, [name]).leader is expected

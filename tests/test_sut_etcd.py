@@ -143,11 +143,12 @@ def test_each_nemesis_takes_effect_on_the_etcd_processes(cluster):
         via2 = client(cluster, 1, 2, timeout_s=1.0)
         try:
             assert await answers(via2)
-            kill = process_faults.kill(targets, rng=1)
+            kill = process_faults.kill(targets, rng=1, leader=cluster.leader_probe())
             await kill.setup(None)
             old = etcd2.pid
             done = await kill.invoke(None, invocation("start-kill", {"targets": ["etcd-2"]}))
             assert done["value"]["killed"]["etcd-2"]["pid"] == old
+            assert done["value"]["leader"] in ("etcd-1", "etcd-2", "etcd-3"), "the leader when the kill hit"
             assert not etcd2.alive()
             with pytest.raises(ProcessLookupError):
                 os.kill(old, 0)

@@ -375,6 +375,11 @@ class SutStack(ProcessStack):
             raise ValueError("--nemesis leader-pause: the system under test declares no leader")
         return leader_pause(self, rng=rng)
 
+    def leader_probe(self) -> Callable[[], str | None] | None:
+        """Who leads now, by the system's own report (kill and pause record it); None when it declares no leader."""
+        declared = self.decl.leader
+        return None if declared is None else (lambda: declared(self))
+
     def _status_extras(self) -> dict[str, Any]:
         """The members are the servers the clients dial; no Valkey or API keys of the lab's own."""
         members = self.info.get("members", {})
