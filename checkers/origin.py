@@ -1,0 +1,128 @@
+"""Where a stale holder came from: the mechanism that made a commit's holder stale (docs/history-format.md).
+
+A holder goes stale in one of four ways the lab makes, each recorded on the op that starts it:
+
+- `stall`: the workload's own stall past the TTL (a generator sleep, not recorded itself): the session's
+  next invocation carries `mechanism: "stall"` (and `stall_ms`);
+- `crash-and-carry-on`: the process crashed (an `info`), the thread reopened its client (closing a client may
+  end its session, and so its lock) and the session carried on with the lease it believed it held: the new
+  process's first invocation carries `reopened: true`;
+- `client-pause`: the client-pause nemesis held the commit's thread (its start op names the `thread`);
+- `partition`: a partition nemesis window (`partition`, `netns`).
+
+A stale commit (or stale write) is attributed to the most recent of them in effect for its session between
+its lease's acquisition and the commit: a marked op of the session invoked after the acquisition and no later
+than the commit, or a fault window overlapping that span; the latest start wins. None: `unknown` (a history
+written before these fields, or a stale holder the lab did not make).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from checkers.pairs import Lease, Pair
+from checkers.windows import Faults
+
+__all__ = ["MECHANISMS", "UNKNOWN", "Origins", "concurrency_of", "name_origins"]
+
+MECHANISMS = ("stall", "client-pause", "crash-and-carry-on", "partition")
+UNKNOWN = "unknown"
+_PARTITIONS = {"partition": "partition", "netns": "partition"}  # fault window -> mechanism
+
+
+def _holder(p: Pair) -> Any:
+    """Who carries a lease across ops: the op's session (`value.session`), else its process."""
+    v = p.inv.get("value")
+    sid = v.get("session") if isinstance(v, dict) else None
+    return ("session", sid) if sid is not None else ("process", p.process)
+
+
+class Origins:
+    """The marked ops per holder and the fault windows of one history, indexed once (`LeaseView.origins`)."""
+
+    def __init__(self, pairs: list[Pair], faults: Faults):
+        marks: dict[Any, list[tuple[int, str]]] = defaultdict(list)
+        for p in pairs:
+            inv = p.inv
+            if inv.get("reopened") is True:
+                marks[_holder(p)].append((p.t0, "crash-and-carry-on"))
+            m = inv.get("mechanism")
+            if isinstance(m, str) and m:
+                marks[_holder(p)].append((p.t0, m))  # after a reopen on the same op: the later cause
+        self.marks = {h: (sorted(ms, key=_time), [t for t, _ in sorted(ms, key=_time)]) for h, ms in marks.items()}
+        self.windows = self._windows(faults)
+
+    def _windows(self, faults: Faults) -> list[tuple[int, int, str, Any]]:
+        """(start, end, mechanism, thread or None) of every fault window that makes a stale holder."""
+        paused = []  # (time, thread) of each client-pause start that names its thread
+        for _, op in faults.nemesis:
+            v = op.get("value")
+            if isinstance(v, dict) and v.get("fault") == "client-pause" and v.get("phase") == "start" \
+                    and isinstance(v.get("thread"), int):
+                paused.append((op.get("time", 0), v["thread"]))
+        out = []
+        for w in faults.windows:
+            start, end = w["start"], w["end"] if w["end"] is not None else faults.end
+            if w["fault"] in _PARTITIONS:
+                out.append((start, end, _PARTITIONS[w["fault"]], None))
+            elif w["fault"] == "client-pause":
+                threads = {th for t, th in paused if start <= t <= end} or {None}
+                out.extend((start, end, "client-pause", th) for th in threads)
+        return out
+
+    def of(self, p: Pair, lease: Lease | None, concurrency: Any = None) -> str:
+        """The mechanism that made the holder of the stale op `p` (a commit on `lease`) stale, or "unknown".
+
+        `concurrency` (the test's) maps a process to its thread, which a client pause names; without it a client
+        pause counts for every thread."""
+        lo = lease.first.t0 if lease is not None and lease.acquires else None
+        hi = p.t0
+        best: tuple[int, str] | None = None
+        marked = self.marks.get(_holder(p))
+        if marked is not None:
+            ms, ts = marked
+            i = bisect_right(ts, hi)
+            if i and (lo is None or ts[i - 1] > lo):  # after the acquisition: a reopen before it carried nothing
+                best = ms[i - 1]
+        known = isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency > 0
+        thread = p.process % concurrency if known and isinstance(p.process, int) else None
+        for start, end, mech, th in self.windows:
+            if start > hi or (lo is not None and end < lo):
+                continue
+            if mech == "client-pause" and th is not None and thread is not None and th != thread:
+                continue
+            if best is None or start >= best[0]:
+                best = (start, mech)
+        return best[1] if best is not None else UNKNOWN
+
+
+def name_origins(v: Any, view: Any, commits: list, concurrency: Any, lease_of: Any = None) -> None:
+    """Name the mechanism on every kept violation of `v` (a `checkers.core.Violations`) that names a stale commit
+    (`stale_commit`: its completion's index) among `commits` (`checkers.commits.Commit`s of `view`, a
+    `LeaseView`): the `mechanism` field, and the message's end. `lease_of(commit)`: its lease_id."""
+    named = [item for item in v.items if item.get("stale_commit") is not None]
+    if not named:
+        return
+    by_index = {c.p.i1: c for c in commits}
+    leases, origins = view.leases, view.origins
+    for item in named:
+        c = by_index.get(item["stale_commit"])
+        if c is None:
+            continue
+        lid = lease_of(c) if lease_of is not None else c.lease_id
+        mech = origins.of(c.p, leases.get(lid), concurrency)
+        item["mechanism"] = mech
+        item["msg"] = f"{item['msg']} (stale holder made by: {mech})"
+
+
+def concurrency_of(test: Any) -> Any:
+    """The test's `concurrency` (a checker is given a Test or its JSON mapping), or None."""
+    return test.get("concurrency") if isinstance(test, Mapping) else getattr(test, "concurrency", None)
+
+
+def _time(m: tuple[int, str]) -> int:
+    """A mark's time (a sort key: marks of one time keep their order)."""
+    return m[0]
