@@ -1,5 +1,5 @@
 """Every stale holder says where it came from (issue 18 item 2): the mechanism on stale-commit and stale-write
-violations (checkers.origin), and the marks the interpreter records."""
+violations (checkers.origin), the marks the interpreter records, and `--after-info abandon`."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ import lab.generator as gen
 from lab.generator import Context
 from lab.generator.interpreter import run as interpret
 from lab.history import HistoryWriter, read_history
-from lab.testmap import Test
-from workloads.common import stall
+from lab.runner import RunError, replay_command, validate
+from lab.testmap import OptionError, Test, check_options
+from workloads.common import Sessions, stall
+from workloads.lease import LeaseDriver
 
 TEST = {"concurrency": 5}
 
@@ -163,10 +165,51 @@ def test_a_workload_stall_marks_its_next_op():
     assert o["mark"]["stall_ms"] == round(o["value"] * 1000)
 
 
+# -- --after-info abandon ------------------------------------------------------------------------------------
+
+class _Api:
+    service_instance_id = None
+
+    def __init__(self):
+        self.calls = []
+
+    async def renew(self, lease, **kw):
+        self.calls.append(("renew", lease))
+        raise AssertionError("an abandoned lease is never renewed")
+
+
+@pytest.mark.parametrize("after_info, carries_on", [(None, True), ("carry-on", True), ("abandon", False)])
+def test_after_info_abandon_gives_the_lease_up_after_a_reopen(after_info, carries_on):
+    sessions = Sessions()
+    test = Test(after_info=after_info)
+    sess = sessions.get_session(test, "s1")
+    sess.lease = object()
+    driver = LeaseDriver(api=_Api(), sessions=sessions)
+    op = {"process": 5, "f": "renew", "key": "k0", "value": {"session": "s1", "request_id": "r"}, "reopened": True}
+    assert (driver.session_for(test, op).lease is not None) is carries_on
+    sess.lease = object()
+    del op["reopened"]  # an op of a process that did not crash keeps its lease, whatever the option
+    assert driver.session_for(test, op).lease is not None
+
+
 # -- the option at the edge, and a live run ------------------------------------------------------------------
 
 def fencelab(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lab", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_after_info_is_checked_at_every_edge_and_kept_in_the_replay(tmp_path):
+    r = fencelab("test", "--after-info", "sometimes", "--store-dir", str(tmp_path))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("fencelab: error:") and "--after-info" in r.stderr
+    with pytest.raises(RunError, match="--after-info must be one of carry-on, abandon, not 'sometimes'"):
+        validate(Test(after_info="sometimes"))
+    with pytest.raises(OptionError, match="after_info"):
+        check_options({"after_info": "sometimes"})  # a campaign's [defaults], a mutants row
+    assert check_options({"after_info": "abandon"}) == {"after_info": "abandon"}
+    assert "--after-info abandon" in replay_command(Test(after_info="abandon"))
+    assert "--after-info" not in replay_command(Test())  # the default (carry-on) is not written out
+    assert "after_info" not in Test().to_json()
 
 
 def test_a_live_stale_commit_made_by_a_stall_is_labelled_stall(tmp_path):
