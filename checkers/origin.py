@@ -13,12 +13,14 @@ A holder goes stale in one of four ways the lab makes, each recorded on the op t
 A stale commit (or stale write) is attributed to the most recent of them in effect for its session between
 its lease's acquisition and the commit: a marked op of the session invoked after the acquisition and no later
 than the commit, or a fault window overlapping that span; the latest start wins. None: `unknown` (a history
-written before these fields, or a stale holder the lab did not make).
+written before these fields, or a stale holder the lab did not make). The others in that span are named
+too (`earlier_mechanisms`): for a system whose lock ends when its client closes, a crash-and-carry-on before
+a stall already made the holder stale.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +33,7 @@ __all__ = ["MECHANISMS", "UNKNOWN", "Origins", "concurrency_of", "name_origins"]
 MECHANISMS = ("stall", "client-pause", "crash-and-carry-on", "partition")
 UNKNOWN = "unknown"
 _PARTITIONS = {"partition": "partition", "netns": "partition"}  # fault window -> mechanism
+_WINDOWED = frozenset({"partition", "client-pause"})  # the mechanisms a nemesis window makes
 
 
 def _holder(p: Pair) -> Any:
@@ -78,15 +81,23 @@ class Origins:
 
         `concurrency` (the test's) maps a process to its thread, which a client pause names; without it a client
         pause counts for every thread."""
+        chain = self.chain(p, lease, concurrency)
+        return chain[-1] if chain else UNKNOWN
+
+    def chain(self, p: Pair, lease: Lease | None, concurrency: Any = None) -> list[str]:
+        """Every mechanism in effect for `p`'s holder between its lease's acquisition and `p`, in the order they
+        started (each once, at its latest start): the last one is `of`'s answer."""
         lo = lease.first.t0 if lease is not None and lease.acquires else None
         hi = p.t0
-        best: tuple[int, str] | None = None
+        found: dict[str, int] = {}  # mechanism -> its latest start in the span
         marked = self.marks.get(_holder(p))
         if marked is not None:
             ms, ts = marked
-            i = bisect_right(ts, hi)
-            if i and (lo is None or ts[i - 1] > lo):  # after the acquisition: a reopen before it carried nothing
-                best = ms[i - 1]
+            i = bisect_left(ts, lo) if lo is not None else 0
+            while i < len(ts) and ts[i] <= hi:
+                if lo is None or ts[i] > lo:  # after the acquisition: a reopen before it carried nothing
+                    found[ms[i][1]] = ts[i]
+                i += 1
         known = isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency > 0
         thread = p.process % concurrency if known and isinstance(p.process, int) else None
         for start, end, mech, th in self.windows:
@@ -94,9 +105,9 @@ class Origins:
                 continue
             if mech == "client-pause" and th is not None and thread is not None and th != thread:
                 continue
-            if best is None or start >= best[0]:
-                best = (start, mech)
-        return best[1] if best is not None else UNKNOWN
+            found[mech] = max(start, found.get(mech, start))
+        # the latest start last; of one time, a fault window before a mark (the mark is the holder's own act)
+        return sorted(found, key=lambda m: (found[m], m not in _WINDOWED))
 
 
 def name_origins(v: Any, view: Any, commits: list, concurrency: Any, lease_of: Any = None) -> None:
@@ -113,9 +124,14 @@ def name_origins(v: Any, view: Any, commits: list, concurrency: Any, lease_of: A
         if c is None:
             continue
         lid = lease_of(c) if lease_of is not None else c.lease_id
-        mech = origins.of(c.p, leases.get(lid), concurrency)
+        chain = origins.chain(c.p, leases.get(lid), concurrency)
+        mech = chain[-1] if chain else UNKNOWN
         item["mechanism"] = mech
-        item["msg"] = f"{item['msg']} (stale holder made by: {mech})"
+        earlier = ""
+        if len(chain) > 1:  # a system whose lock ends with its client may have gone stale at an earlier one
+            item["earlier_mechanisms"] = chain[:-1]
+            earlier = f"; earlier in its lease: {', '.join(chain[:-1])}"
+        item["msg"] = f"{item['msg']} (stale holder made by: {mech}{earlier})"
 
 
 def concurrency_of(test: Any) -> Any:

@@ -77,25 +77,30 @@ def partition(h: LeaseHistory) -> None:
     h.nemesis("stop-partition", {"fault": "partition", "phase": "end"})
 
 
-@pytest.mark.parametrize("marks, stale_process, before, expected", [
-    ({"mechanism": "stall", "stall_ms": 1300}, 0, None, "stall"),
-    ({"reopened": True}, 5, None, "crash-and-carry-on"),  # process 5: thread 0's process after a crash
-    (None, 0, pause(0), "client-pause"),
-    (None, 5, pause(0), "client-pause"),  # the pause holds the thread, whichever process it runs
-    (None, 0, partition, "partition"),
-    ({"reopened": True}, 5, partition, "crash-and-carry-on"),  # the later of the two
+@pytest.mark.parametrize("marks, stale_process, before, expected, earlier", [
+    ({"mechanism": "stall", "stall_ms": 1300}, 0, None, "stall", None),
+    ({"reopened": True}, 5, None, "crash-and-carry-on", None),  # process 5: thread 0's process after a crash
+    (None, 0, pause(0), "client-pause", None),
+    (None, 5, pause(0), "client-pause", None),  # the pause holds the thread, whichever process it runs
+    (None, 0, partition, "partition", None),
+    ({"reopened": True}, 5, partition, "crash-and-carry-on", ["partition"]),  # the later of the two
+    ({"reopened": True, "mechanism": "stall"}, 5, None, "stall", ["crash-and-carry-on"]),  # a crash, then a stall
 ])
-def test_each_mechanism_is_named_on_the_stale_commit_and_the_stale_write(marks, stale_process, before, expected):
+def test_each_mechanism_is_named_on_the_stale_commit_and_the_stale_write(marks, stale_process, before, expected,
+                                                                          earlier):
     sc, sw = check_both(stale_history(marks=marks, stale_process=stale_process, before=before))
     assert sc["valid"] is False and sw["valid"] is False  # still convicted: the label changes no verdict
     named = mechanisms(sc)
     assert named["commit-after-successor"] == {expected}
     assert {m for m in named["token-regression"] if m is not None} == {expected}
     assert mechanisms(sw) == {"stale-write": {expected}}
+    tail = f"(stale holder made by: {expected}" + (f"; earlier in its lease: {', '.join(earlier)})" if earlier
+                                                   else ")")
     for v in sc["violations"] + sw["violations"]:
         if v.get("mechanism"):
-            assert v["msg"].endswith(f"(stale holder made by: {expected})")
+            assert v["msg"].endswith(tail)
             assert v["stale_commit"] in v["ops"]
+            assert v.get("earlier_mechanisms") == earlier
 
 
 def test_an_old_history_without_marks_names_unknown_and_still_convicts():
@@ -224,7 +229,7 @@ def test_a_live_stale_commit_made_by_a_stall_is_labelled_stall(tmp_path):
     assert {v["mechanism"] for v in named} >= {"stall"}, named[:3]
     assert not {v["mechanism"] for v in named} & {"client-pause", "partition"}  # no fault ran
     stale = next(v for v in named if v["mechanism"] == "stall")
-    assert "(stale holder made by: stall)" in (run / "report.html").read_text()
+    assert "(stale holder made by: stall" in (run / "report.html").read_text()  # maybe "; earlier in its lease: ..."
     history = read_history(run / "history.jsonl")
     stalls = [op for op in history if op.get("mechanism") == "stall"]
     assert stalls and all(op["type"] == "invoke" and op["stall_ms"] > 0 for op in stalls)
