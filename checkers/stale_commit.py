@@ -30,6 +30,11 @@ Reads the `commit` ops and the final-phase `read` ops of a lease history
 - `failed-commit-visible`: the entry of a commit that failed (definitely did not
   happen) appears in a final read.
 
+Every violation about one stale commit (the token regressions of real time and revisions, the expiry,
+end, release and successor rules) names it (`stale_commit`: its completion's index) and the mechanism that
+made its holder stale (`mechanism`: stall, client-pause, crash-and-carry-on, partition or unknown, also in
+its message; `checkers.origin`).
+
 Replays (a commit whose request_id was first invoked before the event that
 would make it stale) are exempt from the real-time rules. Commits whose lease
 no ok acquire reported are counted as `unknown_lease` and not timed.
@@ -49,6 +54,7 @@ from typing import Any, Mapping
 
 from checkers.commits import Commit, FinalRead
 from checkers.core import ViewCheck, Violations
+from checkers.origin import concurrency_of, name_origins
 from checkers.pairs import Lease, PrefixMax, request_key, successor_index
 from checkers.view import LeaseView
 from checkers.windows import backend_rules_note
@@ -87,6 +93,7 @@ class StaleCommitChecker(ViewCheck):
         for read in reads.values():
             _check_read(read, v)
         _check_lost_and_phantom(commits, reads, v)
+        name_origins(v, view, accepted, concurrency_of(test))
         counts = {"ok": 0, "fail": 0, "info": 0}
         for c in commits:
             counts[c.p.type] += 1
@@ -128,7 +135,7 @@ def _check_realtime_order(accepted: list[Commit], v: Violations, first_invoke: d
             if best is not None and c.token < best_token:
                 v.add("token-regression", [best.p.i1, c.p.i0, c.p.i1],
                       f"key {key!r}: commit accepted with token {c.token} after token {best.token} was accepted",
-                      key=key, order="realtime", token=c.token, earlier_token=best.token)
+                      key=key, order="realtime", token=c.token, earlier_token=best.token, stale_commit=c.p.i1)
 
 
 def _first(t: tuple) -> Any:
@@ -149,7 +156,7 @@ def _check_rev_order(accepted: list[Commit], v: Violations) -> None:
             if best is not None and c.token < best.token:
                 v.add("token-regression", [best.p.i1, c.p.i1],
                       f"doc {doc!r}: rev {c.rev} accepted token {c.token} after rev {best.rev} accepted {best.token}",
-                      key=key, doc=doc, order="rev", token=c.token, earlier_token=best.token)
+                      key=key, doc=doc, order="rev", token=c.token, earlier_token=best.token, stale_commit=c.p.i1)
             if best is None or c.token > best.token:
                 best = c
 
@@ -188,7 +195,7 @@ def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
             if end.type == "ok" and end.t1 < started:
                 v.add("commit-after-release", [end.i1, p.i0, p.i1],
                       f"commit on lease {lease.lease_id!r} accepted after its {end.f} completed",
-                      key=c.key, lease=lease.lease_id)
+                      key=c.key, lease=lease.lease_id, stale_commit=p.i1)
                 break
         tok = c.token
         if tok is None:
@@ -217,7 +224,7 @@ def _check_successor(c: Commit, started: int, backend: PrefixMax | None, realtim
         s: Lease = succ[1]
         v.add("commit-after-successor", [s.first.i1, c.p.i0, c.p.i1],
               f"commit with token {c.token} accepted after lease {s.lease_id!r} (token {s.token}) was acquired",
-              key=c.key, token=c.token, successor=s.lease_id, successor_token=s.token)
+              key=c.key, token=c.token, successor=s.lease_id, successor_token=s.token, stale_commit=c.p.i1)
 
 
 def _check_times(c: Commit, lease: Lease, v: Violations) -> None:
@@ -230,12 +237,14 @@ def _check_times(c: Commit, lease: Lease, v: Violations) -> None:
                                                  else None) or 0)
         v.add("validated-after-expiry", [grant.i1, p.i0, p.i1],
               f"commit validated at {at} ms, lease {lease.lease_id!r} expired at {lease.expires_at_ms} ms",
-              key=c.key, lease=lease.lease_id, validated_at_ms=at, expires_at_ms=lease.expires_at_ms)
+              key=c.key, lease=lease.lease_id, validated_at_ms=at, expires_at_ms=lease.expires_at_ms,
+              stale_commit=p.i1)
     if lease.ended_at_ms is not None and at >= lease.ended_at_ms:
         ends = [e.i1 for e in lease.ends if e.i1 is not None]
         v.add("validated-after-end", [*ends, p.i0, p.i1],
               f"commit validated at {at} ms, lease {lease.lease_id!r} ended at {lease.ended_at_ms} ms",
-              key=c.key, lease=lease.lease_id, validated_at_ms=at, ended_at_ms=lease.ended_at_ms)
+              key=c.key, lease=lease.lease_id, validated_at_ms=at, ended_at_ms=lease.ended_at_ms,
+              stale_commit=p.i1)
 
 
 def _check_read(read: FinalRead, v: Violations) -> None:

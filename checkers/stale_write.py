@@ -11,7 +11,9 @@ read, and the revision order of accepted commits (`rev`, "N-..." or an int).
 A `stale-write` violation is a write whose holder precedes the holder of a
 write the store had already accepted: the paused holder's commit landing after
 its successor's. Its ops are the successor's acquisition, the successor's
-commit, the stale commit (invocation and completion) and the read.
+commit, the stale commit (invocation and completion) and the read; it names
+the mechanism that made the stale holder (`mechanism`: stall, client-pause,
+crash-and-carry-on, partition or unknown, also in its message; `checkers.origin`).
 
 Entries are matched to commits by the `entry` the commit carried (the
 `[process, token, n]` triple the fenced-append workload writes); an entry
@@ -27,6 +29,7 @@ from typing import Any, Mapping
 
 from checkers.commits import hashable
 from checkers.core import ViewCheck, Violations
+from checkers.origin import concurrency_of, name_origins
 from checkers.pairs import Pair, acquisition_start
 from checkers.view import LeaseView
 
@@ -70,6 +73,7 @@ class StaleWriteChecker(ViewCheck):
                 by_doc[(c.p.key, c.written[2])].append(w)
         for ws in by_doc.values():
             _sweep(sorted(ws, key=_rev), leases, v, read=None)
+        name_origins(v, view, commits, concurrency_of(test), lease_of=lambda c: c.written[0])
         ordered = _ordered_keys(leases, spans)
         res = v.result(accepted_commits=len(commits), commits_with_known_lease=len(known),
                        keys_with_ordered_holders=ordered)

@@ -23,6 +23,7 @@ from functools import cached_property
 from typing import Any
 
 from checkers.commits import Commit, FinalRead, commits_of, final_reads
+from checkers.origin import Origins
 from checkers.pairs import Lease, Pair, PrefixMax, by_f, first_invocations, index_leases, successor_index
 from checkers.windows import Faults
 from lab.history.ops import pair
@@ -74,6 +75,12 @@ class LeaseView:
     def commits(self) -> list[Commit]:
         """The commit ops as `checkers.commits.Commit`s, in invocation order (stale-commit and stale-write)."""
         return commits_of(self.of("commit"), self.first_invocations)
+
+    @cached_property
+    def origins(self) -> Origins:
+        """Where stale holders came from: the marked ops per session and the fault windows that make them
+        (`checkers.origin.Origins`; stale-commit and stale-write)."""
+        return Origins(self.pairs, self.faults)
 
     @cached_property
     def final_reads(self) -> dict[tuple, FinalRead]:

@@ -41,8 +41,8 @@ from lab.sut.probe import ProbeError, probe_external as probe, store_db
 from lab.sut.registry import PLUGIN_ERRORS, claimed_checker
 from lab.sut.target import BACKENDS, Kind, Target, TargetError, load_hosts as _load_hosts, target_of
 from lab.test_options import TEST_OPTIONS
-from lab.testmap import (COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt, servers_problem,
-                         sut_opt_arg, sut_options_of)
+from lab.testmap import (AFTER_INFO, COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt,
+                         servers_problem, sut_opt_arg, sut_options_of)
 from nemesis.registry import build, start_fs
 from nemesis.schedule import lane_timing, timing_problem
 from workloads import get_workload, needs_of
@@ -75,6 +75,8 @@ def validate(test: Test) -> Target:
         (test.deadline_s is None or test.deadline_s > 0, f"deadline_s must be > 0 seconds, not {test.deadline_s}"),
         (test.commit_mode in (None, *COMMIT_MODES),
          f"--commit-mode must be one of {', '.join(COMMIT_MODES)}, not {test.commit_mode!r}"),
+        (test.after_info in (None, *AFTER_INFO),
+         f"--after-info must be one of {', '.join(AFTER_INFO)}, not {test.after_info!r}"),
     ]
     for ok, msg in checks:
         if not ok:

@@ -63,6 +63,11 @@ TEST_OPTIONS: list[click.Option] = [
         help="For a third-party system (docs/third-party.md): commit through the store's token guard (fenced, "
              "the default when the system hands out a fencing token) or whenever the client believes it "
              "holds the lock (unfenced)."),
+    click.Option(["--after-info"], type=click.Choice(["carry-on", "abandon"]), default=None,
+        help="What a lease session does after its process crashed (an info) and its client was reopened: carry "
+             "on with the lease it still believes it holds (the default: a stale holder the lab made, "
+             "'crash-and-carry-on'), or abandon it and acquire afresh in its next session "
+             "(docs/plugging-in-a-system.md#client-lifecycle-after-info)."),
     click.Option(["--sut-opt", "sut_opts"], multiple=True, metavar="KEY=VALUE",
         help="A per-system option the plug-in reads from test.extra[KEY] (repeatable; kept in the replay): VALUE "
              "is a JSON scalar when it parses as one (1, 2.5, true, null, \"quoted\"), else the string as given. "

@@ -32,11 +32,15 @@ RUN_SALT = re.compile(r"[0-9A-Za-z]{1,32}")
 DEFAULT_SERVERS = 2  # lease servers the lab's own stack starts when a test does not say
 MAX_SERVERS = 16
 COMMIT_MODES = ("fenced", "unfenced")
+# what a workload session does when its process crashed (an `info`) and the thread reopened its client
+# (docs/plugging-in-a-system.md#client-lifecycle-after-info): carry on with the lease it still believes it holds
+# (the default), or abandon that lease (its remaining ops fail `not_held`; the thread's next session acquires anew)
+AFTER_INFO = ("carry-on", "abandon")
 MAX_SECONDS = 7 * 24 * 3600  # the longest time_limit, nemesis_interval or deadline_s a run takes (a week)
 RATES = (0.001, 1_000_000.0)  # ops/s: beyond them the generator's gap (1/rate) leaves what its ns clock can hold
 # the first-class options that a test.json (or a caller) of before the typed fields kept in `extra`
 FIRST_CLASS = ("sut", "urls", "api_key_file", "servers", "store_url", "store_db", "proxy_urls", "lab_owns_store",
-               "commit_mode", "hosts_file", "mutant", "scenario", "deadline_s", "ttl_ms")
+               "commit_mode", "hosts_file", "mutant", "scenario", "deadline_s", "ttl_ms", "after_info")
 
 
 def new_run_salt() -> str:
@@ -78,6 +82,7 @@ class Test:
     mutant: str | None = None  # a planted bug of the reference servers (docs/mutants.md)
     scenario: str | None = None  # a named race scenario (lab.scenarios): it replaces the workload
     deadline_s: float | None = None  # each client request's deadline (None: the workload's own default)
+    after_info: str | None = None  # a session after its process crashed: AFTER_INFO (None: carry-on)
     run_dir: Path | None = None
     # the system under test, filled in when the stack is up; `nodes` are what the workload's clients talk to
     nodes: list[str] = field(default_factory=list)
@@ -173,6 +178,8 @@ OPTION_TYPES: dict[str, tuple[Any, str]] = {
                                              "implementation with backend = \"ssh\" and hosts)"),
     "deadline_s": (float, "a number of seconds (each request's deadline)"),
     "commit_mode": (Literal["fenced", "unfenced"], "\"fenced\" or \"unfenced\""),
+    "after_info": (Literal["carry-on", "abandon"], "\"carry-on\" or \"abandon\" (a session after its process "
+                                                   "crashed: docs/plugging-in-a-system.md)"),
     "store_db": (str, "a database name (a string)"),
     "mutant": (str, "the name of a planted bug (docs/mutants.md)"),
     "extra": (dict[str, Any], "a table of extra test options (e.g. hold_s = 1.0)"),

@@ -124,11 +124,13 @@ def stall_s(test: Test, ctx: Any, span: tuple[float, float]) -> float:
 
 
 def stall(span: tuple[float, float], end_ns: int | None = None) -> Any:
-    """A holder's stall of `span` x the TTL between two steps (a GC pause, a slow disk): the thread idles and
-    nothing is recorded. Drawn when reached, and cut to the main phase's time left, so the run ends on time."""
+    """A holder's stall of `span` x the TTL between two steps (a GC pause, a slow disk): the thread idles. Drawn
+    when reached, and cut to the main phase's time left, so the run ends on time. The sleep itself is not
+    recorded: the thread's next invocation carries `mechanism: "stall"` and `stall_ms` (its mark), so a stale
+    holder it makes says where it came from (docs/history-format.md)."""
     def pause(test, ctx):
         s = min(stall_s(test, ctx, span), remaining_s(test, ctx, end_ns) - 0.2)
-        return gen.sleep(s) if s > 0 else None
+        return dict(gen.sleep(s), mark={"mechanism": "stall", "stall_ms": round(s * 1000)}) if s > 0 else None
 
     return gen.bind(pause)
 

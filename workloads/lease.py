@@ -18,6 +18,14 @@ run by lanes of threads (the default 5 threads: 2 + 2 + 1, see
 - solo (solo lane): the same on a fresh key nobody else uses, with a stall of
   1.05-1.5 x the TTL: renews after the expiry, with no successor in the way.
 
+After an `info` the thread's next process reopens its client and carries the
+session on with the lease it still believes it holds (crash-and-carry-on: a
+stale holder the lab makes; `--after-info abandon` gives the lease up
+instead, docs/plugging-in-a-system.md#client-lifecycle-after-info). The op
+after a stall records `mechanism: "stall"`, the first op of a reopened
+process `reopened: true`, so a stale-commit or stale-write counterexample
+names what made its stale holder.
+
 Every completion keeps what the client sent (`value.sent`: request id, lease
 id, token) and what came back (lease id, fencing token, backend times), so
 the fencing, mutual-exclusion, lease-state and idempotency checkers can judge
@@ -100,6 +108,10 @@ class LeaseDriver:
                 self.own[key] = Session(getattr(self.api, "service_instance_id", None))
             return self.own[key]
         sess = self.sessions.get_session(test, sid)
+        if op.get("reopened") and sess.lease is not None and getattr(test, "after_info", None) == "abandon":
+            # its process crashed and the client was reopened (closing a client may end its session, and so its
+            # lock): with --after-info abandon the session gives its lease up instead of carrying on with it
+            sess.lease = None
         if sess.instance and getattr(self.api, "service_instance_id", None) not in (None, sess.instance):
             # the owner is principal + service instance: a session is one holder whichever process acts for it
             self.api.service_instance_id = sess.instance

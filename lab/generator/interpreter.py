@@ -15,9 +15,13 @@ jepsen.generator.interpreter:
 
 Workers record completions as they happen. An `info` completion retires the
 client process: the thread continues as process + concurrency with a freshly
-opened client. A client exception becomes an `info` completion carrying the
-error (a crash). The run ends when the generator is exhausted and no op is in
-flight.
+opened client, and that process's first invocation records `reopened: true`
+(a workload session may carry on across it: docs/history-format.md,
+"Where a stale holder came from"). A sleep op's `mark` (an object) is
+recorded on its thread's next invocation, so an unrecorded pause still says
+where it was (a workload's stall: `mechanism: "stall"`). A client exception
+becomes an `info` completion carrying the error (a crash). The run ends when
+the generator is exhausted and no op is in flight.
 """
 
 from __future__ import annotations
@@ -150,6 +154,7 @@ class _Interpreter:
         self.inboxes: dict[Any, asyncio.Queue] = {}
         self.failure: BaseException | None = None
         self.outstanding = 0
+        self.marks: dict[Any, dict] = {}  # thread -> fields its next invocation records (a sleep's mark, reopened)
 
     # -- main loop --------------------------------------------------------------------------
 
@@ -226,6 +231,7 @@ class _Interpreter:
             ctx = self.ctx.freed(max(event["time"], self.ctx.time), thread)
             if event["type"] == "info" and thread != NEMESIS_THREAD:
                 ctx = ctx.with_next_process(thread)
+                self.marks.setdefault(thread, {})["reopened"] = True  # its next process opens a fresh client
             self.ctx = ctx
             self.gen = self._update(ctx, self.gen, event)
             self.outstanding -= 1
@@ -246,8 +252,12 @@ class _Interpreter:
         thread = self._check(ctx, o, nxt)
         if o["type"] in SPECIAL_TYPES:
             rec = {**o, "time": max(self.writer.now(), ctx.time)}
+            if isinstance(o.get("mark"), dict):
+                self.marks.setdefault(thread, {}).update(o["mark"])
         else:
             extra = {k: v for k, v in o.items() if k not in _OP_FIELDS}
+            if thread in self.marks:
+                extra = {**self.marks.pop(thread), **extra}
             rec = self.writer.invoke(o["process"], o["f"], o["value"], **extra)
         self.ctx = ctx.busy(rec["time"], thread)
         self.gen = self._update(self.ctx, nxt, rec)

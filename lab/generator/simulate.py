@@ -46,6 +46,7 @@ def simulate(
     counter = 0
     invocations = 0
     latency_of = latency if callable(latency) else (lambda _o: latency)
+    marks: dict[Any, dict] = {}  # thread -> fields its next invocation records (as the interpreter's)
 
     def record(o: dict) -> dict:
         """Append an op in the writer's field order (index, time, type, process, f, value, extras)."""
@@ -71,6 +72,7 @@ def simulate(
         ctx = ctx.freed(t, thread)
         if event["type"] == "info" and thread != NEMESIS_THREAD:
             ctx = ctx.with_next_process(thread)
+            marks.setdefault(thread, {})["reopened"] = True
         gen = update(gen, test, ctx, event)
 
     while True:
@@ -98,8 +100,10 @@ def simulate(
         if o["type"] in SPECIAL_TYPES:
             rec = {**o, "time": t}
             done = t + (secs_to_nanos(o["value"]) if o["type"] == "sleep" else 0)
+            if isinstance(o.get("mark"), dict):
+                marks.setdefault(thread, {}).update(o["mark"])
         else:
-            rec = record({**o, "time": t})
+            rec = record({**marks.pop(thread, {}), **o, "time": t})
             done = t + int(latency_of(rec))
         ctx = ctx.busy(t, thread)
         gen = update(nxt, test, ctx, rec)
