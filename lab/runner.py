@@ -286,7 +286,7 @@ def write_test_json(test: Test) -> None:
     (test.run_dir / "test.json").write_text(json.dumps(redact_tree(d), indent=2, default=str))
 
 
-async def _run(test: Test, wl, writer) -> None:
+async def _run(test: Test, wl, writer, target: Target) -> None:
     """The main phase (clients, and the nemesis lane beside them), then the final phase, through the interpreter.
 
     The nemesis lane runs for the time limit and then stops every fault it
@@ -298,7 +298,7 @@ async def _run(test: Test, wl, writer) -> None:
         main = gen.any_of(main, script)
     elif test.nemesis:
         nemesis, lane = build(test, test.nemesis, interval_s=test.nemesis_interval, seed=test.seed,
-                              builders=test.live["target"].fault_builders())
+                              builders=target.fault_builders())
         main = gen.any_of(main, lane)
     phases = [main]
     if wl.final_generator is not None:
@@ -358,7 +358,6 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     try:
         status = stack.up(target.stack_options(test, store=wl.needs_store))
         test.live["stack"] = stack
-        test.live["target"] = target
         test.lease_servers, test.valkey = list(status.lease_servers), status.valkey
         test.client_nodes = list(status.client_nodes)
         test.store, test.credentials_file = status.store, status.credentials
@@ -366,7 +365,7 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
         write_test_json(test)
         writer = HistoryWriter(test.run_dir / "history.jsonl")  # time 0 of the history: the workload starts now
         try:
-            asyncio.run(_run(test, wl, writer))
+            asyncio.run(_run(test, wl, writer, target))
         except PluginError as e:  # the system's own code raised at its first open: bad input, nothing ran
             if not writer.count:
                 raise RunError(str(e)) from None
