@@ -237,7 +237,7 @@ def replay_command(test: Test) -> str:
         elif p.name == "servers" and test.urls:  # the lab's own stack only: --url names the servers
             value = None
         else:
-            value = getattr(test, p.name, None)
+            value = getattr(test, p.name)  # every other option of `fencelab test` is a Test field of its name
         flag = next((o for o in p.opts if o.startswith("--")), p.opts[0])
         if value is None or value == "" or value == [] or (p.name == "sut" and value == "reference"):
             continue
