@@ -353,14 +353,12 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
             from lab.scenarios import ScenarioError, apply_scenario
 
             try:
-                for t in tests:
-                    t.scenario = scenario
-                    apply_scenario(t, given)
+                tests = [apply_scenario(t.evolve(scenario=scenario), given) for t in tests]
             except ScenarioError as e:
                 raise RunError(str(e)) from None
         system = system_label(sut, urls)
-        for t in tests if system and "name" not in given else ():
-            t.name = f"{system}-{t.name}"  # a third-party system's runs land apart from the reference server's
+        if system and "name" not in given:  # a third-party system's runs land apart from the reference server's
+            tests = [t.evolve(name=f"{system}-{t.name}") for t in tests]
         validate(tests[0])
     except (RunError, ValueError) as e:
         fail(str(e))

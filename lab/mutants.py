@@ -300,7 +300,7 @@ def build_test(spec: MutantsSpec, entry: Entry, seed: int, planted: bool, backen
     test = Test(name=name, workload=entry.workload, seed=seed, nemesis=list(entry.nemesis), backend=backend,
                 hosts_file=hosts_file, scenario=entry.scenario, mutant=entry.mutant if planted else None, **opts)
     if entry.scenario:
-        apply_scenario(test, {"name", "workload", *entry.options})
+        test = apply_scenario(test, {"name", "workload", *entry.options})
     return test
 
 

@@ -54,6 +54,7 @@ class RunError(RuntimeError):
 
 def validate(test: Test) -> Target:
     """Check every option before anything starts; raise RunError naming the bad one. Returns the test's Target.
+    It writes nothing into the test: `resolve` makes the normalised spec a run goes on.
 
     The one check of a Test: `fencelab test`, campaigns, evidence, mutants, the fault-exposure spec and the
     pytest plugin's `lab_run` all call it (and `run_test` again), so each refuses the same tests the same way.
@@ -105,7 +106,7 @@ def validate(test: Test) -> Target:
         raise RunError(f"--mutant: unknown mutant {test.mutant!r}; known: {', '.join(MUTANT_NAMES)}")
     if test.nemesis:
         try:
-            test.nemesis = target.check_faults(test.nemesis)
+            target.check_faults(test.nemesis)
         except (ValueError, SutError) as e:
             raise RunError(str(e)) from None
         if not test.nemesis_interval > 0:
@@ -115,6 +116,16 @@ def validate(test: Test) -> Target:
         if problem:
             raise RunError(problem)
     return target
+
+
+def resolve(test: Test) -> tuple[Test, Target]:
+    """The validated spec a run goes on, as a new, sealed Test (its fault names normalised), and its Target.
+
+    `test` itself is left as it was: a spec is never written into after validation (`Test.sealed`); what a run
+    adds to it (a salt, a probe, its scenario's workload) makes another new spec.
+    """
+    target = validate(test)
+    return test.evolve(nemesis=target.check_faults(test.nemesis) if test.nemesis else []).sealed(), target
 
 
 def _validate_fields(test: Test) -> None:
@@ -150,12 +161,14 @@ def needs_store(test: Test) -> bool:
     return needs_of(test.workload).store
 
 
-def probe_external(test: Test) -> None:
-    """Health, auth and store probes of an external system before its run (RunError: bad input, exit 2)."""
+def probe_external(test: Test) -> Test:
+    """Health, auth and store probes of an external system before its run (RunError: bad input, exit 2); the
+    spec with what they found (`extra["probe"]`), a new one."""
     try:
-        test.extra["probe"] = probe(test, needs_store=needs_store(test))
+        found = probe(test, needs_store=needs_store(test))
     except ProbeError as e:
         raise RunError(str(e)) from None
+    return test.evolve(extra={**test.extra, "probe": found}).sealed()
 
 
 def check_name(name: str) -> None:
@@ -226,7 +239,7 @@ def replay_command(test: Test) -> str:
         elif p.name == "servers" and test.urls:  # the lab's own stack only: --url names the servers
             value = None
         else:
-            value = getattr(test, p.name, None)
+            value = getattr(test, p.name)  # every other option of `fencelab test` is a Test field of its name
         flag = next((o for o in p.opts if o.startswith("--")), p.opts[0])
         if value is None or value == "" or value == [] or (p.name == "sut" and value == "reference"):
             continue
@@ -275,7 +288,7 @@ def write_test_json(test: Test) -> None:
     (test.run_dir / "test.json").write_text(json.dumps(redact_tree(d), indent=2, default=str))
 
 
-async def _run(test: Test, wl, writer) -> None:
+async def _run(test: Test, wl, writer, target: Target) -> None:
     """The main phase (clients, and the nemesis lane beside them), then the final phase, through the interpreter.
 
     The nemesis lane runs for the time limit and then stops every fault it
@@ -287,7 +300,7 @@ async def _run(test: Test, wl, writer) -> None:
         main = gen.any_of(main, script)
     elif test.nemesis:
         nemesis, lane = build(test, test.nemesis, interval_s=test.nemesis_interval, seed=test.seed,
-                              builders=test.live["target"].fault_builders())
+                              builders=target.fault_builders())
         main = gen.any_of(main, lane)
     phases = [main]
     if wl.final_generator is not None:
@@ -331,21 +344,22 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     a system's own processes, or, for a system at a URL, nothing or the lab's Toxiproxy in front of it), whose
     status says where the clients go.
     """
-    target = validate(test)
+    spec, target = resolve(test)
     if target.kind is Kind.URL:  # a wrong URL, key or store: refused before the run
-        probe_external(test)
-    prepare_run(test)
-    test.run_dir = new_run_dir(store_dir, test.name)
+        spec = probe_external(spec)
+    spec = prepare_run(spec)
+    wl = get_workload(spec.workload)(spec)
+    if spec.scenario:  # the scenario replaces the workload: its client, script, faults and checker (a new spec)
+        spec, wl = scenario_workload(spec, wl)
+    # the caller's one view of the run: where it lands (read also when the run is interrupted); a run-only field
+    test.run_dir = spec.run_dir = new_run_dir(store_dir, spec.name)
+    test = spec
     write_test_json(test)
-    wl = get_workload(test.workload)(test)
-    if test.scenario:  # the scenario replaces the workload: its client, script, faults and checker
-        wl = scenario_workload(test, wl)
     stack = target.make_stack(test, test.run_dir / "stack")
     writer = None
     try:
         status = stack.up(target.stack_options(test, store=wl.needs_store))
         test.live["stack"] = stack
-        test.live["target"] = target
         test.lease_servers, test.valkey = list(status.lease_servers), status.valkey
         test.client_nodes = list(status.client_nodes)
         test.store, test.credentials_file = status.store, status.credentials
@@ -353,7 +367,7 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
         write_test_json(test)
         writer = HistoryWriter(test.run_dir / "history.jsonl")  # time 0 of the history: the workload starts now
         try:
-            asyncio.run(_run(test, wl, writer))
+            asyncio.run(_run(test, wl, writer, target))
         except PluginError as e:  # the system's own code raised at its first open: bad input, nothing ran
             if not writer.count:
                 raise RunError(str(e)) from None
@@ -361,7 +375,7 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
         failures = test.live.get(PLUGIN_ERRORS)
         if failures:  # a worker's open raised during the run: the run is marked failed (`analyze` reads test.json)
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-            test.extra[RUN_FAILED] = f"{failures[0]}{more}"
+            test = test.evolve(extra={**test.extra, RUN_FAILED: f"{failures[0]}{more}"}).sealed()
             write_test_json(test)
     finally:
         if writer is not None:
@@ -380,28 +394,33 @@ def load_hosts(path: Any) -> dict[str, Any]:
         raise RunError(str(e)) from None
 
 
-def prepare_run(test: Test) -> None:
-    """What a validated test gets before its run dir: its run salt (fresh unless given) and its SUT's import path."""
-    if not test.run_salt or test.run_salt == "new":
-        test.run_salt = new_run_salt()
-    _record_sut_import(test)
+def prepare_run(test: Test) -> Test:
+    """What a validated test gets before its run dir, as a new spec: its run salt (fresh unless given), its SUT's
+    import path and its fault lane's schedule."""
+    extra = dict(test.extra)
+    sut_import = _sut_import(test)
+    if sut_import:
+        extra["sut_import"] = sut_import
     if test.nemesis and not test.scenario:  # the lane's interval as it runs (scaled down for a short run)
-        test.extra["nemesis_schedule"] = lane_timing(len(test.nemesis), interval_s=test.nemesis_interval,
-                                                     time_limit=test.time_limit)
+        extra["nemesis_schedule"] = lane_timing(len(test.nemesis), interval_s=test.nemesis_interval,
+                                                time_limit=test.time_limit)
+    salt = new_run_salt() if not test.run_salt or test.run_salt == "new" else test.run_salt
+    return test.evolve(run_salt=salt, extra=extra).sealed()
 
 
-def _record_sut_import(test: Test) -> None:
+def _sut_import(test: Test) -> str | None:
     """A SUT registered in-process (a conftest, a plugin) is replayed by its import path, `module:Factory`."""
     name = test.sut_name()
     if name == "reference" or ":" in name:
-        return
+        return None
 
     if get_sut(name).trusted or any(ep.name == name for ep in metadata.entry_points(group="fencelab.suts")):
-        return  # a built-in (starintel, valkey-lock, ...) or an installed system: its name replays it
+        return None  # a built-in (starintel, valkey-lock, ...) or an installed system: its name replays it
     factory = get_sut(name).factory
     module, qual = getattr(factory, "__module__", None), getattr(factory, "__qualname__", None)
     if module and qual and "<" not in qual and module != "__main__":
-        test.extra["sut_import"] = f"{module}:{qual}"
+        return f"{module}:{qual}"
+    return None
 
 
 def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[str, Any]:
@@ -421,7 +440,7 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
 
         try:
             if test.scenario:
-                checker = scenario_workload(test).checker
+                checker = scenario_workload(test)[1].checker
             else:
                 checker = get_workload(test.workload)(test).checker
         except (ValueError, TypeError, KeyError, ScenarioError) as e:

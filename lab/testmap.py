@@ -20,7 +20,7 @@ import math
 import re
 import secrets
 import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -41,6 +41,15 @@ RATES = (0.001, 1_000_000.0)  # ops/s: beyond them the generator's gap (1/rate) 
 # the first-class options that a test.json (or a caller) of before the typed fields kept in `extra`
 FIRST_CLASS = ("sut", "urls", "api_key_file", "servers", "store_url", "store_db", "proxy_urls", "lab_owns_store",
                "commit_mode", "hosts_file", "mutant", "scenario", "deadline_s", "ttl_ms", "after_info")
+
+
+# what exists only while a run goes (filled in by the runner from the stack's status); every other field is the spec
+RUN_FIELDS = frozenset({"run_dir", "nodes", "client_nodes", "lease_servers", "valkey", "store", "credentials_file",
+                        "live"})
+
+
+class SpecFrozen(AttributeError):
+    """A spec field assigned after validation: a resolved spec is changed by making a new one (`Test.evolve`)."""
 
 
 def new_run_salt() -> str:
@@ -97,6 +106,29 @@ class Test:
     def __post_init__(self) -> None:
         self.extra = dict(self.extra or {})
         lift_legacy(self.extra, self)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a dataclass(frozen=True) would freeze the run-only fields too; a sealed spec refuses only its spec fields
+        if name not in RUN_FIELDS and self.__dict__.get("_sealed"):
+            raise SpecFrozen(f"test.{name}: the spec is validated and frozen; make a new one (Test.evolve)")
+        object.__setattr__(self, name, value)
+
+    def evolve(self, **changes: Any) -> "Test":
+        """A new Test: this one with `changes` (unsealed, its own `extra` and lists; `live` is the same dict)."""
+        changes.setdefault("extra", dict(self.extra))
+        for name in ("nemesis", "urls"):
+            changes.setdefault(name, list(getattr(self, name)))
+        return replace(self, **changes)
+
+    def sealed(self) -> "Test":
+        """A copy whose spec fields can no longer be assigned (what `lab.runner.resolve` hands down)."""
+        spec = self.evolve()
+        object.__setattr__(spec, "_sealed", True)
+        return spec
+
+    @property
+    def is_sealed(self) -> bool:
+        return bool(self.__dict__.get("_sealed"))
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Test":

@@ -72,7 +72,7 @@ def _captured_tests(monkeypatch, args: list[str], store: Path | None) -> tuple[l
     captured: list[Test] = []
 
     def fake_run_test(test, store_dir):
-        runner.prepare_run(test)
+        test = runner.prepare_run(test)
         test.run_dir = Path(store_dir) / test.name / STAMP
         captured.append(test)
         return {"valid": True, "ops": 0, "replay": runner.replay_command(test)}

@@ -162,7 +162,7 @@ def toy_sut():
 
 def probe_run(tmp_path, sut: str) -> dict:
     test = Test(extra={"scenario": "identity-probe", "sut": sut})
-    apply_scenario(test, {"time_limit"})
+    test = apply_scenario(test, {"time_limit"})
     test.time_limit = 1.0
     return run_test(test, tmp_path / "store")
 

@@ -23,7 +23,7 @@ from lab.testmap import Test
 def scenario_test(name: str, **extra) -> Test:
     """The Test `fencelab test --scenario NAME --time-limit 1` would run."""
     test = Test(extra={"servers": 2, "scenario": name, **extra})
-    apply_scenario(test, {"time_limit"})
+    test = apply_scenario(test, {"time_limit"})
     test.time_limit = 1.0
     return test
 

@@ -6,6 +6,7 @@ they add nothing but a backend row and a fault row, and a real run goes through 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from lab.sut.processes import LinkSpec, ProcessSpec, SystemProcesses
 from lab.sut.registry import register_sut, unregister_sut
 from lab.sut.proxy import UrlStack
 from lab.sut.target import BACKENDS, Backend, Kind, target_of
-from lab.testmap import Test
+from lab.testmap import RUN_FIELDS, Test
 from nemesis.core import completion
 from nemesis.registry import NEMESES, NemesisSpec
 
@@ -179,8 +180,13 @@ def test_a_fake_backend_and_a_fake_fault_are_one_row_each(tmp_path, monkeypatch)
         validate(Test(backend="fake", nemesis=["kill"]))
     test = Test(name="fake-backend", workload="lease", backend="fake", nemesis=["mark"], nemesis_interval=0.5,
                 time_limit=4.0, concurrency=2, keys=1, rate=20.0, ttl_ms=500)
+    given = {k: v for k, v in test.to_json().items() if k not in RUN_FIELDS}
     results = run_test(test, tmp_path / "store")
     assert made == [test.run_dir / "stack"]
+    # the run went on a new spec: the caller's Test is as given but for where the run landed (issue 17 item 4)
+    assert {k: v for k, v in test.to_json().items() if k not in RUN_FIELDS} == given
+    recorded = json.loads((test.run_dir / "test.json").read_text())
+    assert recorded["run_salt"] and "nemesis_schedule" in recorded["extra"] and not test.run_salt
     verdicts = {name: r.get("valid") for name, r in results["results"].items()}
     # the new fault fired through the new backend (the fault-coverage checker saw its window), and no checker
     # convicts the reference servers; a checker with nothing to compare on a loaded machine may say unknown

@@ -216,3 +216,45 @@ def test_a_url_that_is_no_url_is_named_as_such():
                                                  "e.g. http://127.0.0.1:8080")
     assert "user:***@" in urls_problem(Test(urls=["http://user:pw@host:x"])) and "pw" not in urls_problem(
         Test(urls=["http://user:pw@host:x"]))
+
+
+# -- a validated spec is frozen: what a run adds to it makes a new one (issue 17 item 4) --------------------------
+
+def test_resolve_makes_a_new_sealed_spec_and_leaves_the_given_test_as_it_was():
+    from lab.runner import resolve
+    from lab.testmap import RUN_FIELDS, SpecFrozen
+
+    given = Test(nemesis=[" partition , kill"], time_limit=2.0)
+    before = given.to_json()
+    validate(given)
+    assert given.to_json() == before  # validate checks, it writes nothing (it used to normalise test.nemesis)
+    spec, _target = resolve(given)
+    assert spec is not given and spec.nemesis == ["partition", "kill"] and given.to_json() == before
+    for name, value in (("time_limit", 3.0), ("nemesis", []), ("extra", {}), ("name", "other"), ("run_salt", "x")):
+        with pytest.raises(SpecFrozen, match=f"test.{name}: the spec is validated"):
+            setattr(spec, name, value)
+    assert spec.time_limit == 2.0 and spec.nemesis == ["partition", "kill"]
+    spec.run_dir = Path("/tmp/run")  # what a run fills in may still be written
+    assert "run_dir" in RUN_FIELDS and spec.run_dir == Path("/tmp/run")
+    changed = spec.evolve(time_limit=3.0)  # a change is a new spec, the sealed one stays
+    assert changed.time_limit == 3.0 and spec.time_limit == 2.0 and not changed.is_sealed
+    changed.nemesis.append("pause")
+    assert spec.nemesis == ["partition", "kill"]  # the new spec's lists are its own
+
+
+def test_prepare_run_and_a_scenario_resolve_into_new_specs():
+    from lab.runner import prepare_run
+    from lab.scenarios import apply_scenario, scenario_workload
+
+    given = Test(nemesis=["partition"], time_limit=2.0, nemesis_interval=1.0)
+    before = given.to_json()
+    spec = prepare_run(given)
+    assert spec.is_sealed and spec.run_salt and "nemesis_schedule" in spec.extra
+    assert given.to_json() == before  # no salt, no schedule written into the given test
+    plain = Test()
+    scen = apply_scenario(plain.evolve(scenario="concurrent-acquires"))
+    assert plain.to_json() == Test().to_json() and scen.name == "scenario-concurrent-acquires"
+    sealed = prepare_run(scen)
+    run_spec, wl = scenario_workload(sealed)
+    assert run_spec.is_sealed and "key_nonce" in run_spec.extra and "key_nonce" not in sealed.extra
+    assert wl.name == "scenario:concurrent-acquires"

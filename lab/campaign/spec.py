@@ -537,7 +537,7 @@ def saved_options(test_json: Mapping[str, Any]) -> dict[str, Any]:
     """The saved options of a test.json-shaped object; an old campaign.json's (options in `extra`) reads the same."""
     test = Test.from_json(dict(test_json))
     if test.servers is None and not test.urls:  # what the lab's own stack starts: saved as the number it is
-        test.servers = DEFAULT_SERVERS
+        test = test.evolve(servers=DEFAULT_SERVERS)
     return {k: v for k, v in test.to_json().items() if k not in UNSAVED_FIELDS}
 
 

@@ -194,9 +194,8 @@ def summarize_run(rec: RunRecord, run_dir: Path, results: dict[str, Any], eviden
 def _scenario_test(name: str, seed: int, base: str, depth: Depth, target: EvidenceTarget):
     """The Test of one scenario run: the scenario's options, scaled, against the target."""
     test = Test(name=f"{base}/{name}-s{seed}", seed=seed, scenario=name, **target.options())
-    apply_scenario(test, {"name"})
-    test.time_limit = round(test.time_limit * depth.time_scale, 3)
-    return test
+    test = apply_scenario(test, {"name"})
+    return test.evolve(time_limit=round(test.time_limit * depth.time_scale, 3))
 
 
 def _fault_test(run: ExtraRun, seed: int, base: str, target: EvidenceTarget):

@@ -56,13 +56,6 @@ async def _call(fn: Any, *args: Any) -> Any:
     return result
 
 
-def _field(test: Test, name: str, default: Any = None) -> Any:
-    """Read a field from the test (a dataclass-like object or a mapping)."""
-    if isinstance(test, dict):
-        return test.get(name, default)
-    return getattr(test, name, default)
-
-
 def _require_methods(what: str, obj: Any, names: tuple[str, ...], protocol: str) -> None:
     """Eagerly refuse a client or nemesis missing protocol methods."""
     missing = [n for n in names if not callable(getattr(obj, n, None))]
@@ -98,7 +91,7 @@ async def run(
         if not callable(getattr(history_writer, name, None)):
             raise TypeError(f"history_writer must be a lab.history.HistoryWriter (it lacks {name}())")
 
-    nodes = list(_field(test, "nodes") or []) or [None]
+    nodes = list(test.nodes) or [None]
     setup_clients: list = []
     errors: list[BaseException] = []
     try:

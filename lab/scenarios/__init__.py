@@ -4,7 +4,7 @@
 
 `SCENARIOS` maps each name to its `Scenario` (script, faults, Test options,
 checker); campaigns name them with `scenario = "<name>"` and read their
-`options`. The runner asks `scenario_workload(test)` for the workload of a
+`options`. The runner asks `scenario_workload(test)` for the spec and workload of a
 Test whose `scenario` names one. See docs/scenarios.md.
 """
 
@@ -38,11 +38,13 @@ def validate_scenario(test: Test) -> Scenario:
     return _scenario.validate_scenario(test, SCENARIOS)
 
 
-def apply_scenario(test: Test, given: Any = frozenset()) -> None:
-    """Give a Test its scenario's workload, name and options, except the options in `given` (the user's)."""
-    _scenario.apply_scenario(test, SCENARIOS, frozenset(given))
+def apply_scenario(test: Test, given: Any = frozenset()) -> Test:
+    """A new Test: this one with its scenario's workload, name and options, except the options in `given` (the
+    user's)."""
+    return _scenario.apply_scenario(test, SCENARIOS, frozenset(given))
 
 
-def scenario_workload(test: Test, base: Any = None) -> ScenarioWorkload:
-    """The workload that runs the Test's scenario (`base`, the workload the runner built, is replaced)."""
+def scenario_workload(test: Test, base: Any = None) -> tuple[Test, ScenarioWorkload]:
+    """The spec a scenario run goes on (a new one) and the workload that runs it (`base`, the workload the runner
+    built, is replaced)."""
     return _scenario.scenario_workload(test, SCENARIOS)

@@ -84,8 +84,8 @@ c1, and thread 2 is group c2 to lease-1.
 unknown one, one that needs the lab's stack against an external system (`not
 applicable to an external system: ...`), `--nemesis` (a scenario brings its
 own faults), and too few threads or servers. `run_test` replaces the workload
-by `scenario_workload(test)` (which also sets `test.nemesis` to the scenario's
-registry nemeses, so the stack gets Toxiproxy or AOF persistence), and `_run`
+by `scenario_workload(test)`, which returns it with a new spec whose `nemesis` is the
+scenario's registry nemeses (so the stack gets Toxiproxy or AOF persistence), and `_run`
 runs the scenario's composed nemesis and script (`build_nemesis(test)`) beside
 the workload's (empty) generator. `fencelab analyze` re-judges a stored run with
 the scenario's checker; the replay command includes `--scenario`.

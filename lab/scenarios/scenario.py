@@ -461,33 +461,35 @@ def validate_scenario(test: Test, registry: Mapping[str, Scenario]) -> Scenario:
     return sc
 
 
-def apply_scenario(test: Test, registry: Mapping[str, Scenario], given: frozenset[str] | set[str] = frozenset()) -> None:
-    """Set a Test's options from its scenario (`fencelab test --scenario`): options the user gave win."""
+def apply_scenario(test: Test, registry: Mapping[str, Scenario], given: frozenset[str] | set[str] = frozenset()) -> Test:
+    """A new Test: this one with its scenario's options (`fencelab test --scenario`); options the user gave win."""
     sc = scenario_of(test, registry)
     if "workload" in given and test.workload != sc.workload:
         raise ScenarioError(f"--scenario {sc.name} runs on the {sc.workload!r} workload; drop --workload")
-    test.workload = sc.workload
+    changes: dict[str, Any] = {"workload": sc.workload, "extra": dict(test.extra)}
     if "name" not in given:
-        test.name = f"scenario-{sc.name}"
+        changes["name"] = f"scenario-{sc.name}"
     for key, value in sc.options.items():
         if key in given:
             continue
         if key in TEST_OPTIONS:
-            setattr(test, key, value)
+            changes[key] = value
         else:
-            test.extra.setdefault(key, value)
+            changes["extra"].setdefault(key, value)
+    return test.evolve(**changes)
 
 
-def scenario_workload(test: Test, registry: Mapping[str, Scenario]) -> ScenarioWorkload:
-    """The workload a scenario run executes: its client, script, faults, final phase and checkers."""
+def scenario_workload(test: Test, registry: Mapping[str, Scenario]) -> tuple[Test, ScenarioWorkload]:
+    """The spec a scenario run goes on (a new one: the scenario's workload, faults and run-unique identity) and the
+    workload it executes: its client, script, faults, final phase and checkers."""
     sc = scenario_of(test, registry)
     # run-unique identities, request ids and instances (external systems persist): the run's salt, if it has one
-    test.extra.setdefault("key_nonce", test.run_salt or secrets.token_hex(3))
-    test.extra.setdefault("identity", {"namespace": "fencelab", "workflow": f"s-{test.extra['key_nonce']}"})
-    test.workload = sc.workload
+    extra = dict(test.extra)
+    extra.setdefault("key_nonce", test.run_salt or secrets.token_hex(3))
+    extra.setdefault("identity", {"namespace": "fencelab", "workflow": f"s-{extra['key_nonce']}"})
     local = target_of(test).lab_runs
-    if local:
-        test.nemesis = list(sc.nemeses)
+    new = test.evolve(workload=sc.workload, extra=extra, nemesis=list(sc.nemeses) if local else list(test.nemesis))
+    test = new.sealed() if test.is_sealed else new  # a resolved spec stays sealed
     shared = Shared(test.extra["identity"])
     script = Script(test, local, Tags(sc.name, sc.tags))
     body = sc.script(script)
@@ -498,10 +500,11 @@ def scenario_workload(test: Test, registry: Mapping[str, Scenario]) -> ScenarioW
         """The run's composed nemesis (built once the stack is up) and the script to run beside it."""
         return build_nemesis(t, sc, shared.identity_for), body
 
-    return ScenarioWorkload(name=f"scenario:{sc.name}",
-                            client=ScenarioDriver(shared, needs_of(sc.workload), needs_store=sc.needs_store),
-                            generator=None, checker=ScenarioCompose(checkers, f"scenario:{sc.name}"), final_generator=final,
-                            needs_store=sc.needs_store, doc=sc.setup, build_nemesis=faults_and_script, scenario=sc)
+    wl = ScenarioWorkload(name=f"scenario:{sc.name}",
+                          client=ScenarioDriver(shared, needs_of(sc.workload), needs_store=sc.needs_store),
+                          generator=None, checker=ScenarioCompose(checkers, f"scenario:{sc.name}"), final_generator=final,
+                          needs_store=sc.needs_store, doc=sc.setup, build_nemesis=faults_and_script, scenario=sc)
+    return test, wl
 
 
 class ScenarioCompose(Compose):

@@ -130,7 +130,7 @@ def plugin_call(entry: SutEntry, fn: Callable[..., Any], *args: Any, **kw: Any) 
         raise PluginError(f"{entry.where}: {type(e).__name__}: {e}") from e
 
 
-def check_sut(entry: SutEntry, test: Any) -> None:
+def check_sut(entry: SutEntry, test: Test) -> None:
     """The system's own check of a test's options, before anything starts (a plug-in that raises: PluginError)."""
     if entry.check is not None:
         plugin_call(entry, entry.check, test)
@@ -308,8 +308,7 @@ def open_system(test: Test, node: Any, service_instance_id: str, *, needs: Workl
     try:
         system = plugin_call(entry, entry.factory, test, node, service_instance_id, **kwargs)
     except PluginError as e:  # the run notes it (a worker's failed open is an op that failed; the run is marked)
-        if isinstance(getattr(test, "live", None), dict):
-            test.live.setdefault(PLUGIN_ERRORS, []).append(str(e))
+        test.live.setdefault(PLUGIN_ERRORS, []).append(str(e))
         raise
     if inspect.isawaitable(system):
         if hasattr(system, "close"):
