@@ -53,8 +53,8 @@ from lab.couch import CouchClient, CouchError
 from lab.sut import WorkloadNeeds
 from lab.sut.probe import lab_owns_store, store_db
 from workloads.base import Workload
-from workloads.common import (acquire_until_held, completion, exercise, identity_for, key_names, remaining_s,
-                              request_id, sent, session_id, session_start, stall_s)
+from workloads.common import (SOLO_STALL, TAKEOVER_STALL, acquire_until_held, completion, exercise, identity_for,
+                              key_names, remaining_s, request_id, sent, session_id, session_start, stall_s)
 from workloads.lease import LeaseDriver
 
 DOC = __doc__
@@ -156,12 +156,16 @@ LOST_COMMIT_DEADLINES_MS = ((4, 7), (7, 12), (12, 20), (20, 35), (35, 60), (60, 
 # final tenth (the expiry is at most one TTL after the acquire's ok; the lane's pacing may add a few ms more)
 EDGE_AT = (0.90, 0.93)
 DEADLINE_S = 2.0  # each request's deadline unless --deadline-s
+STALLS = {"stalled": TAKEOVER_STALL, "solo": SOLO_STALL}
+AFTER_S = 1.5  # seconds a stalled or solo holder's ten ops after its stall take at the lanes' pace
 
 
 def session(keys: list[str], commits: int = 3):
     """One session as a function generator: a plain, stalled or solo holder (see the module docstring)."""
 
     def make(test, ctx, kind: str | None = None, end_ns: int | None = None):
+        if kind in STALLS and remaining_s(test, ctx, end_ns) < int(test.ttl_ms) * STALLS[kind][1] / 1000 + AFTER_S:
+            kind = "plain"  # no time for its ten ops after the stall: the run would cut the stale holder short
         k, kind, span, v = session_start(test, ctx, keys, kind, end_ns)
         if kind == "plain":
             ops = [_op("acquire", k, v(ttl_ms=test.ttl_ms))]
