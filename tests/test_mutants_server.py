@@ -258,6 +258,36 @@ async def test_unfenced_commit_lets_a_paused_holders_write_land_after_its_succes
     assert planted == ("commit_accepted", ["b", "a"])  # the older token landed over the newer
 
 
+async def test_late_unguarded_commit_lands_a_final_tenth_commit_after_its_successor(valkey, store, run_dir, db_name):
+    async def probe(s, target):
+        """A commits when less than a fifth of its TTL is left; B waits on the key and commits once it holds it."""
+        went_late, b_done = asyncio.Event(), asyncio.Event()
+
+        async def late(req):  # only the planted server has a late path: hold A there until B has committed
+            went_late.set()
+            await asyncio.wait_for(b_done.wait(), 10)
+
+        s.server.commits.hooks["late"] = late
+        sent_at = asyncio.get_running_loop().time()
+        a = await lease_of(await s.acquire(target_id=target, ttl_ms=2000, service_instance_id="wa"))
+        # the expiry is at most 2 s after the acquire was sent: 250 ms before that is in the lease's final fifth
+        await asyncio.sleep(max(0.0, sent_at + 1.75 - asyncio.get_running_loop().time()))
+        ra = asyncio.create_task(s.commit(a, target, {"append": ["a", a["fencing_token"]]}, service_instance_id="wa"))
+        b = await lease_of(await s.acquire("lease-a1-peer", target_id=target, ttl_ms=5000, wait_ms=3000,
+                                           service_instance_id="wb"))
+        rb = await s.commit(b, target, {"append": ["b", b["fencing_token"]]}, principal="lease-a1-peer",
+                            service_instance_id="wb")
+        b_done.set()
+        ra = await ra
+        doc = await read_doc(store.url, rb.json()["commit"]["db"], target)
+        return ra.json()["code"], went_late.is_set(), [e[0] for e in doc["entries"]], doc["fence_token"]
+
+    honest, planted = await both(run_dir, valkey.url, "late-unguarded-commit", probe, store_url=store.url,
+                                 store_db=db_name)
+    assert honest == ("commit_accepted", False, ["a", "b"], 2)  # A's write landed before its lease expired
+    assert planted == ("commit_accepted", True, ["b", "a"], 2)  # A's late write landed after B's, past the guard
+
+
 async def test_counter_from_snapshot_reissues_a_token_after_a_restore(store, run_dir, db_name):
     async def probe(s, target):
         one = await lease_of(await s.acquire(target_id=target, ttl_ms=2000))

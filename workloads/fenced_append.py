@@ -8,17 +8,23 @@ three kinds, run by lanes of threads as in the lease workload
 
 - plain: acquire, commit / renew three times, release; a commit is sometimes
   retried with the same request_id (it must return the original result);
-- stalled: poll for the takeover key (`k0`) until it is held, commit, send
-  seven commits with deadlines spread over 4-180 ms (validated, perhaps never
-  written: their answers are lost), stall 1.15-1.6 x the TTL, then carry on
-  with the lease it still believes it holds: a fresh commit, the lost commits
-  retried with their request_ids and bodies (the server may finish them
-  under their original validation, C29), renew, commit, release. Meanwhile
-  the other takeover thread has taken the key over and committed, so the
-  stale holder's commits arrive on both sides of its successor's: the
-  boundary must refuse the fresh ones and never let a lost one land over a
-  successor's write;
-- solo: the same on a key of its own, with a stall of 1.05-1.5 x the TTL.
+- stalled: wait on the takeover key (`k0`) until it is held (a waiting
+  acquire, `wait_ms`: the server retries until the holder's lease expires,
+  C22; a system without one is polled at the lane's pace), commit the moment
+  it is held, send seven commits with deadlines spread over 4-180 ms
+  (validated, perhaps never written: their answers are lost), send its last
+  commit at 0.90-0.93 x the TTL after its acquire completed (in the lease's
+  final tenth: the expiry is at most one TTL after that), stall until
+  1.15-1.6 x the TTL after the acquire, then carry on with the lease it still
+  believes it holds: a fresh commit, the lost commits retried with their
+  request_ids and bodies (the server may finish them under their original
+  validation, C29), renew, commit, release. Meanwhile the other takeover
+  thread, waiting on the key, has taken it over at the expiry and committed
+  at once, so the stale holder's commits arrive on both sides of its
+  successor's, its last one perhaps still in flight across the takeover: the
+  boundary must refuse the fresh ones and never let a lost or late one land
+  over a successor's write (C26, C27);
+- solo: the same on a key of its own, stalling until 1.05-1.5 x the TTL.
 
 Every second the burst lane's threads acquire one fresh key in the same
 instant (a burst), commit and release. A final phase reads back every
@@ -47,8 +53,8 @@ from lab.couch import CouchClient, CouchError
 from lab.sut import WorkloadNeeds
 from lab.sut.probe import lab_owns_store, store_db
 from workloads.base import Workload
-from workloads.common import (acquire_until_held, completion, exercise, identity_for, key_names, request_id, sent,
-                              session_id, session_start, stall)
+from workloads.common import (SOLO_STALL, TAKEOVER_STALL, acquire_until_held, completion, exercise, identity_for,
+                              key_names, remaining_s, request_id, sent, session_id, session_start, stall_s)
 from workloads.lease import LeaseDriver
 
 DOC = __doc__
@@ -146,12 +152,20 @@ def _op(f: str, key: str, value: Any) -> dict[str, Any]:
 # strikes (before sending, between the validation and the store write, after the write) depends on the load, so
 # one lost commit per slice of a log scale: whatever a commit takes, one or two deadlines fall in its window.
 LOST_COMMIT_DEADLINES_MS = ((4, 7), (7, 12), (12, 20), (20, 35), (35, 60), (60, 100), (100, 180))
+# x TTL after the acquire completed: a stalled or solo holder's last commit before its stall, sent in its lease's
+# final tenth (the expiry is at most one TTL after the acquire's ok; the lane's pacing may add a few ms more)
+EDGE_AT = (0.90, 0.93)
+DEADLINE_S = 2.0  # each request's deadline unless --deadline-s
+STALLS = {"stalled": TAKEOVER_STALL, "solo": SOLO_STALL}
+AFTER_S = 1.5  # seconds a stalled or solo holder's ten ops after its stall take at the lanes' pace
 
 
 def session(keys: list[str], commits: int = 3):
     """One session as a function generator: a plain, stalled or solo holder (see the module docstring)."""
 
     def make(test, ctx, kind: str | None = None, end_ns: int | None = None):
+        if kind in STALLS and remaining_s(test, ctx, end_ns) < int(test.ttl_ms) * STALLS[kind][1] / 1000 + AFTER_S:
+            kind = "plain"  # no time for its ten ops after the stall: the run would cut the stale holder short
         k, kind, span, v = session_start(test, ctx, keys, kind, end_ns)
         if kind == "plain":
             ops = [_op("acquire", k, v(ttl_ms=test.ttl_ms))]
@@ -171,11 +185,39 @@ def session(keys: list[str], commits: int = 3):
             lost.append(c)
         quick = [_op("commit", k, dict(c, deadline_ms=round(math.exp(ctx.rng.uniform(math.log(lo), math.log(hi))), 1)))
                  for c, (lo, hi) in zip(lost, LOST_COMMIT_DEADLINES_MS)]
-        return [acquire_until_held(k, lambda test, ctx: v(ttl_ms=test.ttl_ms)), _op("commit", k, v()), *quick,
-                stall(span, end_ns), _op("commit", k, v()), *(_op("commit", k, c) for c in lost),
+        held: dict[str, int] = {}  # when this holder's acquire completed (the generator's clock, ns)
+        first = _op("commit", k, v())  # sent the moment it holds the key
+        return [acquire_until_held(k, lambda test, ctx: v(ttl_ms=test.ttl_ms, wait_ms=wait_ms(test))),
+                gen.bind(lambda test, ctx: marked(held, ctx, first)), *quick,
+                until(held, EDGE_AT, end_ns), _op("commit", k, v()),  # its last commit, in the lease's final tenth
+                until(held, span, end_ns), _op("commit", k, v()), *(_op("commit", k, c) for c in lost),
                 _op("renew", k, v()), _op("commit", k, v()), _op("release", k, v())]
 
     return make
+
+
+def marked(held: dict[str, int], ctx: Any, op: dict[str, Any]) -> dict[str, Any]:
+    """`op`, the holder's first after its acquire completed, noting in `held` when that was."""
+    held.setdefault("at", ctx.time)
+    return op
+
+
+def wait_ms(test) -> int:
+    """A successor's waiting acquire (the server retries until the holder's lease expires, C22): at most half
+    the request deadline, so the server answers a conflict well before the client gives up; at most the TTL."""
+    return max(1, min(int(test.ttl_ms), int(500 * float(test.deadline_s or DEADLINE_S))))
+
+
+def until(held: dict[str, int], span: tuple[float, float], end_ns: int | None) -> Any:
+    """Idle until `span` x the TTL (drawn from the seeded rng when reached) after the holder's acquire completed
+    (`held["at"]`): the lease's expiry is at most one TTL after that, whatever the server's clock says. Cut to
+    the main phase's time left, so the run ends on time; nothing when that moment has passed."""
+    def pause(test, ctx):
+        s = (held.get("at", ctx.time) - ctx.time) / 1e9 + stall_s(test, ctx, span)
+        s = min(s, remaining_s(test, ctx, end_ns) - 0.2)
+        return gen.sleep(s) if s > 0 else None
+
+    return gen.bind(pause)
 
 
 def burst(test, ctx, key: str) -> list[dict[str, Any]]:
@@ -212,7 +254,7 @@ def workload(test):
     written: set[str] = set()  # every key the generator sent a commit for (burst and solo keys too)
     return Workload(
         name="fenced-append",
-        client=FencedAppendDriver(ttl_ms=test.ttl_ms, deadline_s=float(test.deadline_s or 2.0)),
+        client=FencedAppendDriver(ttl_ms=test.ttl_ms, deadline_s=float(test.deadline_s or DEADLINE_S)),
         generator=exercise(test, recording_commits(session(keys), written), recording_commits(burst, written)),
         # read back every document a commit was sent to: no acknowledged commit may be missing from any of them
         final_generator=gen.bind(lambda test, ctx: [{"f": "read", "key": k, "value": {"doc": doc_id(k)}}

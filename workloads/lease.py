@@ -36,6 +36,7 @@ them, unanswered ops indeterminate, `unknown` past its budget). `--ttl-ms` scale
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from checkers.core import compose, get_checker
@@ -117,6 +118,14 @@ class LeaseDriver:
             self.api.service_instance_id = sess.instance
         return sess
 
+    def wait_option(self, value: Any) -> dict[str, int]:
+        """`{"wait_ms": n}` when the op asks for a waiting acquire (`value.wait_ms`) and the system's acquire has
+        one (the contract's bounded server wait, C22); else nothing: the generator's retries are the poll."""
+        wait = value.get("wait_ms") if isinstance(value, dict) else None
+        if not wait or "wait_ms" not in inspect.signature(self.api.acquire).parameters:
+            return {}
+        return {"wait_ms": int(wait)}
+
     def deadline_for(self, value: Any) -> float:
         """The op's own deadline (`deadline_ms`: a retry's first attempt may have a tiny one), else the client's."""
         if isinstance(value, dict) and value.get("deadline_ms") is not None:
@@ -140,12 +149,14 @@ class LeaseDriver:
         identity = identity_for(key)
         deadline_s = self.deadline_for(value)
         if f == "acquire":
+            wait = self.wait_option(value)
             r = await self.api.acquire(identity, ttl_ms=value.get("ttl_ms", self.ttl_ms), request_id=rid,
-                                       deadline_s=deadline_s)
+                                       deadline_s=deadline_s, **wait)
+            on_wire = dict(sent(rid), **wait)
             if r.ok:
                 sess.lease = r.lease
-                return completion(r, dict(r.lease.history_value(), request_id=rid, sent=sent(rid)))
-            return completion(r, {"request_id": rid, "sent": sent(rid)})
+                return completion(r, dict(r.lease.history_value(), request_id=rid, sent=on_wire))
+            return completion(r, {"request_id": rid, "sent": on_wire})
         if f in ("renew", "release"):
             lease: Lease | None = sess.lease
             if lease is None:

@@ -84,6 +84,15 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
         settings={"commit_mode": "unfenced"},
     ),
     Mutant(
+        "late-unguarded-commit",
+        "a commit validated with less than a fifth of its lease's TTL left is written a fifth of the TTL later, "
+        "conditional on the document's revision only (the write keeps a newer holder's fence fields, so the "
+        "store's token guard never sees it): a successor that takes the key at expiry and commits at once lands "
+        "first, and the late write appends the older token after it",
+        ("C27", "C29"),
+        variants=("LateUnguardedCommits",),
+    ),
+    Mutant(
         "nonatomic-acquire",
         "acquire is two round trips from the server: read the record (free?), then increment the counter and "
         "write the record; two acquires that both read 'free' both win",

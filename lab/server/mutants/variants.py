@@ -22,6 +22,9 @@ settings-only mutants); a few replace more:
   every unexpired lease record.
 - `IdleHolderRefencedService` (idle-holder-refenced): a renew or release from a
   holder silent for a second gets the lease a fresh fencing token.
+- `LateUnguardedCommits` (late-unguarded-commit): a commit validated with less
+  than a fifth of its lease's TTL left is written a fifth of the TTL later, and
+  that write does not show its token to the store's guard.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from lab.server import backend as keys
 from lab.server.backend import ACTIVE_INDEX, Backend, BackendError, NotStarted
 from lab.server.identity import KEY_PREFIX
-from lab.server.commit import CommitService
+from lab.server.commit import Accepted, CommitService
 from lab.server.errors import LeaseError
 from lab.server.mutants import LuaPatch, Mutant, get_mutant
 from lab.server.scripts import LUA_DIR, Script
@@ -359,9 +362,60 @@ class IdleHolderRefencedService(LeaseService):
         return await self._refence(out, req.identity.lock_key(), False) if idle else out
 
 
+class LateUnguardedCommits(CommitService):
+    """late-unguarded-commit: a commit validated near its lease's expiry is written later, past the guard.
+
+    MUTANT(late-unguarded-commit). The server expects a store write to take up to a fifth of the lease's TTL;
+    a commit validated with less than that left on its lease is handed to a "late path" that waits that long
+    (a slow store connection, a write-behind queue) and then writes conditional on `_rev` only: where the
+    document already holds a newer token, the write keeps the document's fence fields, so the store's guard
+    never sees the stale token. A successor that takes the identity at the expiry and commits at once lands
+    first; the late write appends the older token's entry after it (C27: the write must be guarded by the
+    token, not only the validation; C29). Commits validated earlier in their lease take the fenced path.
+    """
+
+    async def conditional_write(self, principal: Any, req: Any, token: int, validated_at: int, deadline: float,
+                                db: str) -> Any:
+        late_s = await self._late_by(req, validated_at, deadline)
+        if late_s is None:
+            return await super().conditional_write(principal, req, token, validated_at, deadline, db)
+        await self._hook("late", req)  # tests hold a late write here (the lab's runs never set it)
+        await asyncio.sleep(max(0.0, min(late_s, deadline - asyncio.get_running_loop().time() - 0.05)))
+        assert self.store is not None
+        for _ in range(self.settings.commit_max_attempts):
+            current = await self.store.get(db, req.fields["doc"], deadline)
+            done = self.already_applied(current, principal, req, db)
+            if done is not None:
+                return done
+            new = self.build(current, principal, req, token, validated_at)
+            if current is not None and isinstance(current.get("fence_token"), int) and current["fence_token"] > token:
+                for k, v in current.items():  # the newer holder's fence record stays: the guard sees no regression
+                    if k.startswith("fence_") and k != "fence_applied":
+                        new[k] = v
+            res = await self.store.put(db, req.fields["doc"], new, deadline)
+            if res.ok and res.rev:
+                return Accepted(req.fields["doc"], db, res.rev, token, req.lease_id, validated_at)
+            if not res.conflict:
+                raise LeaseError("lease_backend_unavailable", "the document store refused the write",
+                                 retryable=False, backend_health="fault")
+        raise LeaseError("lease_backend_unavailable", "the document kept changing under concurrent commits; "
+                         "retry with the same request_id", retry_after_ms=50, backend_health="ok")
+
+    async def _late_by(self, req: Any, validated_at: int, deadline: float) -> float | None:
+        """Seconds the late path waits (a fifth of the TTL), when this lease has less than that left; else None."""
+        lease_id, expires_at, ttl_ms = await self.service.backend.command(
+            deadline, "HMGET", req.identity.lock_key(), "lease_id", "expires_at", "ttl_ms")
+        if lease_id is None or expires_at is None or ttl_ms is None:
+            return None
+        if (lease_id.decode() if isinstance(lease_id, bytes) else lease_id) != req.lease_id:
+            return None  # a retry continuing an old validation after a takeover: the fenced path
+        late_ms = int(ttl_ms) / 5
+        return late_ms / 1000 if int(expires_at) - validated_at < late_ms else None
+
+
 _VARIANTS: dict[str, type] = {c.__name__: c for c in (
     LocalClockBackend, RestartDropsLeasesBackend, NonatomicAcquireService, NoIdempotencyCommits,
-    RenewWithoutBackendService, IdleHolderRefencedService)}
+    RenewWithoutBackendService, IdleHolderRefencedService, LateUnguardedCommits)}
 
 
 def server_parts(settings: Settings) -> tuple[Settings, type[Backend], type[LeaseService], type[CommitService]]:
