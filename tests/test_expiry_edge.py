@@ -183,3 +183,30 @@ def test_the_unmodified_server_is_valid_across_the_expiry_edge_at_defaults(tmp_p
 def test_the_expiry_edge_on_more_seeds(tmp_path, seed):
     assert_convicted(tmp_path / "planted", seed)
     assert_unmodified_valid(tmp_path / "unmodified", seed)
+
+
+async def test_a_system_that_refuses_the_waiting_acquire_is_polled_from_then_on():
+    # C22 leaves the server's maximum wait (or having one at all) to the system: a system answering wait_ms with
+    # invalid_lease_request loses one acquire (recorded as it was: a definite fail with the wait sent), then this
+    # client acquires without a wait instead of losing every successor's acquire of the run
+    from lab.client.results import Result
+    from workloads.lease import LeaseDriver
+
+    class RefusesWaits:
+        service_instance_id = "w"
+
+        def __init__(self):
+            self.sent = []
+
+        async def acquire(self, identity, *, ttl_ms, request_id=None, deadline_s=None, wait_ms=None):
+            self.sent.append(wait_ms)
+            return Result("fail", "invalid_lease_request" if wait_ms is not None else "lease_conflict")
+
+    api = RefusesWaits()
+    driver = LeaseDriver(api=api)
+    op = {"process": 0, "f": "acquire", "key": "k0", "value": {"wait_ms": 1000}}
+    first = await driver.invoke(Test(), op)
+    assert first["type"] == "fail" and first["value"]["sent"]["wait_ms"] == 1000
+    second = await driver.invoke(Test(), op)
+    assert second["type"] == "fail" and "wait_ms" not in second["value"]["sent"]
+    assert api.sent == [1000, None]

@@ -66,6 +66,9 @@ class LeaseDriver:
         # shared by every opened client: after an `info` the thread's next process continues the session
         self.sessions = Sessions() if sessions is None else sessions
         self.own: dict[str, Session] = {}  # ops without a session: this client's own holder per key
+        # a system that refused a waiting acquire as invalid (its maximum wait is lower, or it has none: C22 leaves
+        # both open) is polled from then on, by this client, instead of losing every waiting acquire
+        self.wait_refused = False
 
     async def open(self, test, node: str) -> "LeaseDriver":
         """A fresh driver bound to lease server `node` (ops without a session use its own service instance)."""
@@ -122,7 +125,7 @@ class LeaseDriver:
         """`{"wait_ms": n}` when the op asks for a waiting acquire (`value.wait_ms`) and the system's acquire has
         one (the contract's bounded server wait, C22); else nothing: the generator's retries are the poll."""
         wait = value.get("wait_ms") if isinstance(value, dict) else None
-        if not wait or "wait_ms" not in inspect.signature(self.api.acquire).parameters:
+        if not wait or self.wait_refused or "wait_ms" not in inspect.signature(self.api.acquire).parameters:
             return {}
         return {"wait_ms": int(wait)}
 
@@ -153,6 +156,8 @@ class LeaseDriver:
             r = await self.api.acquire(identity, ttl_ms=value.get("ttl_ms", self.ttl_ms), request_id=rid,
                                        deadline_s=deadline_s, **wait)
             on_wire = dict(sent(rid), **wait)
+            if wait and r.outcome == "fail" and r.code == "invalid_lease_request":
+                self.wait_refused = True
             if r.ok:
                 sess.lease = r.lease
                 return completion(r, dict(r.lease.history_value(), request_id=rid, sent=on_wire))
