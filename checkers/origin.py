@@ -13,7 +13,10 @@ A holder goes stale in one of four ways the lab makes, each recorded on the op t
 A stale commit (or stale write) is attributed to the most recent of them in effect for its session between
 its lease's acquisition and the commit: a marked op of the session invoked after the acquisition and no later
 than the commit, or a fault window overlapping that span; the latest start wins. None: `unknown` (a history
-written before these fields, or a stale holder the lab did not make). The others in that span are named
+written before these fields, or a stale holder the lab did not make). A commit the system validated before its
+lease's last reported expiry (`validated_at_ms` < `expires_at_ms`, both backend time) is `in-flight`: its holder
+was not stale when it was checked; the write landed after its successor's (the system's boundary let it). The
+others in that span are named
 too (`earlier_mechanisms`): for a system whose lock ends when its client closes, a crash-and-carry-on before
 a stall already made the holder stale.
 """
@@ -28,10 +31,13 @@ from typing import Any
 from checkers.pairs import Lease, Pair
 from checkers.windows import Faults
 
-__all__ = ["MECHANISMS", "UNKNOWN", "Origins", "concurrency_of", "name_origins"]
+__all__ = ["IN_FLIGHT", "MECHANISMS", "UNKNOWN", "Origins", "concurrency_of", "name_origins"]
 
 MECHANISMS = ("stall", "client-pause", "crash-and-carry-on", "partition")
 UNKNOWN = "unknown"
+# not a stale holder at all: the system validated the commit before its lease's last reported expiry (backend
+# time, both) and applied it after the successor's write: the boundary, not the holder, let it land late
+IN_FLIGHT = "in-flight"
 _PARTITIONS = {"partition": "partition", "netns": "partition"}  # fault window -> mechanism
 _WINDOWED = frozenset({"partition", "client-pause"})  # the mechanisms a nemesis window makes
 
@@ -124,14 +130,25 @@ def name_origins(v: Any, view: Any, commits: list, concurrency: Any, lease_of: A
         if c is None:
             continue
         lid = lease_of(c) if lease_of is not None else c.lease_id
-        chain = origins.chain(c.p, leases.get(lid), concurrency)
+        lease = leases.get(lid)
+        chain = origins.chain(c.p, lease, concurrency)
         mech = chain[-1] if chain else UNKNOWN
+        if _validated_live(c, lease):
+            chain, mech = chain + [IN_FLIGHT], IN_FLIGHT
         item["mechanism"] = mech
         earlier = ""
         if len(chain) > 1:  # a system whose lock ends with its client may have gone stale at an earlier one
             item["earlier_mechanisms"] = chain[:-1]
             earlier = f"; earlier in its lease: {', '.join(chain[:-1])}"
         item["msg"] = f"{item['msg']} (stale holder made by: {mech}{earlier})"
+
+
+def _validated_live(c: Any, lease: Any) -> bool:
+    """Did the system validate commit `c` (its `validated_at_ms`) before `lease`'s last reported expiry?"""
+    validated = getattr(c, "validated", None)
+    expires = lease.expires_at_ms if lease is not None else None
+    return (isinstance(validated, int) and not isinstance(validated, bool) and isinstance(expires, int)
+            and validated < expires)
 
 
 def concurrency_of(test: Any) -> Any:

@@ -244,3 +244,19 @@ def test_the_simulator_records_the_same_marks():
     invokes = {op["f"]: op for op in h if op["type"] == "invoke"}
     assert invokes["b"]["reopened"] is True and invokes["b"]["mechanism"] == "stall"
     assert "reopened" not in invokes["c"] and "mechanism" not in invokes["c"]
+
+
+def test_a_commit_validated_while_its_lease_was_live_is_in_flight_not_a_stale_holder():
+    # the system checked s1's commit at +900, before L1's expiry at +1000, and applied it after s2's write: no
+    # mechanism made the holder stale (the boundary let a live holder's write land late: C27); the lab's
+    # marks of that lease are still listed, and the checkers still convict
+    h = stale_history(marks={"mechanism": "stall", "stall_ms": 1500})
+    for o in h.ops:
+        if o["type"] == "ok" and o["f"] == "commit" and o["value"].get("accepted_token") == 1:
+            o["value"]["validated_at_ms"] = BASE + 900
+    stale_commit, stale_write = check_both(h)
+    assert stale_commit["valid"] is False and stale_write["valid"] is False
+    for result in (stale_commit, stale_write):
+        named = [v for v in result["violations"] if v.get("mechanism") is not None]
+        assert named and all(v["mechanism"] == "in-flight" and v["earlier_mechanisms"] == ["stall"]
+                             for v in named), named
