@@ -15,7 +15,9 @@ its lease's acquisition and the commit: a marked op of the session invoked after
 than the commit, or a fault window overlapping that span; the latest start wins. None: `unknown` (a history
 written before these fields, or a stale holder the lab did not make). A commit the system validated before its
 lease's last reported expiry (`validated_at_ms` < `expires_at_ms`, both backend time) is `in-flight`: its holder
-was not stale when it was checked; the write landed after its successor's (the system's boundary let it). The
+was not stale when it was checked; the write landed after its successor's (the system's boundary let it);
+unless it is a retry the system continued under its first attempt's validation and a mechanism started between
+that first attempt and the retry: that mechanism held the write back, and names it. The
 others in that span are named
 too (`earlier_mechanisms`): for a system whose lock ends when its client closes, a crash-and-carry-on before
 a stall already made the holder stale.
@@ -90,10 +92,11 @@ class Origins:
         chain = self.chain(p, lease, concurrency)
         return chain[-1] if chain else UNKNOWN
 
-    def chain(self, p: Pair, lease: Lease | None, concurrency: Any = None) -> list[str]:
-        """Every mechanism in effect for `p`'s holder between its lease's acquisition and `p`, in the order they
-        started (each once, at its latest start): the last one is `of`'s answer."""
-        lo = lease.first.t0 if lease is not None and lease.acquires else None
+    def chain(self, p: Pair, lease: Lease | None, concurrency: Any = None, since: int | None = None) -> list[str]:
+        """Every mechanism in effect for `p`'s holder between its lease's acquisition (or `since`, a time of the
+        history's clock) and `p`, in the order they started (each once, at its latest start): the last one is
+        `of`'s answer."""
+        lo = since if since is not None else lease.first.t0 if lease is not None and lease.acquires else None
         hi = p.t0
         found: dict[str, int] = {}  # mechanism -> its latest start in the span
         marked = self.marks.get(_holder(p))
@@ -134,7 +137,11 @@ def name_origins(v: Any, view: Any, commits: list, concurrency: Any, lease_of: A
         chain = origins.chain(c.p, lease, concurrency)
         mech = chain[-1] if chain else UNKNOWN
         if _validated_live(c, lease):
-            chain, mech = chain + [IN_FLIGHT], IN_FLIGHT
+            # validated live, written late: by a mechanism that held up its retry (a stall between the lost
+            # first attempt and the retry the system continued under the old validation), else in flight
+            late = origins.chain(c.p, lease, concurrency, since=c.start) if c.start < c.p.t0 else []
+            if not late:
+                chain, mech = chain + [IN_FLIGHT], IN_FLIGHT
         item["mechanism"] = mech
         earlier = ""
         if len(chain) > 1:  # a system whose lock ends with its client may have gone stale at an earlier one

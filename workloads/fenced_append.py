@@ -190,7 +190,7 @@ def session(keys: list[str], commits: int = 3):
         return [acquire_until_held(k, lambda test, ctx: v(ttl_ms=test.ttl_ms, wait_ms=wait_ms(test))),
                 gen.bind(lambda test, ctx: marked(held, ctx, first)), *quick,
                 until(held, EDGE_AT, end_ns), _op("commit", k, v()),  # its last commit, in the lease's final tenth
-                until(held, span, end_ns), _op("commit", k, v()), *(_op("commit", k, c) for c in lost),
+                until(held, span, end_ns, stall=True), _op("commit", k, v()), *(_op("commit", k, c) for c in lost),
                 _op("renew", k, v()), _op("commit", k, v()), _op("release", k, v())]
 
     return make
@@ -208,14 +208,18 @@ def wait_ms(test) -> int:
     return max(1, min(int(test.ttl_ms), int(500 * float(test.deadline_s or DEADLINE_S))))
 
 
-def until(held: dict[str, int], span: tuple[float, float], end_ns: int | None) -> Any:
+def until(held: dict[str, int], span: tuple[float, float], end_ns: int | None, stall: bool = False) -> Any:
     """Idle until `span` x the TTL (drawn from the seeded rng when reached) after the holder's acquire completed
     (`held["at"]`): the lease's expiry is at most one TTL after that, whatever the server's clock says. Cut to
-    the main phase's time left, so the run ends on time; nothing when that moment has passed."""
+    the main phase's time left, so the run ends on time; nothing when that moment has passed. A `stall` (the
+    idling past the TTL) marks the thread's next invocation `mechanism: "stall"` with `stall_ms`, as
+    workloads.common.stall does, so the stale holder it makes says where it came from."""
     def pause(test, ctx):
         s = (held.get("at", ctx.time) - ctx.time) / 1e9 + stall_s(test, ctx, span)
         s = min(s, remaining_s(test, ctx, end_ns) - 0.2)
-        return gen.sleep(s) if s > 0 else None
+        if s <= 0:
+            return None
+        return dict(gen.sleep(s), mark={"mechanism": "stall", "stall_ms": round(s * 1000)}) if stall else gen.sleep(s)
 
     return gen.bind(pause)
 
