@@ -46,7 +46,7 @@ from lab.stack.images import LOCAL, LOCAL_OVERRIDE
 from lab.stack.local import StackOptions
 from lab.stack.process import ProcessError
 
-__all__ = ["BACKEND", "PLACEMENT_KEYS", "SwarmOptions", "SwarmStack", "SwarmTask", "copy_images", "load_placement",
+__all__ = ["BACKEND", "PLACEMENT_KEYS", "SwarmOptions", "SwarmStack", "SwarmTask", "copy_images", "docker_cli", "load_placement",
            "stack_file"]
 
 BACKEND = "swarm"
@@ -142,15 +142,15 @@ def copy_images(images: list[str], engines: dict[str, str], log: Path) -> dict[s
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="fencelab-swarm-images-") as tmp:
         tar = Path(tmp) / "images.tar"
-        _docker_cli(engines[source], ["save", "-o", str(tar), *images], log)
+        docker_cli(engines[source], ["save", "-o", str(tar), *images], log)
         for node in sorted(need):
             start = time.monotonic()
-            _docker_cli(engines[node], ["load", "-q", "-i", str(tar)], log)
+            docker_cli(engines[node], ["load", "-q", "-i", str(tar)], log)
             seconds[node] = round(time.monotonic() - start, 1)
     return seconds
 
 
-def _docker_cli(engine: str, args: list[str], log: Path, *, timeout: float = 900.0) -> str:
+def docker_cli(engine: str, args: list[str], log: Path, *, timeout: float = 900.0) -> str:
     """One `docker` CLI command against `engine` (what the SDK has no call for: stack deploy, save/load to a file)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -438,7 +438,7 @@ class SwarmStack(ComposeStack):
         path.chmod(0o600)  # it holds the store admin's password
         self.info["stack_file"] = str(path)
         self.save_state()
-        _docker_cli(self.info["manager"], ["stack", "deploy", "--detach=true", "--resolve-image", "never", "-c", str(path), self.project],
+        docker_cli(self.info["manager"], ["stack", "deploy", "--detach=true", "--resolve-image", "never", "-c", str(path), self.project],
                     self.dir / "logs" / "swarm.log", timeout=120)
         deadline = time.monotonic() + self.deploy_timeout_s
         for service in self.info["services"]:

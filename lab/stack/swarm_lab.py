@@ -9,26 +9,30 @@
     node1 `docker swarm init`s (the manager), the others join it as workers
 
 and `stop()` removes all of it by what it recorded (each dockerd by pid, the namespaces and the bridge by
-name, the node directories), so nothing is left. Images reach the nodes without a registry:
-`load_images(names)` `docker save`s them from the first engine that has them and `docker load`s them into
-the others. This is what the Swarm backend's live tests run on (`tests/test_swarm_live.py`), and what
+name, the node directories), so nothing is left. Images: `provide_images()` puts the local images
+(lab/stack/images.py) on the manager, from a cached `docker save` or built there; the Swarm stack copies them
+to the other nodes itself (`docker save | docker load`, no registry). This is what the Swarm backend's live tests run on (`tests/test_swarm_live.py`), and what
 `docs/beyond-one-machine.md` uses to show `--backend swarm` on one machine.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab import paths
+from lab.stack import images
 from lab.stack.docker_api import connect_docker, docker_module, one_line
 from lab.stack.errors import StackError
 from lab.stack.process import ManagedProcess, ProcessError
+from lab.stack.swarm import docker_cli
 
 __all__ = ["NamespaceSwarm", "NodeEngine", "can_make_swarm"]
 
@@ -196,35 +200,25 @@ class NamespaceSwarm:
             time.sleep(0.2)
         manager.close()
 
-    def load_images(self, images: list[str], log: Path) -> dict[str, float]:
-        """Get `images` onto every node: `docker save` from the first node that has them all, `docker load` into
-        the others (no registry); seconds per node loaded."""
-        have = [n for n in self.node_names() if self._has(n, images)]
-        if not have:
-            raise StackError(f"no node has all of {', '.join(images)}: build them first (lab.stack.images)")
-        seconds: dict[str, float] = {}
-        with tempfile.TemporaryDirectory(prefix="fencelab-swarm-images-") as tmp:
-            tar = Path(tmp) / "images.tar"
-            _docker_cli(self.socket(have[0]), ["save", "-o", str(tar), *images], log)
-            for node in self.node_names():
-                if node in have:
-                    continue
-                start = time.monotonic()
-                _docker_cli(self.socket(node), ["load", "-q", "-i", str(tar)], log)
-                seconds[node] = round(time.monotonic() - start, 1)
-        return seconds
-
-    def _has(self, node: str, images: list[str]) -> bool:
-        c = self.client(node)
-        try:
-            for image in images:
-                try:
-                    c.images.get(image)
-                except docker_module().errors.ImageNotFound:
-                    return False
-            return True
-        finally:
-            c.close()
+    def provide_images(self, log: Path, cache: Path | None = None) -> dict[str, float]:
+        """The local images (lab/stack/images.py) on the manager: loaded from `cache/<key>.tar` when an earlier
+        build left one for the same parts, else built there (its packages come through `outbound`) and saved to
+        the cache; seconds taken. The Swarm stack copies them to the other nodes itself (save/load)."""
+        cache = Path(cache) if cache is not None else paths.TOOLS / "cache" / "swarm-images"
+        tar = cache / f"{_parts_key()}.tar"
+        start = time.monotonic()
+        if tar.exists():
+            docker_cli(f"unix://{self.socket('node1')}", ["load", "-q", "-i", str(tar)], log)
+            return {"loaded": round(time.monotonic() - start, 1)}
+        run = functools.partial(subprocess.run, env={**os.environ, "DOCKER_HOST": self.manager_url})
+        built = images.build_local(log, run)
+        cache.mkdir(parents=True, exist_ok=True)
+        for old in cache.glob("*.tar"):  # one set kept: the images are about 1 GB
+            old.unlink()
+        partial = tar.with_suffix(".partial")
+        docker_cli(f"unix://{self.socket('node1')}", ["save", "-o", str(partial), *images.LOCAL], log)
+        partial.rename(tar)  # whole or absent
+        return {**built, "built": round(time.monotonic() - start, 1)}
 
     # -- down ------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -266,13 +260,11 @@ class NamespaceSwarm:
         return left
 
 
-def _docker_cli(socket: str, args: list[str], log: Path) -> None:
-    """One `docker` CLI command against a node's engine (save/load stream images without holding them in memory)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a", encoding="utf-8") as out:
-        out.write(f"$ docker -H unix://{socket} {' '.join(args)}\n")
-        out.flush()
-        r = subprocess.run(["docker", "-H", f"unix://{socket}", *args], stdout=out, stderr=subprocess.STDOUT,
-                           stdin=subprocess.DEVNULL, timeout=900)
-    if r.returncode != 0:
-        raise StackError(f"`docker {args[0]}` on {socket} failed (output in {log})")
+def _parts_key() -> str:
+    """A digest of what goes into the local images (their Dockerfiles and scripts, the lab's source)."""
+    h = hashlib.sha256()
+    for root in (paths.REPO_ROOT / "compose", paths.REPO_ROOT / "lab"):
+        for f in sorted(root.rglob("*")):
+            if f.is_file() and "__pycache__" not in f.parts and f.suffix != ".pyc":
+                h.update(str(f.relative_to(paths.REPO_ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
