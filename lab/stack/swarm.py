@@ -57,7 +57,9 @@ SERVICES = ("valkey", "store", "toxiproxy")
 PUBLISHED = {"valkey": 16379, "store": 15984, "toxiproxy": 18474}
 LEASE_PUBLISHED = 18080  # lease-N publishes 18080 + N
 DROPPED_KEYS = ("build", "restart", "depends_on", "network_mode", "privileged", "container_name")
-HEALTH = {"interval": "1s", "timeout": "3s", "retries": 60, "start_period": "2s"}
+# 1 s checks: a task counts as up soon after it starts; 120 retries: a pause shorter than about 2 minutes never
+# makes Swarm replace the paused task (a failing check on a paused container fails at once)
+HEALTH = {"interval": "1s", "timeout": "3s", "retries": 120, "start_period": "2s"}
 
 
 # -- the placement file ----------------------------------------------------------------------------------------
