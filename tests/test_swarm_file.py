@@ -92,3 +92,83 @@ def test_the_swarm_backend_refuses_what_it_cannot_do(tmp_path):
         validate(Test(workload="fenced-append", backend="swarm", hosts_file=str(path), nemesis=["clock"]))
     validate(Test(workload="fenced-append", backend="swarm", hosts_file=str(path), nemesis=["partition", "kill",
                                                                                               "pause"]))
+
+
+def test_a_campaign_evidence_and_mutants_place_cells_on_a_swarm_with_its_placement(tmp_path):
+    """The backend axis takes swarm with its placement file (and refuses one without the other), as it takes ssh."""
+    import tomllib
+
+    from click.testing import CliRunner
+
+    from lab.campaign import CampaignError, expand
+    from lab.campaign.spec import parse_spec
+    from lab.cli import main
+
+    place = tmp_path / "place.toml"
+    place.write_text('[engines]\nnode1 = "unix:///x"\n')
+
+    def spec(impl: str):
+        return parse_spec(tomllib.loads(f'name = "s"\nworkloads = ["fenced-append"]\nnemeses = ["kill"]\n'
+                                        f'implementations = [{{ name = "sw", sut = "reference", {impl} }}]\n'), "s.toml")
+
+    tests = [r.to_test() for r in expand(spec(f'backend = "swarm", hosts = "{place}"'))]
+    assert {(t.backend, t.hosts_file) for t in tests} == {("swarm", str(place))}
+    with pytest.raises(CampaignError, match='backend "swarm" and hosts .*beyond-one-machine.md.* go together'):
+        spec('backend = "swarm"')
+    for cmd in ("evidence", "mutants"):
+        res = CliRunner().invoke(main, [cmd, "--backend", "swarm"])
+        assert res.exit_code == 2 and "--backend swarm and --hosts FILE go together" in res.output, res.output
+
+
+class _Container:
+    def __init__(self, cid: str):
+        self.id, self.status = cid, "running"
+        self.attrs = {"State": {"Status": "running", "Pid": 7, "Health": {"Status": "healthy"}}}
+
+    def reload(self):
+        self.attrs["State"]["Status"] = self.status
+
+    def kill(self, signal=None):
+        self.status = "exited"
+
+
+class _Engine:
+    """A node's engine and the manager in one: containers by id, the service's tasks."""
+
+    def __init__(self):
+        self.by_id = {"old": _Container("old")}
+        self.running: list[dict] = []
+        self.containers = self
+        self.api = self
+
+    def get(self, cid):
+        return self.by_id[cid]
+
+    def tasks(self, filters):
+        return self.running
+
+    def close(self):
+        pass
+
+
+def test_a_killed_task_is_not_restarted_by_the_lab_but_swarms_replacement_is_awaited_and_recorded(tmp_path,
+                                                                                                   monkeypatch):
+    """`docker start` of a task's container fails on Swarm: after the lab's kill, `start` awaits the task Swarm
+    starts instead, binds to it and records it (what the kill's completion carries)."""
+    from lab.stack import swarm
+    from lab.stack.swarm import SwarmTask
+
+    engine = _Engine()
+    monkeypatch.setattr(swarm, "_engine", lambda url: engine)
+    task = SwarmTask(name="lease-1", log_path=tmp_path / "l.log", service="lease-1", container_id="old",
+                     container_port="8080/tcp", client=engine, manager="unix:///m", service_id="svc", node="node2")
+    assert task.alive() and task.healthy()
+    task.kill()
+    assert not task.alive(), "a task the lab killed is dead until the lab restarts it"
+    task.start(wait=False)
+    assert task.alive() and not task.healthy(), "no replacement yet"
+    engine.by_id["new"] = _Container("new")
+    engine.running.append({"ID": "t2", "Status": {"State": "running", "ContainerStatus": {"ContainerID": "new"}}})
+    assert task.healthy() and task.container_id == "new"
+    [rec] = task.replacements
+    assert (rec["old_container"], rec["new_container"], rec["node"], rec["task"]) == ("old", "new", "node2", "t2")

@@ -75,7 +75,7 @@ def _test(place, **kw) -> Test:
 
 def test_fenced_append_under_partition_kill_and_pause_on_three_nodes(swarm, tmp_path):
     sw, place = swarm
-    res = run_test(_test(place), tmp_path)
+    res = run_test(_test(place, time_limit=60.0), tmp_path)  # the "done when" run
     run_dir = (tmp_path / "latest").resolve()
     assert res["valid"] is True, {k: v.get("valid") for k, v in res["results"].items()}
     for fault in ("partition", "kill", "pause"):
@@ -84,6 +84,8 @@ def test_fenced_append_under_partition_kill_and_pause_on_three_nodes(swarm, tmp_
     killed = [n for v in _nemesis(run_dir, "start-kill") for n in v.get("killed", {})]
     assert killed and {t["service"] for t in replaced} == set(killed), (killed, replaced)
     assert all(t["old_container"] != t["new_container"] for t in replaced), replaced
+    restarted = [r for v in _nemesis(run_dir, "stop-kill") for r in v.get("restarted", {}).values()]
+    assert restarted and all(r["ready"] and not r.get("already_running") for r in restarted), restarted
     state = json.loads((run_dir / "test.json").read_text())
     assert state["backend"] == "swarm"
     logs = run_dir / "stack" / "logs"

@@ -263,25 +263,28 @@ class SwarmTask(ContainerProcess):
     service_id: str = ""
     manager: str = ""
     replacements: list[dict[str, Any]] = field(default_factory=list)
-    _awaiting: float | None = field(default=None, repr=False, compare=False)  # monotonic time of the kill
+    _killed: float | None = field(default=None, repr=False, compare=False)  # monotonic time of the lab's kill
+    _awaiting: float | None = field(default=None, repr=False, compare=False)  # the kill whose replacement `start` awaits
 
     def kill(self) -> None:
         super().kill()
-        self._awaiting = time.monotonic()
+        self._killed = time.monotonic()
 
     def start(self, timeout: float = 60.0, wait: bool = True) -> "SwarmTask":
         """Swarm starts the replacement itself: mark it awaited (`healthy` rebinds); wait for it unless told not."""
-        if self._awaiting is None and self.alive():
+        if self._killed is None and self.alive():
             raise ProcessError(f"{self.name} is already running (container {self.container_id[:12]})")
-        if self._awaiting is None:
-            self._awaiting = time.monotonic()
+        self._awaiting, self._killed = self._killed or time.monotonic(), None
         if wait:
             self.wait_healthy(timeout)
         return self
 
     def alive(self) -> bool:
-        """Running or paused; while Swarm replaces a killed task, alive too (the service is, Swarm restarts it)."""
-        return self._awaiting is not None or super().alive()
+        """Running or paused. Killed by the lab: not alive until `start`; then alive while Swarm brings up the
+        replacement (the restart is under way, as a restarted process is alive before it answers)."""
+        if self._awaiting is not None:
+            return True
+        return self._killed is None and super().alive()
 
     def healthy(self) -> bool:
         """The task runs and Docker's health check passes (after a kill: on Swarm's replacement task)."""
@@ -610,14 +613,16 @@ def _docker_host() -> str:
 
 
 def _on_nodes(value: Any, hosts: dict[str, str]) -> Any:
-    """`value` with every 127.0.0.1 address read on the node of its service (host-mode ports answer there)."""
-    text = json.dumps(value)
-    toxiproxy = hosts.get("toxiproxy", "127.0.0.1")
-    if isinstance(value, str) or value is None:
-        return value if value is None else _swap(value, hosts)
+    """`value` (a URL, a list of them, or the topology) with every 127.0.0.1 address read on the node that
+    publishes the port (host-mode ports answer on the node's address, never on 127.0.0.1)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _swap(value, hosts)
     if isinstance(value, list):
-        return [_swap(v, hosts) if isinstance(v, str) else v for v in value]
-    return json.loads(text.replace("127.0.0.1", toxiproxy))  # the topology's client links listen on Toxiproxy
+        return [_swap(v, hosts) for v in value]
+    # the topology: its client links listen on Toxiproxy's node (its backend links on the overlay network)
+    return json.loads(json.dumps(value).replace("127.0.0.1", hosts.get("toxiproxy", "127.0.0.1")))
 
 
 def _swap(url: str, hosts: dict[str, str]) -> str:
@@ -627,13 +632,13 @@ def _swap(url: str, hosts: dict[str, str]) -> str:
         return url
     port = int(m.group(1))
     for service, host in hosts.items():
-        if port == _published_any(service, port):
+        if port == _published_port(service):
             return url.replace("127.0.0.1", host)
     return url.replace("127.0.0.1", hosts.get("toxiproxy", "127.0.0.1"))
 
 
-def _published_any(service: str, port: int) -> int | None:
-    """The port `service` publishes that equals `port`, if any."""
+def _published_port(service: str) -> int | None:
+    """The host-mode port of `service`'s own container port (Toxiproxy's client links keep theirs)."""
     if service.startswith("lease-"):
         return LEASE_PUBLISHED + int(service.removeprefix("lease-"))
     return PUBLISHED.get(service)

@@ -255,7 +255,7 @@ class NamespaceSwarm:
             rules = subprocess.run(["iptables", "-w", "5", "-t", table, "-S"], capture_output=True, text=True).stdout
             left += [f"iptables {line}" for line in rules.splitlines() if self.bridge in line or f"{self.subnet}.0/" in line]
         left += [f"dir {self.root / n}" for n in self.node_names() if (self.root / n).exists()]
-        r = subprocess.run(["pgrep", "-f", f"--data-root {self.root}"], capture_output=True, text=True)
+        r = subprocess.run(["pgrep", "-f", "--", f"--data-root {self.root}/"], capture_output=True, text=True)
         left += [f"dockerd pid {p}" for p in r.stdout.split()]
         return left
 
