@@ -18,9 +18,15 @@ from lab.testmap import Test
 __all__ = ["SwarmKill", "swarm_kill"]
 
 
+# Swarm's replacement answers 4-15 s after the kill here (scheduling, a new container, the server's start-up on
+# a loaded machine): more than the 15 s a local restart is given would be a lost race, not a verdict
+REPLACEMENT_TIMEOUT_S = 90.0
+
+
 def swarm_kill(stack: Any, *, rng: Any) -> "SwarmKill":
     """The kill nemesis over a Swarm stack's tasks, recording Swarm's replacement tasks."""
-    return SwarmKill(stack, process_faults.kill(process_faults.stack_targets(stack), rng=rng))
+    return SwarmKill(stack, process_faults.kill(process_faults.stack_targets(stack), rng=rng,
+                                                restart_timeout_s=REPLACEMENT_TIMEOUT_S))
 
 
 class SwarmKill:

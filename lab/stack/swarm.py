@@ -443,7 +443,9 @@ class SwarmStack(ComposeStack):
         path.chmod(0o600)  # it holds the store admin's password
         self.info["stack_file"] = str(path)
         self.save_state()
-        docker_cli(self.info["manager"], ["stack", "deploy", "--detach=true", "--resolve-image", "never", "-c", str(path), self.project],
+        # no --detach: Debian's 20.10 CLI has no such flag and both it and newer CLIs return without waiting (the
+        # lab awaits each task below); --resolve-image never: no registry is asked about the images
+        docker_cli(self.info["manager"], ["stack", "deploy", "--resolve-image", "never", "-c", str(path), self.project],
                     self.dir / "logs" / "swarm.log", timeout=120)
         deadline = time.monotonic() + self.deploy_timeout_s
         for service in self.info["services"]:
