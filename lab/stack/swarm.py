@@ -568,20 +568,26 @@ class SwarmStack(ComposeStack):
             (self.dir / "logs" / f"{service}.log").write_bytes(data)
 
     def _remove(self, timeout: float = 90.0) -> None:
-        """`docker stack rm` by the SDK: services, then (once their tasks are gone) networks, then each node's
-        volumes of the stack."""
+        """`docker stack rm` by the SDK: services, then (once their containers are gone from every node) the
+        networks, then each node's volumes of the stack. Summaries only (`api.containers`, not
+        `containers.list`, which inspects each one and fails on a container Swarm removes meanwhile)."""
         label = {"label": f"{STACK_LABEL}={self.project}"}
         client = self.docker()
-        for svc in client.services.list(filters=label):
-            svc.remove()
-        deadline = time.monotonic() + timeout
+        for svc in client.api.services(filters=label):
+            _gone_ok(lambda: client.api.remove_service(svc["ID"]))
         engines = self.info.get("engines", {})
+        deadline = time.monotonic() + timeout
         while True:
             left = []
             for node, url in engines.items():
                 c = _engine(url)
                 try:
-                    left += [f"{node}:{x.name}" for x in c.containers.list(all=True, filters=label)]
+                    left += [f"{node}:{x['Id'][:12]}" for x in c.api.containers(all=True, filters=label)]
+                    if not left:  # the node's networks and volumes of the stack go once no container uses them
+                        for net in c.api.networks(filters=label):
+                            _gone_ok(lambda: c.api.remove_network(net["Id"]))
+                        for vol in (c.api.volumes(filters=label) or {}).get("Volumes") or []:
+                            _gone_ok(lambda: c.api.remove_volume(vol["Name"], force=True))
                 finally:
                     c.close()
             if not left:
@@ -590,17 +596,16 @@ class SwarmStack(ComposeStack):
                 raise StackError(f"containers of the stack still on the nodes {timeout:.0f}s after removal: "
                                  f"{', '.join(left)}")
             time.sleep(0.5)
-        for net in client.networks.list(filters=label):
-            net.remove()
-        for node, url in engines.items():
-            c = _engine(url)
-            try:
-                for net in c.networks.list(filters=label):
-                    net.remove()
-                for vol in c.volumes.list(filters=label):
-                    vol.remove(force=True)
-            finally:
-                c.close()
+        for net in client.api.networks(filters=label):  # the overlay networks, on the manager
+            _gone_ok(lambda: client.api.remove_network(net["Id"]))
+
+
+def _gone_ok(remove: Any) -> None:
+    """One removal; an object already gone (Swarm removed it meanwhile) is what was wanted."""
+    try:
+        remove()
+    except docker_module().errors.NotFound:
+        pass
 
 
 def _docker_host() -> str:
