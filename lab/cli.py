@@ -565,9 +565,11 @@ def worker_cmd(scheduler: str, cells: int, dask_args: tuple[str, ...]) -> None:
               help="File with the API key for the external service (else $FENCELAB_API_KEY).")
 @click.option("--sut", default="reference", show_default=True, help="The external system's client (lab.sut).")
 @click.option("--backend", default="local", show_default=True,
-              help="Where the lab's own stack is placed for each run (docs/compose.md, docs/ssh-backend.md).")
+              help="Where the lab's own stack is placed for each run (docs/compose.md, docs/ssh-backend.md, "
+                   "docs/beyond-one-machine.md).")
 @click.option("--hosts", "hosts_file", type=click.Path(path_type=Path), default=None,
-              help="With --backend ssh: the hosts file (docs/ssh-backend.md).")
+              help="With --backend ssh: the hosts file (docs/ssh-backend.md); swarm: the placement "
+                   "(docs/beyond-one-machine.md).")
 def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, urls: tuple[str, ...],
                  api_key_file: Path | None, sut: str, backend: str = "local", hosts_file: Path | None = None) -> None:
     """Run every contract row's scenarios and write evidence.json and evidence.html.
@@ -628,7 +630,8 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
               help="Where each run's stack is placed (docs/compose.md, docs/ssh-backend.md); nemeses a backend "
                    "cannot take are refused.")
 @click.option("--hosts", "hosts_file", type=click.Path(path_type=Path), default=None,
-              help="With --backend ssh: the hosts file (docs/ssh-backend.md).")
+              help="With --backend ssh: the hosts file (docs/ssh-backend.md); swarm: the placement "
+                   "(docs/beyond-one-machine.md).")
 def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, ...], markdown: bool,
                 backend: str = "local", hosts_file: Path | None = None) -> None:
     """Plant each bug of the reference server, run the general workloads at their defaults (and the scenario

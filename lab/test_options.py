@@ -56,9 +56,11 @@ TEST_OPTIONS: list[click.Option] = [
         show_default=True,
         help="Where the lab places its reference stack: local processes, Docker Compose containers "
              "(docs/compose.md; needs a Docker engine, which the lab starts as root when none answers), or "
-             "SSH nodes named by --hosts (docs/ssh-backend.md)."),
+             "SSH nodes named by --hosts (docs/ssh-backend.md), or a Docker Swarm stack placed by --hosts "
+             "(swarm; docs/beyond-one-machine.md)."),
     click.Option(["--hosts", "hosts_file"], type=click.Path(path_type=Path), default=None,
-        help="With --backend ssh: a TOML file of the nodes (nodes = [...], key_file, known_hosts, ...)."),
+        help="With --backend ssh: a TOML file of the nodes (nodes = [...], key_file, known_hosts, ...); with "
+             "--backend swarm: the placement (manager, [engines], [place])."),
     click.Option(["--commit-mode"], type=click.Choice(["fenced", "unfenced"]), default=None,
         help="For a third-party system (docs/third-party.md): commit through the store's token guard (fenced, "
              "the default when the system hands out a fencing token) or whenever the client believes it "

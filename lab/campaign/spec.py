@@ -330,8 +330,10 @@ def _implementation(where: str, name: Any, table: Mapping[str, Any]) -> Implemen
         raise CampaignError(f"{where}: backend {backend!r} places the lab's reference stack; another system or a "
                             "url places itself: drop backend")
     hosts = table.get("hosts")
-    if (backend == "ssh") != (hosts is not None):
-        raise CampaignError(f"{where}: backend \"ssh\" and hosts (a hosts file: docs/ssh-backend.md) go together")
+    needs_hosts = backend is not None and BACKENDS[backend].needs_hosts  # ssh: its nodes; swarm: its placement
+    if needs_hosts != (hosts is not None):
+        raise CampaignError(f"{where}: backend \"{backend if needs_hosts else 'ssh'}\" and hosts (a hosts file: "
+                            f"{BACKENDS[backend].hosts_doc if needs_hosts else 'docs/ssh-backend.md'}) go together")
     if hosts is not None and not isinstance(hosts, str):
         raise CampaignError(f"{where}: hosts must be the path of a hosts file (a string), not {hosts!r}")
     sut_options = table.get("sut_options", {})

@@ -12,7 +12,7 @@ instead of reading those raw fields:
   (`nemesis.registry.NemesisSpec.needs`) and `fault_problem(name)` answers yes (None) or no with the reason.
 - `make_stack(root, run)`: the run's stack (every kind has one; an external URL's starts nothing or only
   the lab's Toxiproxy in front of it), and `stack_options(...)` what to start on it.
-- `BACKENDS`: the one list of placements of the reference stack (`local`, `compose`, `ssh`); adding a
+- `BACKENDS`: the one list of placements of the reference stack (`local`, `compose`, `ssh`, `swarm`); adding a
   backend is its stack module and one row here.
 """
 
@@ -27,8 +27,10 @@ from typing import Any
 
 from lab.secrets import redact_url
 from lab.stack.compose import ComposeStack
+from lab.stack.errors import StackError
 from lab.stack.local import LocalStack, StackOptions
 from lab.stack.ssh import SshOptions, SshStack
+from lab.stack.swarm import SwarmOptions, SwarmStack, load_placement
 from lab.sut.processes import SutStack, SystemProcesses, declared_processes
 from lab.sut.protocol import SutError
 from lab.sut.proxy import ProxiedUrls, UrlStack
@@ -36,6 +38,7 @@ from lab.sut.registry import SutEntry, client_clock_problem, freeze_problem, sut
 from lab.testmap import Test
 from nemesis.network import DIRECTIONS
 from nemesis.ssh import ssh_clock, ssh_partition
+from nemesis.swarm import swarm_kill
 from nemesis.registry import NEMESES, Builder, validate_names
 from nemesis.registry import stack_options as nemesis_stack_options
 
@@ -126,6 +129,27 @@ def _ssh_partition(ctx: Any, names: list[str]) -> Any:
     return ssh_partition(ctx.stack, rng=ctx.rng("partition"), directions=DIRECTIONS)
 
 
+def _swarm_stack(test: Test, root: Path) -> Any:
+    return SwarmStack(name=f"run-{Path(test.run_dir or root).name.lower()}", root=root)
+
+
+def _swarm_placement(path: Any) -> dict[str, Any]:
+    """`--hosts FILE` of `--backend swarm`: the placement (lab.stack.swarm.load_placement), TargetError naming the key."""
+    try:
+        return load_placement(path)
+    except StackError as e:
+        raise TargetError(str(e)) from None
+
+
+def _swarm_options(test: Test, opts: StackOptions) -> Any:
+    """The Swarm stack's options: the generic ones plus the placement file's manager, engines and places."""
+    return SwarmOptions(**vars(opts), **_swarm_placement(test.hosts_file))
+
+
+def _swarm_kill(ctx: Any, names: list[str]) -> Any:
+    return swarm_kill(ctx.stack, rng=ctx.rng("kill"))
+
+
 @dataclass(frozen=True)
 class Backend:
     """One placement of the reference stack: how its stack is made, and what faults reach there."""
@@ -138,16 +162,18 @@ class Backend:
     options: Callable[[Test, StackOptions], Any] | None = None  # the stack's own options, from the generic ones
     builders: Mapping[str, Builder] = field(default_factory=dict)  # fault group -> this placement's own builder
     needs_hosts: bool = False  # --hosts FILE names its nodes
+    load_hosts: Callable[[Any], Any] = load_hosts  # reads and checks that file (TargetError naming the key)
+    hosts_doc: str = "docs/ssh-backend.md"
 
     def check(self, test: Test) -> None:
         """The placement's own options are consistent (TargetError naming the option)."""
         if self.needs_hosts and not test.hosts_file:
             raise TargetError(f"--backend {self.name} needs --hosts FILE, the nodes to run on: --backend {self.name} "
-                              "and --hosts FILE go together (docs/ssh-backend.md)")
+                              f"and --hosts FILE go together ({self.hosts_doc})")
         if not self.needs_hosts and test.hosts_file:
-            raise TargetError("--hosts names SSH nodes: it goes with --backend ssh")
+            raise TargetError("--hosts names SSH nodes: it goes with --backend ssh (or a placement: --backend swarm)")
         if self.needs_hosts:
-            load_hosts(test.hosts_file)
+            self.load_hosts(test.hosts_file)
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
@@ -163,6 +189,15 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
                    "valkey": "Valkey's data files on this machine (the Valkey faults run on the local and compose "
                              "backends)"},
             options=_ssh_options, builders={"clock": _ssh_clock, "network": _ssh_partition}, needs_hosts=True),
+    Backend("swarm", "a Docker Swarm stack across its nodes (docs/beyond-one-machine.md)", _swarm_stack,
+            lambda name, home: SwarmStack(name=name, home=home),
+            lacks={"netns": "network namespaces around host processes (a Swarm stack's links go through Toxiproxy: "
+                            "use partition)",
+                   "clocks": "offset files on each node (not built for Swarm yet: use client-clock)",
+                   "server-clocks": "offset files on each node (not built for Swarm yet: use client-clock)",
+                   "valkey": "Valkey's data files moved on its node (not built for Swarm yet: use kill or pause)"},
+            options=_swarm_options, builders={"kill": _swarm_kill}, needs_hosts=True,
+            load_hosts=_swarm_placement, hosts_doc="docs/beyond-one-machine.md"),
 )}
 
 

@@ -1,0 +1,651 @@
+"""The Swarm stack: the Compose picture deployed as a Docker Swarm stack across nodes (`--backend swarm`).
+
+`SwarmStack.up(SwarmOptions)` talks to the Swarm manager the placement file (or DOCKER_HOST) names, checks it is
+one and that every node the placement names is in the Swarm, gets the images onto every node that runs a service
+(`docker save` from a node that has them, `docker load` into the others: no registry), and generates the one stack
+file Swarm accepts from `compose/docker-compose.yml` (plus the local-images override and the planted bug). What
+Swarm does with a Compose file as it stands, each seen here, and what the generated file does instead:
+
+    interpolation: `${VAR:?message}` with a `-` in the message is read as `${VAR-default}`, and two `-c` files
+        concatenate healthcheck lists          -> the lab merges and interpolates itself and writes literal values
+    ports on 127.0.0.1 (ingress needs IPVS, which a kernel may lack) -> host-mode ports on the node's address
+    service VIPs time out without IPVS        -> `endpoint_mode: dnsrr`
+    build, restart, depends_on, network_mode  -> dropped (ignored by Swarm; the images are built beforehand)
+    where a service runs                       -> `node.hostname == <node>` from the placement
+
+Each service's container is a `SwarmTask`: a `ContainerProcess` driven through the engine of the node it runs on
+(the placement names each node's engine), so kill and pause act underneath Swarm: `docker kill` on the node, after
+which Swarm starts a replacement task (the lab's `start` awaits that one, rebinds to it and records it: old and
+new container, node, seconds), and pause/unpause on the node (Swarm does nothing for minutes). Partitions cut the
+links through Toxiproxy, as on the compose stack: Swarm's own control traffic (2377, 7946, VXLAN) is never touched,
+so a partition never becomes a Swarm restart. `down()` brings every task's log back (the service logs through the
+manager, all its tasks), removes the stack's services and networks, then its volumes on every node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lab import paths
+from lab.stack.base import ProcessRow, StackStatus
+from lab.stack.compose import ComposeStack, compose_limits, load_proxies, project_name
+from lab.stack.container import ContainerProcess
+from lab.stack.docker_api import api_errors, connect_docker, docker_module, one_line
+from lab.stack.errors import StackError
+from lab.stack.images import LOCAL, LOCAL_OVERRIDE
+from lab.stack.local import StackOptions
+from lab.stack.process import ProcessError
+
+__all__ = ["BACKEND", "PLACEMENT_KEYS", "SwarmOptions", "SwarmStack", "SwarmTask", "copy_images", "docker_cli", "load_placement",
+           "stack_file"]
+
+BACKEND = "swarm"
+STACK_LABEL = "com.docker.stack.namespace"
+PLACEMENT_KEYS = ("manager", "engines", "place")
+SERVICES = ("valkey", "store", "toxiproxy")
+# host-mode published ports: each service's own, so two on one node never clash (the client links keep theirs)
+PUBLISHED = {"valkey": 16379, "store": 15984, "toxiproxy": 18474}
+LEASE_PUBLISHED = 18080  # lease-N publishes 18080 + N
+DROPPED_KEYS = ("build", "restart", "depends_on", "network_mode", "privileged", "container_name")
+# 1 s checks: a task counts as up soon after it starts; 120 retries: a pause shorter than about 2 minutes never
+# makes Swarm replace the paused task (a failing check on a paused container fails at once)
+HEALTH = {"interval": "1s", "timeout": "3s", "retries": 120, "start_period": "2s"}
+
+
+# -- the placement file ----------------------------------------------------------------------------------------
+def load_placement(path: Any) -> dict[str, Any]:
+    """`--hosts FILE` of `--backend swarm`: the manager, each node's engine, where each service runs (TOML);
+    StackError naming the key (docs/beyond-one-machine.md)."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise StackError(f"--hosts {path}: cannot read it ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise StackError(f"--hosts {path}: not TOML ({e})") from None
+    unknown = sorted(set(data) - set(PLACEMENT_KEYS))
+    if unknown:
+        raise StackError(f"--hosts {path}: unknown key {unknown[0]!r}; a Swarm placement has "
+                         f"{', '.join(PLACEMENT_KEYS)}")
+    engines, place = data.get("engines"), data.get("place", {})
+    if not isinstance(engines, dict) or not engines or not all(isinstance(v, str) for v in engines.values()):
+        raise StackError(f"--hosts {path}: `engines` must map each node's hostname to its Docker engine, e.g. "
+                         "[engines] node2 = \"ssh://root@10.0.0.2\"")
+    if not isinstance(place, dict) or not all(isinstance(v, str) for v in place.values()):
+        raise StackError(f"--hosts {path}: `place` maps a service to a node's hostname, e.g. [place] valkey = \"node1\"")
+    for service, node in place.items():
+        if not re.fullmatch(r"valkey|store|toxiproxy|lease-\d+", service):
+            raise StackError(f"--hosts {path}: [place] {service!r} is not a service (valkey, store, toxiproxy, "
+                             "lease-N)")
+        if node not in engines:
+            raise StackError(f"--hosts {path}: [place] {service} = {node!r}: no such node in [engines] "
+                             f"({', '.join(engines)})")
+    if "manager" in data and not isinstance(data["manager"], str):
+        raise StackError(f"--hosts {path}: `manager` is the manager's Docker engine, e.g. \"unix:///run/docker.sock\"")
+    return data
+
+
+@dataclass
+class SwarmOptions(StackOptions):
+    """What `SwarmStack.up` deploys and where: the generic options plus the placement."""
+
+    manager: str = ""  # the manager's engine URL ("" -> DOCKER_HOST)
+    engines: dict[str, str] = field(default_factory=dict)  # node hostname -> its engine URL
+    place: dict[str, str] = field(default_factory=dict)  # service -> node hostname (default: see `placement`)
+
+    def placement(self, managers: list[str], workers: list[str]) -> dict[str, str]:
+        """Every service's node: as placed, else Valkey, the store and Toxiproxy on the manager and the lease
+        servers round-robin over the workers (over the manager when there is none)."""
+        spread = workers or managers
+        chosen = {s: managers[0] for s in SERVICES}
+        chosen.update({f"lease-{i}": spread[(i - 1) % len(spread)] for i in range(1, self.servers + 1)})
+        chosen.update({s: n for s, n in self.place.items() if s in chosen})
+        return chosen
+
+
+def _engine(url: str) -> Any:
+    """A Docker client on one engine URL (one StackError line when it does not answer)."""
+    docker = docker_module()
+    return connect_docker(lambda: docker.DockerClient(base_url=url, timeout=60))
+
+
+def copy_images(images: list[str], engines: dict[str, str], log: Path) -> dict[str, float]:
+    """Get `images` onto every engine: `docker save` from one that has them all, `docker load` into the others
+    (no registry); seconds per node loaded. The CLI streams the tar through a file instead of memory."""
+    def missing(url: str) -> list[str]:
+        client = _engine(url)
+        try:
+            out = []
+            for image in images:
+                try:
+                    client.images.get(image)
+                except docker_module().errors.ImageNotFound:
+                    out.append(image)
+            return out
+        finally:
+            client.close()
+
+    lacking = {node: missing(url) for node, url in engines.items()}
+    need = {node for node, m in lacking.items() if m}
+    if not need:
+        return {}
+    source = next((node for node, m in lacking.items() if not m), None)
+    if source is None:
+        raise StackError(f"no node has all of {', '.join(images)}: build them on one (lab/stack/images.py) first")
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="fencelab-swarm-images-") as tmp:
+        tar = Path(tmp) / "images.tar"
+        docker_cli(engines[source], ["save", "-o", str(tar), *images], log)
+        for node in sorted(need):
+            start = time.monotonic()
+            docker_cli(engines[node], ["load", "-q", "-i", str(tar)], log)
+            seconds[node] = round(time.monotonic() - start, 1)
+    return seconds
+
+
+def docker_cli(engine: str, args: list[str], log: Path, *, timeout: float = 900.0) -> str:
+    """One `docker` CLI command against `engine` (what the SDK has no call for: stack deploy, save/load to a file)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        r = subprocess.run(["docker", "-H", engine, *args], capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise StackError(f"`docker {args[0]}` on {engine} did not finish in {timeout:.0f}s") from None
+    except OSError as e:
+        raise StackError(f"cannot run the docker CLI: {e.strerror or e}") from None
+    with open(log, "a", encoding="utf-8") as out:
+        out.write(f"$ docker -H {engine} {' '.join(args)}\n{r.stdout}{r.stderr}\n")
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise StackError(f"`docker {' '.join(args[:2])}` on {engine} failed: {last} (output in {log})")
+    return r.stdout
+
+
+# -- the stack file ---------------------------------------------------------------------------------------------
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])((?:[^{}]|\{[^{}]*\})*))?\}")
+
+
+def _interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's `${VAR}`, `${VAR:-default}`, `${VAR:?message}` done here (Swarm's CLI reads `${VAR:?a-b}` as
+    `${VAR-default}`): the stack file Swarm gets holds literal values only."""
+    if isinstance(value, dict):
+        return {k: _interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(m: re.Match) -> str:
+        name, op, arg = m.group(1), m.group(2), m.group(3) or ""
+        have = env.get(name)
+        if op in (":-", "-"):
+            return have if have or (op == "-" and have is not None) else arg
+        if op in (":?", "?"):
+            if not have:
+                raise StackError(f"the stack file needs {name}: {arg}")
+            return have
+        return have or ""
+
+    return _VAR.sub(one, value).replace("$", "$$")  # a literal `$` (none expected) stays literal for Swarm
+
+
+def _merge(base: Any, over: Any) -> Any:
+    """`over` laid on `base` as Compose lays a second file: mappings merge, anything else is replaced (a
+    healthcheck's `test` list too, where Swarm's CLI would concatenate them)."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {**base, **{k: _merge(base.get(k), v) for k, v in over.items()}}
+    return over
+
+
+def stack_file(files: list[Path], env: dict[str, str], services: list[str], nodes: dict[str, str]) -> dict[str, Any]:
+    """The one stack file Swarm accepts for `services`, from the Compose `files` (merged in order), each service
+    pinned to its node (`nodes`: service -> hostname); see the module docstring."""
+    merged: dict[str, Any] = {}
+    for f in files:
+        merged = _merge(merged, yaml.safe_load(Path(f).read_text()))
+    merged = _interpolate({k: v for k, v in merged.items() if not k.startswith("x-")}, env)
+    out: dict[str, Any] = {"version": "3.8", "services": {}, "networks": {}, "volumes": merged.get("volumes") or {}}
+    for name in services:
+        svc = {k: v for k, v in merged["services"][name].items() if k not in DROPPED_KEYS}
+        svc["ports"] = [{"target": target, "published": _published(name, target), "protocol": "tcp", "mode": "host"}
+                        for target in (_target_port(p) for p in svc.get("ports", []))]
+        svc["volumes"] = [_absolute(v) for v in svc.get("volumes", [])]
+        svc["healthcheck"] = {**svc.get("healthcheck", {}), **HEALTH}
+        svc["deploy"] = {"endpoint_mode": "dnsrr", "replicas": 1,
+                         "placement": {"constraints": [f"node.hostname == {nodes[name]}"]},
+                         "restart_policy": {"condition": "any", "delay": "1s"}}
+        out["services"][name] = svc
+        for net in svc.get("networks", []):
+            out["networks"][net] = {"driver": "overlay"}
+    return out
+
+
+def _target_port(spec: str) -> int:
+    """The container port of a Compose short-form port (`127.0.0.1:${X:-}:8080`, `127.0.0.1::26011`)."""
+    return int(str(spec).rsplit(":", 1)[-1])
+
+
+def _published(service: str, target: int) -> int:
+    """The host-mode port a service's container port is published on (on its node's address)."""
+    if service.startswith("lease-"):
+        return LEASE_PUBLISHED + int(service.removeprefix("lease-"))
+    if target >= 26000:  # Toxiproxy's client links keep their own numbers
+        return target
+    return PUBLISHED[service]
+
+
+def _absolute(volume: Any) -> Any:
+    """A bind mount relative to the compose directory made absolute (the stack file is written elsewhere)."""
+    if isinstance(volume, str) and volume.startswith("./"):
+        return str(paths.REPO_ROOT / "compose" / volume[2:])
+    return volume
+
+
+# -- one task ---------------------------------------------------------------------------------------------------
+@dataclass
+class SwarmTask(ContainerProcess):
+    """One service's running task: its container through its node's engine. After a `docker kill`, `start`
+    does not start the container (Swarm refuses that for a task's container): it awaits Swarm's replacement
+    task, rebinds to it, and records it in `replacements` (the kill nemesis's completion carries them)."""
+
+    node: str = ""
+    engine: str = ""
+    published: dict[str, int] = field(default_factory=dict)  # "8080/tcp" -> the host-mode port on the node
+    service_id: str = ""
+    manager: str = ""
+    replacements: list[dict[str, Any]] = field(default_factory=list)
+    _killed: float | None = field(default=None, repr=False, compare=False)  # monotonic time of the lab's kill
+    _awaiting: float | None = field(default=None, repr=False, compare=False)  # the kill whose replacement `start` awaits
+
+    def kill(self) -> None:
+        super().kill()
+        self._killed = time.monotonic()
+
+    def start(self, timeout: float = 60.0, wait: bool = True) -> "SwarmTask":
+        """Swarm starts the replacement itself: mark it awaited (`healthy` rebinds); wait for it unless told not."""
+        if self._killed is None and self.alive():
+            raise ProcessError(f"{self.name} is already running (container {self.container_id[:12]})")
+        self._awaiting, self._killed = self._killed or time.monotonic(), None
+        if wait:
+            self.wait_healthy(timeout)
+        return self
+
+    def alive(self) -> bool:
+        """Running or paused. Killed by the lab: not alive until `start`; then alive while Swarm brings up the
+        replacement (the restart is under way, as a restarted process is alive before it answers)."""
+        if self._awaiting is not None:
+            return True
+        return self._killed is None and super().alive()
+
+    def healthy(self) -> bool:
+        """The task runs and Docker's health check passes (after a kill: on Swarm's replacement task)."""
+        if self._awaiting is not None and not self._rebind():
+            return False
+        try:
+            state = (self.container().attrs or {}).get("State", {})
+        except ProcessError:
+            return False
+        return state.get("Status") == "running" and state.get("Health", {}).get("Status", "healthy") == "healthy"
+
+    def _rebind(self) -> bool:
+        """Find Swarm's replacement of the killed task; bind to it and record it (True), or not yet (False)."""
+        try:
+            manager = _engine(self.manager)
+            try:
+                tasks = manager.api.tasks(filters={"service": self.service_id, "desired-state": "running"})
+            finally:
+                manager.close()
+        except (StackError, *api_errors()):
+            return False
+        for t in tasks:
+            cid = t.get("Status", {}).get("ContainerStatus", {}).get("ContainerID")
+            if t.get("Status", {}).get("State") == "running" and cid and cid != self.container_id:
+                self.replacements.append({"service": self.service, "node": self.node, "task": t["ID"][:12],
+                                          "old_container": self.container_id[:12], "new_container": cid[:12],
+                                          "seconds": round(time.monotonic() - (self._awaiting or 0.0), 1)})
+                self.container_id, self._container, self._awaiting = cid, None, None
+                return True
+        return False
+
+    def host_port(self, container_port: str | None = None) -> int | None:
+        return self.published.get(container_port or self.container_port)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "node": self.node, "engine": self.engine, "published": self.published,
+                "service_id": self.service_id, "manager": self.manager}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any]) -> "SwarmTask":
+        return cls(name=d["name"], log_path=Path(d["log"]), service=d.get("service", d["name"]),
+                   container_id=d["container_id"], container_port=d.get("container_port", ""),
+                   persistence=d.get("persistence"), data_dir=d.get("data_dir", ""), node=d.get("node", ""),
+                   engine=d.get("engine", ""), published=d.get("published", {}), service_id=d.get("service_id", ""),
+                   manager=d.get("manager", ""))
+
+
+# -- the stack ------------------------------------------------------------------------------------------------------
+@dataclass
+class SwarmStack(ComposeStack):
+    """A named stack deployed on a Swarm (see the module docstring): ComposeStack's inputs, status and store
+    set-up; its own deploy, tasks and teardown."""
+
+    deploy_timeout_s: float = 300.0
+    processes: list[SwarmTask] = field(default_factory=list)
+
+    backend = BACKEND
+
+    @property
+    def project(self) -> str:
+        return self.info.get("project") or project_name(self.name)
+
+    def docker(self) -> Any:
+        """The manager's Docker client (connected once)."""
+        if self._client is None:
+            self._client = _engine(self.info["manager"])
+        return self._client
+
+    # -- up ---------------------------------------------------------------------------------------------------
+    def up(self, opts: StackOptions | None = None) -> StackStatus:
+        """Check the manager and the placement, get the images to the nodes, deploy, wait for every task healthy;
+        on failure `down()`."""
+        if not isinstance(opts, SwarmOptions):
+            raise StackError("--backend swarm needs its placement: --hosts FILE (docs/beyond-one-machine.md)")
+        opts.validate()
+        proxies = load_proxies(self.toxiproxy_config)
+        servers, _ = compose_limits(proxies)
+        if opts.servers > servers:
+            raise StackError(f"--servers {opts.servers}: the stack defines lease-1..lease-{servers}")
+        manager_url = opts.manager or _docker_host()
+        nodes = self._check_swarm(manager_url, opts)
+        if self.load_state():
+            raise StackError(f"stack {self.name!r} is already up; run `fencelab down --name {self.name}` first")
+        opts = SwarmOptions(**{**vars(opts), "toxiproxy": True, "store": True, "recovery_store": False})
+        chosen = opts.placement(nodes["managers"], nodes["workers"])
+        services = self._services(opts)
+        self.info = {"name": self.name, "backend": BACKEND, "dir": str(self.dir), "project": project_name(self.name),
+                     "manager": manager_url, "engines": opts.engines, "placement": {s: chosen[s] for s in services},
+                     "addresses": nodes["addresses"], "options": {k: v for k, v in vars(opts).items()
+                                                                  if k not in ("engines", "place", "manager")},
+                     "services": services, "credentials": str(self.credentials_file),
+                     "store_admin": str(self.store_admin_file)}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._write_inputs(opts)
+        self.save_state()  # before anything is deployed: `down` always finds the stack
+        try:
+            self._deploy(opts, proxies)
+        except BaseException as e:
+            self._cleanup_after(e)
+            raise
+        self.save_state()
+        return self.status()
+
+    def _check_swarm(self, manager_url: str, opts: SwarmOptions) -> dict[str, Any]:
+        """The manager is one and every placed node is in its Swarm: the nodes by role and their addresses."""
+        client = _engine(manager_url)
+        try:
+            swarm = client.info().get("Swarm", {})
+            if not swarm.get("ControlAvailable"):
+                state = swarm.get("LocalNodeState") or "inactive"
+                raise StackError(f"{manager_url} is not a Swarm manager (its Swarm state: {state}): name a "
+                                 "manager's engine in the placement's `manager` (or DOCKER_HOST)")
+            found = [n.attrs for n in client.nodes.list()]
+        except api_errors() as e:
+            raise StackError(f"cannot ask the Swarm manager at {manager_url}: {one_line(e)}") from None
+        finally:
+            client.close()
+        ready = {n["Description"]["Hostname"]: n for n in found if n["Status"]["State"] == "ready"}
+        for node in [*opts.engines, *opts.place.values()]:
+            if node not in ready:
+                raise StackError(f"the placement names node {node!r}, which is not a ready node of the Swarm at "
+                                 f"{manager_url} (its nodes: {', '.join(sorted(ready)) or 'none ready'})")
+        managers = [h for h, n in ready.items() if n["Spec"].get("Role") == "manager" and h in opts.engines]
+        workers = [h for h, n in ready.items() if n["Spec"].get("Role") != "manager" and h in opts.engines]
+        if not managers:
+            raise StackError("the placement's [engines] must name the manager node too (Valkey, the store and "
+                             "Toxiproxy run there unless [place] says otherwise)")
+        return {"managers": sorted(managers), "workers": sorted(workers),
+                "addresses": {h: n["Status"]["Addr"] for h, n in ready.items()}}
+
+    def _compose_files(self) -> list[Path]:
+        """The Compose files the stack file is made from: the main one, the local-images override when the
+        manager has the local images (no registry), and the planted bug."""
+        files = [Path(self.compose_file)]
+        try:
+            self.docker().images.get("fencelab/lease-server:trixie")
+            files.append(LOCAL_OVERRIDE)
+            self.info["images"] = {"kind": "local", "names": list(LOCAL)}
+        except docker_module().errors.ImageNotFound:
+            self.info["images"] = {"kind": "official"}
+        if self.info.get("options", {}).get("mutant"):
+            files.append(self._write_mutant_override(StackOptions(mutant=self.info["options"]["mutant"])))
+        return files
+
+    def _deploy(self, opts: SwarmOptions, proxies: dict[str, dict[str, Any]]) -> None:
+        """The stack file, the images on the nodes, `docker stack deploy`, then every task found and healthy."""
+        files = self._compose_files()
+        placement = self.info["placement"]
+        if self.info["images"]["kind"] == "local":
+            used = {placement[s] for s in self.info["services"]}
+            self.info["images"]["loaded_s"] = copy_images(
+                list(LOCAL), {n: u for n, u in opts.engines.items() if n in used}, self.dir / "logs" / "images.log")
+        doc = stack_file(files, self._compose_env(), self.info["services"], placement)
+        path = self.dir / "stack.yml"
+        path.write_text(json.dumps(doc, indent=1))  # JSON is YAML: the CLI reads it as the stack file
+        path.chmod(0o600)  # it holds the store admin's password
+        self.info["stack_file"] = str(path)
+        self.save_state()
+        # no --detach: Debian's 20.10 CLI has no such flag and both it and newer CLIs return without waiting (the
+        # lab awaits each task below); --resolve-image never: no registry is asked about the images
+        docker_cli(self.info["manager"], ["stack", "deploy", "--resolve-image", "never", "-c", str(path), self.project],
+                    self.dir / "logs" / "swarm.log", timeout=120)
+        deadline = time.monotonic() + self.deploy_timeout_s
+        for service in self.info["services"]:
+            self.processes.append(self._attach(service, deadline))
+            self.save_state()
+        for proc in self.processes:
+            proc.wait_healthy(max(10.0, deadline - time.monotonic()))
+        self._describe(opts, proxies)
+        self._init_store()
+
+    def _attach(self, service: str, deadline: float) -> SwarmTask:
+        """The running task of `service` (awaited until `deadline`), bound to its node's engine."""
+        name = f"{self.project}_{service}"
+        last = "no task yet"
+        while time.monotonic() < deadline:
+            try:
+                svc = self.docker().services.get(name)
+                tasks = svc.tasks(filters={"desired-state": "running"})
+            except api_errors() as e:
+                last = one_line(e)
+                tasks = []
+            for t in tasks:
+                status = t.get("Status", {})
+                cid = status.get("ContainerStatus", {}).get("ContainerID")
+                last = f"{status.get('State')}: {status.get('Err') or status.get('Message')}"
+                if status.get("State") == "running" and cid:
+                    node = self.info["placement"][service]
+                    engine = self.info["engines"][node]
+                    port = "8080/tcp" if service.startswith("lease-") else {
+                        "valkey": "6379/tcp", "store": "5984/tcp", "toxiproxy": "8474/tcp"}[service]
+                    published = {f"{p['TargetPort']}/tcp": p["PublishedPort"]
+                                 for p in svc.attrs["Spec"].get("EndpointSpec", {}).get("Ports", [])}
+                    valkey = service == "valkey"
+                    return SwarmTask(name=service, log_path=self.dir / "logs" / f"{service}.log", service=service,
+                                     container_id=cid, container_port=port, client_factory=lambda e=engine: _engine(e),
+                                     host=self.info["addresses"][node], node=node, engine=engine, published=published,
+                                     service_id=svc.id, manager=self.info["manager"],
+                                     persistence=self.info["options"].get("persistence") if valkey else None,
+                                     data_dir="/data" if valkey else "")
+            time.sleep(0.5)
+        raise StackError(f"swarm service {name}: no running task within {self.deploy_timeout_s:.0f}s ({last}; "
+                         f"`docker service ps {name}` on the manager says why)")
+
+    def _describe(self, opts: StackOptions, proxies: dict[str, dict[str, Any]]) -> None:
+        """URLs on the nodes' addresses (host-mode ports) and the Toxiproxy topology, as ComposeStack records them."""
+        super()._describe(opts, proxies)
+        for key in ("valkey", "store", "toxiproxy", "lease_servers", "client_nodes", "topology"):
+            self.info[key] = _on_nodes(self.info[key], {p.name: p.host for p in self.processes})
+
+    # -- state and status ---------------------------------------------------------------------------------------
+    def load_state(self) -> dict[str, Any] | None:
+        data = self.read_state_file()
+        if data is None:
+            return None
+        if data.get("backend") != BACKEND:
+            raise StackError(f"stack {self.name!r} in {self.dir} belongs to the {data.get('backend', 'local')} "
+                             f"backend: take it down with `fencelab down --name {self.name}` or pick another name")
+        self.processes = [self._process_from_state(d) for d in data.get("processes", [])]
+        self.info = {k: v for k, v in data.items() if k != "processes"}
+        return data
+
+    def _process_from_state(self, d: dict[str, Any]) -> SwarmTask:
+        p = SwarmTask.from_state(d)
+        p.client_factory = lambda e=p.engine: _engine(e)
+        return p
+
+    def _bound(self) -> list[SwarmTask]:
+        return self.processes  # each task connects to its own node's engine when first used
+
+    def _row(self, p: SwarmTask) -> ProcessRow:
+        status = p.status()
+        return ProcessRow(name=p.name, pid=p.pid, alive=status in ("running", "paused"), status=status,
+                          ports={p.container_port: p.host_port()}, container=p.container_id[:12], node=p.node,
+                          host=p.host, log=f"docker -H {p.engine} logs {p.container_id[:12]}")
+
+    def _status_extras(self) -> dict[str, Any]:
+        return {"project": self.project, "store_admin": str(self.store_admin_file),
+                "nodes": dict(self.info.get("placement", {}))}
+
+    def replacements(self) -> list[dict[str, Any]]:
+        """Swarm's replacement tasks since the last call (the kill nemesis's completions carry them)."""
+        out = [r for p in self.processes for r in p.replacements]
+        for p in self.processes:
+            p.replacements = []
+        return out
+
+    # -- down ------------------------------------------------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Every service's log (all its tasks) into logs/, then the stack's services, networks and volumes gone."""
+        if not self.info:
+            self.load_state()
+        if not self.info:
+            return []
+        stopped = list(self.info.get("services", []))
+        errors = []
+        try:
+            self._save_logs()
+            self._remove()
+        except (StackError, *api_errors()) as e:
+            errors.append(one_line(e))
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if errors:
+            raise StackError(f"swarm stack {self.project}: {'; '.join(errors)}")
+        self.processes, self.info = [], {}
+        if self.state_file.exists():
+            self.state_file.unlink()
+        return stopped
+
+    def _save_logs(self) -> None:
+        """logs/<service>.log: the service's log through the manager (every task's, replaced ones too)."""
+        (self.dir / "logs").mkdir(parents=True, exist_ok=True)
+        for svc in self.docker().services.list(filters={"label": f"{STACK_LABEL}={self.project}"}):
+            service = svc.name.removeprefix(f"{self.project}_")
+            try:
+                data = b"".join(svc.logs(stdout=True, stderr=True, timestamps=True, details=True))
+            except api_errors() as e:
+                data = f"(no log: {one_line(e)})\n".encode()
+            (self.dir / "logs" / f"{service}.log").write_bytes(data)
+
+    def _remove(self, timeout: float = 90.0) -> None:
+        """`docker stack rm` by the SDK: services, then (once their containers are gone from every node) the
+        networks, then each node's volumes of the stack. Summaries only (`api.containers`, not
+        `containers.list`, which inspects each one and fails on a container Swarm removes meanwhile)."""
+        label = {"label": f"{STACK_LABEL}={self.project}"}
+        client = self.docker()
+        for svc in client.api.services(filters=label):
+            _gone_ok(lambda: client.api.remove_service(svc["ID"]))
+        engines = self.info.get("engines", {})
+        deadline = time.monotonic() + timeout
+        while True:
+            left = []
+            for node, url in engines.items():
+                c = _engine(url)
+                try:
+                    left += [f"{node}:{x['Id'][:12]}" for x in c.api.containers(all=True, filters=label)]
+                    if not left:  # the node's networks and volumes of the stack go once no container uses them
+                        for net in c.api.networks(filters=label):
+                            _gone_ok(lambda: c.api.remove_network(net["Id"]))
+                        for vol in (c.api.volumes(filters=label) or {}).get("Volumes") or []:
+                            _gone_ok(lambda: c.api.remove_volume(vol["Name"], force=True))
+                finally:
+                    c.close()
+            if not left:
+                break
+            if time.monotonic() > deadline:
+                raise StackError(f"containers of the stack still on the nodes {timeout:.0f}s after removal: "
+                                 f"{', '.join(left)}")
+            time.sleep(0.5)
+        for net in client.api.networks(filters=label):  # the overlay networks, on the manager
+            _gone_ok(lambda: client.api.remove_network(net["Id"]))
+
+
+def _gone_ok(remove: Any) -> None:
+    """One removal; an object already gone (Swarm removed it meanwhile) is what was wanted."""
+    try:
+        remove()
+    except docker_module().errors.NotFound:
+        pass
+
+
+def _docker_host() -> str:
+    """The manager when the placement names none: DOCKER_HOST (StackError when that is unset too)."""
+    import os  # only here: the one environment read of this module
+
+    host = os.environ.get("DOCKER_HOST")
+    if not host:
+        raise StackError("--backend swarm needs the Swarm manager: `manager = \"...\"` in the placement file, or "
+                         "DOCKER_HOST")
+    return host
+
+
+def _on_nodes(value: Any, hosts: dict[str, str]) -> Any:
+    """`value` (a URL, a list of them, or the topology) with every 127.0.0.1 address read on the node that
+    publishes the port (host-mode ports answer on the node's address, never on 127.0.0.1)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return _swap(value, hosts)
+    if isinstance(value, list):
+        return [_swap(v, hosts) for v in value]
+    # the topology: its client links listen on Toxiproxy's node (its backend links on the overlay network)
+    return json.loads(json.dumps(value).replace("127.0.0.1", hosts.get("toxiproxy", "127.0.0.1")))
+
+
+def _swap(url: str, hosts: dict[str, str]) -> str:
+    """A URL on 127.0.0.1:<published port> moved onto the node that publishes that port."""
+    m = re.search(r"127\.0\.0\.1:(\d+)", url)
+    if not m:
+        return url
+    port = int(m.group(1))
+    for service, host in hosts.items():
+        if port == _published_port(service):
+            return url.replace("127.0.0.1", host)
+    return url.replace("127.0.0.1", hosts.get("toxiproxy", "127.0.0.1"))
+
+
+def _published_port(service: str) -> int | None:
+    """The host-mode port of `service`'s own container port (Toxiproxy's client links keep theirs)."""
+    if service.startswith("lease-"):
+        return LEASE_PUBLISHED + int(service.removeprefix("lease-"))
+    return PUBLISHED.get(service)

@@ -1,0 +1,174 @@
+"""The Swarm backend without a Swarm: the stack file it generates and the placement file it reads.
+
+What Swarm does with a Compose file as it stands was measured (docs/beyond-one-machine.md, "Swarm"); each test
+here holds the generated file to one of those findings. The live runs are tests/test_swarm_live.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lab.stack.compose import COMPOSE_FILE
+from lab.stack.errors import StackError
+from lab.stack.images import LOCAL_OVERRIDE
+from lab.stack.swarm import SwarmOptions, _interpolate, load_placement, stack_file
+from lab.runner import RunError, validate
+from lab.testmap import Test
+
+ENV = {"FENCELAB_STATE_DIR": "/state", "FENCELAB_UID": "0", "FENCELAB_GID": "0", "COUCHDB_USER": "u",
+       "COUCHDB_PASSWORD": "p", "FENCELAB_OWNER": ""}
+SERVICES = ["valkey", "store", "toxiproxy", "lease-1", "lease-2"]
+NODES = {"valkey": "node1", "store": "node1", "toxiproxy": "node1", "lease-1": "node2", "lease-2": "node3"}
+
+
+@pytest.fixture(scope="module")
+def doc():
+    return stack_file([COMPOSE_FILE, LOCAL_OVERRIDE], ENV, SERVICES, NODES)
+
+
+def test_ports_are_host_mode_on_their_own_numbers_and_services_are_dnsrr(doc):
+    """No ingress (it needs IPVS) and no VIPs (they time out without it): host-mode ports, dnsrr endpoints."""
+    for name, svc in doc["services"].items():
+        assert svc["deploy"]["endpoint_mode"] == "dnsrr", name
+        assert all(p["mode"] == "host" for p in svc["ports"]), svc["ports"]
+    published = [p["published"] for svc in doc["services"].values() for p in svc["ports"]]
+    assert len(published) == len(set(published)), "two services would bind one port on a shared node"
+    assert {p["published"] for p in doc["services"]["toxiproxy"]["ports"]} >= {26011, 26012}
+
+
+def test_each_service_is_pinned_to_its_node_and_what_swarm_ignores_is_gone(doc):
+    for name, svc in doc["services"].items():
+        assert svc["deploy"]["placement"]["constraints"] == [f"node.hostname == {NODES[name]}"]
+        assert not {"build", "restart", "depends_on"} & set(svc), name
+    assert set(doc["services"]) == set(SERVICES)
+    assert doc["networks"] == {"front": {"driver": "overlay"}, "back": {"driver": "overlay"}}
+
+
+def test_values_are_literal_and_the_override_replaces_healthchecks(doc):
+    """The lab interpolates (Swarm's CLI reads `${X:?a-b}` as a default) and merges (Swarm's CLI concatenates
+    two files' healthcheck lists): the local image's check replaces the official one."""
+    text = repr(doc)
+    assert "${" not in text
+    assert doc["services"]["valkey"]["healthcheck"]["test"] == ["CMD", "valkey-ping"]
+    assert doc["services"]["lease-1"]["image"] == "fencelab/lease-server:trixie"
+    assert "/state/principals:/fencelab/principals:ro" in doc["services"]["lease-1"]["volumes"]
+
+
+def test_interpolation_reads_a_dash_in_a_message_as_a_message():
+    assert _interpolate("${A:?set A-first}", {"A": "x"}) == "x"
+    assert _interpolate("${A:-d-e}", {}) == "d-e"
+    with pytest.raises(StackError, match="set A-first"):
+        _interpolate("${A:?set A-first}", {})
+
+
+def test_the_default_placement_puts_lease_servers_on_workers():
+    opts = SwarmOptions(servers=3, place={"store": "node2"})
+    assert opts.placement(["node1"], ["node2", "node3"]) == {
+        "valkey": "node1", "store": "node2", "toxiproxy": "node1", "lease-1": "node2", "lease-2": "node3",
+        "lease-3": "node2"}
+
+
+@pytest.mark.parametrize("text, words", [
+    ('[engines]\nnode1 = "unix:///x"\n[place]\nvalkey = "node9"\n', "node9.*no such node"),
+    ('[engines]\nnode1 = "unix:///x"\n[place]\nredis = "node1"\n', "'redis' is not a service"),
+    ('nodes = ["a"]\n', "unknown key 'nodes'"),
+    ('manager = "unix:///x"\n', "`engines` must map"),
+])
+def test_a_bad_placement_is_one_line(tmp_path, text, words):
+    path = tmp_path / "place.toml"
+    path.write_text(text)
+    with pytest.raises(StackError, match=words):
+        load_placement(path)
+    with pytest.raises(RunError, match=words):
+        validate(Test(workload="fenced-append", backend="swarm", hosts_file=str(path)))
+
+
+def test_the_swarm_backend_refuses_what_it_cannot_do(tmp_path):
+    path = tmp_path / "place.toml"
+    path.write_text('[engines]\nnode1 = "unix:///x"\n')
+    with pytest.raises(RunError, match="needs --hosts FILE"):
+        validate(Test(workload="fenced-append", backend="swarm"))
+    with pytest.raises(RunError, match="--nemesis clock cannot run on --backend swarm"):
+        validate(Test(workload="fenced-append", backend="swarm", hosts_file=str(path), nemesis=["clock"]))
+    validate(Test(workload="fenced-append", backend="swarm", hosts_file=str(path), nemesis=["partition", "kill",
+                                                                                              "pause"]))
+
+
+def test_a_campaign_evidence_and_mutants_place_cells_on_a_swarm_with_its_placement(tmp_path):
+    """The backend axis takes swarm with its placement file (and refuses one without the other), as it takes ssh."""
+    import tomllib
+
+    from click.testing import CliRunner
+
+    from lab.campaign import CampaignError, expand
+    from lab.campaign.spec import parse_spec
+    from lab.cli import main
+
+    place = tmp_path / "place.toml"
+    place.write_text('[engines]\nnode1 = "unix:///x"\n')
+
+    def spec(impl: str):
+        return parse_spec(tomllib.loads(f'name = "s"\nworkloads = ["fenced-append"]\nnemeses = ["kill"]\n'
+                                        f'implementations = [{{ name = "sw", sut = "reference", {impl} }}]\n'), "s.toml")
+
+    tests = [r.to_test() for r in expand(spec(f'backend = "swarm", hosts = "{place}"'))]
+    assert {(t.backend, t.hosts_file) for t in tests} == {("swarm", str(place))}
+    with pytest.raises(CampaignError, match='backend "swarm" and hosts .*beyond-one-machine.md.* go together'):
+        spec('backend = "swarm"')
+    for cmd in ("evidence", "mutants"):
+        res = CliRunner().invoke(main, [cmd, "--backend", "swarm"])
+        assert res.exit_code == 2 and "--backend swarm and --hosts FILE go together" in res.output, res.output
+
+
+class _Container:
+    def __init__(self, cid: str):
+        self.id, self.status = cid, "running"
+        self.attrs = {"State": {"Status": "running", "Pid": 7, "Health": {"Status": "healthy"}}}
+
+    def reload(self):
+        self.attrs["State"]["Status"] = self.status
+
+    def kill(self, signal=None):
+        self.status = "exited"
+
+
+class _Engine:
+    """A node's engine and the manager in one: containers by id, the service's tasks."""
+
+    def __init__(self):
+        self.by_id = {"old": _Container("old")}
+        self.running: list[dict] = []
+        self.containers = self
+        self.api = self
+
+    def get(self, cid):
+        return self.by_id[cid]
+
+    def tasks(self, filters):
+        return self.running
+
+    def close(self):
+        pass
+
+
+def test_a_killed_task_is_not_restarted_by_the_lab_but_swarms_replacement_is_awaited_and_recorded(tmp_path,
+                                                                                                   monkeypatch):
+    """`docker start` of a task's container fails on Swarm: after the lab's kill, `start` awaits the task Swarm
+    starts instead, binds to it and records it (what the kill's completion carries)."""
+    from lab.stack import swarm
+    from lab.stack.swarm import SwarmTask
+
+    engine = _Engine()
+    monkeypatch.setattr(swarm, "_engine", lambda url: engine)
+    task = SwarmTask(name="lease-1", log_path=tmp_path / "l.log", service="lease-1", container_id="old",
+                     container_port="8080/tcp", client=engine, manager="unix:///m", service_id="svc", node="node2")
+    assert task.alive() and task.healthy()
+    task.kill()
+    assert not task.alive(), "a task the lab killed is dead until the lab restarts it"
+    task.start(wait=False)
+    assert task.alive() and not task.healthy(), "no replacement yet"
+    engine.by_id["new"] = _Container("new")
+    engine.running.append({"ID": "t2", "Status": {"State": "running", "ContainerStatus": {"ContainerID": "new"}}})
+    assert task.healthy() and task.container_id == "new"
+    [rec] = task.replacements
+    assert (rec["old_container"], rec["new_container"], rec["node"], rec["task"]) == ("old", "new", "node2", "t2")
