@@ -11,7 +11,7 @@ install:
 	@bash scripts/install.sh all
 
 test: install
-	@bash scripts/run-tests.sh -m "not slow" $(PYTEST_ARGS)
+	@bash scripts/run-tests.sh -m "not slow" --durations=30 $(PYTEST_ARGS)
 
 test-slow: install
 	@bash scripts/run-tests.sh -m slow $(PYTEST_ARGS)

@@ -75,7 +75,8 @@ def _test(place, **kw) -> Test:
 
 def test_fenced_append_under_partition_kill_and_pause_on_three_nodes(swarm, tmp_path):
     sw, place = swarm
-    res = run_test(_test(place, time_limit=60.0), tmp_path)  # the "done when" run
+    # the "done when" run is 60 s (docs/beyond-one-machine.md); 40 s gives every fault its window here
+    res = run_test(_test(place, time_limit=40.0), tmp_path)
     run_dir = (tmp_path / "latest").resolve()
     assert res["valid"] is True, {k: v.get("valid") for k, v in res["results"].items()}
     for fault in ("partition", "kill", "pause"):
@@ -95,7 +96,7 @@ def test_fenced_append_under_partition_kill_and_pause_on_three_nodes(swarm, tmp_
 
 def test_a_planted_bug_is_caught_on_the_swarm_stack(swarm, tmp_path):
     sw, place = swarm
-    res = run_test(_test(place, mutant="release-any-owner"), tmp_path)
+    res = run_test(_test(place, mutant="release-any-owner", time_limit=20.0), tmp_path)
     run_dir = (tmp_path / "latest").resolve()
     logs = "".join((run_dir / "stack" / "logs" / f"lease-{i}.log").read_text() for i in (1, 2))
     assert "PLANTED BUG" in logs
