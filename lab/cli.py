@@ -347,7 +347,7 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
     for t in tests if sut_options else ():
         set_sut_options(t, sut_options)
     for t in tests if store_url else ():
-        t.live["store_url"] = store_url  # never saved: test.json gets the redacted form
+        t.live.store_url = store_url  # never saved: test.json gets the redacted form
     try:
         if scenario is not None:  # the scenario's options, except those given on the command line
             from lab.scenarios import ScenarioError, apply_scenario

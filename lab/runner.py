@@ -38,7 +38,7 @@ from lab.secrets import redact_secrets, redact_tree, redact_url
 from lab.server.mutants import MUTANT_NAMES
 from lab.sut import PluginError, SutError, get_sut, validate_test
 from lab.sut.probe import ProbeError, probe_external as probe, store_db
-from lab.sut.registry import PLUGIN_ERRORS, claimed_checker
+from lab.sut.registry import claimed_checker
 from lab.sut.target import BACKENDS, Kind, Target, TargetError, load_hosts as _load_hosts, target_of
 from lab.test_options import TEST_OPTIONS
 from lab.testmap import (AFTER_INFO, COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt,
@@ -148,7 +148,7 @@ def _validate_external(test: Test, target: Target) -> None:
     if test.lab_owns_store and not test.store_url:
         raise RunError("--lab-owns-store says the --store-url store is a scratch store the lab may set up: give "
                        "--store-url")
-    if needs_store(test) and not test.live.get("store_url") and not test.scenario:
+    if needs_store(test) and not test.live.store_url and not test.scenario:
         raise RunError(f"workload {test.workload!r} against an external system needs --store-url: the store the "
                        f"server writes into (database {store_db(test)!r}, --store-db), which the final reads check")
 
@@ -359,7 +359,7 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     writer = None
     try:
         status = stack.up(target.stack_options(test, store=wl.needs_store))
-        test.live["stack"] = stack
+        test.live.stack = stack
         test.lease_servers, test.valkey = list(status.lease_servers), status.valkey
         test.client_nodes = list(status.client_nodes)
         test.store, test.credentials_file = status.store, status.credentials
@@ -371,8 +371,8 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
         except PluginError as e:  # the system's own code raised at its first open: bad input, nothing ran
             if not writer.count:
                 raise RunError(str(e)) from None
-            test.live.setdefault(PLUGIN_ERRORS, []).append(str(e))
-        failures = test.live.get(PLUGIN_ERRORS)
+            test.live.plugin_errors.append(str(e))
+        failures = test.live.plugin_errors
         if failures:  # a worker's open raised during the run: the run is marked failed (`analyze` reads test.json)
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             test = test.evolve(extra={**test.extra, RUN_FAILED: f"{failures[0]}{more}"}).sealed()

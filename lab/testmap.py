@@ -20,6 +20,7 @@ import math
 import re
 import secrets
 import typing
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -52,6 +53,65 @@ class SpecFrozen(AttributeError):
     """A spec field assigned after validation: a resolved spec is changed by making a new one (`Test.evolve`)."""
 
 
+@dataclass(eq=False, repr=False)
+class RunContext(MutableMapping):
+    """What exists only while a run goes, never saved (`Test.live`): the running stack and what the run's layers
+    share through it. The lab's own entries are typed attributes; any other name is a plug-in's own state
+    (`plugins`), reached as a mapping, as `test.live.setdefault("my_table", Table())` always was
+    (docs/plugging-in-a-system.md). A typed entry reads absent (KeyError, `get` -> None) while it is unset.
+    The objects of layers above this one (the stack, the client nemeses' controls) are `Any` here: naming their
+    classes would import upward (.importlinter)."""
+
+    stack: Any = None  # the running stack (lab.stack; lab.runner sets it when the stack is up)
+    store_url: str | None = None  # the system's real store URL (`Test.store_url` is its redacted form)
+    client_clocks: Any = None  # nemesis.clock.ClientClocks: each client process's own clock (client-clock)
+    client_pauses: Any = None  # nemesis.process_faults.ClientPauses: the client-pause gate
+    plugin_errors: list[str] = field(default_factory=list)  # what a plug-in's factory raised while running
+    sut_findings: Any = None  # lab.findings: the StarIntel findings log of the run
+    sut_api_key: str | None = None  # the key the run's clients send (a secret: never in repr, never saved)
+    credentials: list[dict[str, Any]] | None = None  # the stack's principals (secrets too)
+    plugins: dict[str, Any] = field(default_factory=dict)  # a plug-in's own entries, by its own names
+
+    def _typed(self, key: str) -> bool:
+        return key in _RUN_CONTEXT_FIELDS
+
+    def __getitem__(self, key: str) -> Any:
+        if self._typed(key):
+            value = getattr(self, key)
+            if value is None or (key == "plugin_errors" and not value):
+                raise KeyError(key)
+            return value
+        return self.plugins[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if self._typed(key):
+            setattr(self, key, value)
+        else:
+            self.plugins[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if self._typed(key):
+            self[key]  # KeyError when unset, as a dict's del
+            setattr(self, key, [] if key == "plugin_errors" else None)
+        else:
+            del self.plugins[key]
+
+    def __iter__(self) -> Iterator[str]:
+        for key in _RUN_CONTEXT_FIELDS:
+            if key in self:
+                yield key
+        yield from self.plugins
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:  # names only: the key and the credentials are secrets
+        return f"RunContext({', '.join(self)})"
+
+
+_RUN_CONTEXT_FIELDS = tuple(f.name for f in fields(RunContext) if f.name != "plugins")
+
+
 def new_run_salt() -> str:
     """A fresh per-run salt (8 hex digits): seeded ids stay reproducible, yet differ from every other run's."""
     return secrets.token_hex(4)
@@ -82,7 +142,7 @@ class Test:
     urls: list[str] = field(default_factory=list)  # an external system's lease servers (--url): no stack is started
     api_key_file: str | None = None  # the API key's file for an external system (the path only, never the key)
     servers: int | None = None  # lease servers the lab's own stack starts (None: DEFAULT_SERVERS); not with urls
-    store_url: str | None = None  # the store the system writes into, redacted (the real URL: live["store_url"])
+    store_url: str | None = None  # the store the system writes into, redacted (the real URL: live.store_url)
     store_db: str | None = None  # that store's database (default: fencelab)
     proxy_urls: bool = False  # the lab's Toxiproxy in front of the urls (client -> server links)
     lab_owns_store: bool = False  # the store_url store is a scratch store the lab may set up
@@ -101,7 +161,7 @@ class Test:
     store: str | None = None
     credentials_file: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # what a run records about itself; plug-in options
-    live: dict[str, Any] = field(default_factory=dict, repr=False)  # never saved: clients, processes, sockets
+    live: RunContext = field(default_factory=RunContext, repr=False)  # never saved: the stack, clients, sockets
 
     def __post_init__(self) -> None:
         self.extra = dict(self.extra or {})
@@ -114,7 +174,7 @@ class Test:
         object.__setattr__(self, name, value)
 
     def evolve(self, **changes: Any) -> "Test":
-        """A new Test: this one with `changes` (unsealed, its own `extra` and lists; `live` is the same dict)."""
+        """A new Test: this one with `changes` (unsealed, its own `extra` and lists; `live` is the same context)."""
         changes.setdefault("extra", dict(self.extra))
         for name in ("nemesis", "urls"):
             changes.setdefault(name, list(getattr(self, name)))
@@ -158,11 +218,11 @@ class Test:
         """The demo principals (with API keys) of the stack under test; never written to the history."""
         import json
 
-        if "credentials" not in self.live:
+        if self.live.credentials is None:
             if not self.credentials_file:
                 raise ValueError("the test has no credentials file (is the stack up?)")
-            self.live["credentials"] = json.loads(Path(self.credentials_file).read_text())
-        return self.live["credentials"]
+            self.live.credentials = json.loads(Path(self.credentials_file).read_text())
+        return self.live.credentials
 
 
 # the option fields test.json leaves out while unset (every first-class option but ttl_ms, which always was a field)

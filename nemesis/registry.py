@@ -12,10 +12,10 @@
   `lab.sut.target.Target.fault_problem` before anything starts) and its
   builder. A new fault is its module and one row here.
 - `build(test, names, *, interval_s, seed, builders)`: the composed nemesis over
-  the running stack (`test.live["stack"]`), each group of names built by its
+  the running stack (`test.live.stack`), each group of names built by its
   row's builder or the placement's own, and the nemesis lane generator
   (`nemesis.schedule`). It also puts `ClientClocks` and `ClientPauses` in
-  `test.live["client_clocks"]` / `test.live["client_pauses"]` for the
+  `test.live.client_clocks` / `test.live.client_pauses` for the
   workload clients to read.
 
 Network nemeses are built at once (so their parameters are checked before the
@@ -167,7 +167,7 @@ def _build_network(ctx: FaultContext, names: list[str]) -> Any:
 
 
 def _build_netns(ctx: FaultContext, names: list[str]) -> Any:
-    hosts = ctx.test.live.get("netns_hosts") or getattr(ctx.stack, "netns_hosts", None)
+    hosts = getattr(ctx.stack, "netns_hosts", None)
     if not isinstance(hosts, NetnsHosts):
         raise ValueError("--nemesis netns: the stack's processes must run in network namespaces "
                          "(a nemesis.netns_partition.NetnsHosts): start the local stack with StackOptions(netns=True)")
@@ -372,7 +372,7 @@ def _rng_for(seed: int, name: str) -> random.Random:
 
 def build(test: Test, names: Any, *, interval_s: float, seed: int, hold_s: float | None = None,
           builders: Mapping[str, Builder] | None = None) -> tuple[Any, Any]:
-    """(the composed nemesis, the nemesis lane generator) for `names` over `test.live["stack"]`.
+    """(the composed nemesis, the nemesis lane generator) for `names` over `test.live.stack`.
 
     Each group of names is built by its row's builder (`NEMESES`), or by the placement's own (`builders`:
     group -> builder, from the Target: SSH hosts move clocks and cut links over SSH). The generator runs for
@@ -382,14 +382,17 @@ def build(test: Test, names: Any, *, interval_s: float, seed: int, hold_s: float
     names = validate_names(names)
     if not names:
         raise ValueError("--nemesis: no nemesis named")
-    stack = test.live.get("stack")
+    stack = test.live.stack
     # the client nemeses act on the lab's own clients only: they need no stack (an external system has none)
     if stack is None and any(NEMESES[n].needs - {"client", "client-freeze", "client-clock"} for n in names):
-        raise ValueError("the nemesis needs the running stack in test.live['stack'] (a stack that is up)")
-    ctx = FaultContext(test=test, stack=stack, seed=seed,
-                       client_clocks=test.live.setdefault("client_clocks", clock.ClientClocks(test.concurrency)),
-                       client_pauses=test.live.setdefault("client_pauses",
-                                                          process_faults.ClientPauses(test.concurrency)))
+        raise ValueError("the nemesis needs the running stack in test.live.stack (a stack that is up)")
+    live = test.live
+    if live.client_clocks is None:
+        live.client_clocks = clock.ClientClocks(test.concurrency)
+    if live.client_pauses is None:
+        live.client_pauses = process_faults.ClientPauses(test.concurrency)
+    ctx = FaultContext(test=test, stack=stack, seed=seed, client_clocks=live.client_clocks,
+                       client_pauses=live.client_pauses)
     groups: dict[str, list[str]] = {}
     for n in sorted(names, key=lambda n: NEMESES[n].rank):
         groups.setdefault(NEMESES[n].group, []).append(n)

@@ -27,6 +27,7 @@ import pytest
 from docker.api.client import APIClient
 from docker.models.containers import Container, ContainerCollection
 
+from lab.testmap import RunContext
 from lab.stack.compose import (COMPOSE_FILE, ComposeStack, ContainerProcess, compose_command, project_name,
                                 stack_backend)
 from lab.stack.images import ImageSet
@@ -619,7 +620,7 @@ def test_the_registry_builds_valkey_crash_and_valkey_restore_on_compose(running)
     from nemesis.valkey import ValkeyCrashNemesis, ValkeyRestoreNemesis, valkey_crash, valkey_restore
 
     stack, _ = running
-    test = SimpleNamespace(live={"stack": stack}, concurrency=1, time_limit=5.0)
+    test = SimpleNamespace(live=RunContext(stack=stack), concurrency=1, time_limit=5.0)
     nemesis, _ = build(test, ["valkey-crash", "valkey-restore"], interval_s=1.0, seed=3)
     assert {"start-valkey-crash", "start-valkey-restore", "stop-valkey-restore"} <= nemesis.fs
     assert isinstance(valkey_crash(stack.process("valkey")), ValkeyCrashNemesis)

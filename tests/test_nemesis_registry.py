@@ -123,7 +123,7 @@ def test_stack_options_merge_what_the_nemeses_need():
 
 def test_build_refuses_a_stack_without_what_the_nemesis_needs(tmp_path):
     test = Test(time_limit=5)
-    with pytest.raises(ValueError, match=r"needs the running stack in test.live\['stack'\]"):
+    with pytest.raises(ValueError, match=r"needs the running stack in test.live.stack"):
         registry.build(test, "kill", interval_s=1, seed=1)
     test.live["stack"] = LocalStack(name="t", root=tmp_path, info={"clocks": {}})
     with pytest.raises(ValueError, match="started without fake clocks"):

@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from lab import paths
+from lab.testmap import RunContext
 from lab.stack.local import StackOptions
 from lab.sut import SutError, register_sut, unregister_sut
 from lab.sut.processes import LinkSpec, ProcessSpec, SutStack, SystemProcesses, check_test
@@ -252,6 +253,6 @@ def test_leader_pause_is_refused_on_a_stack_whose_system_names_no_leader(tmp_pat
     for stack in (SimpleNamespace(info={}, processes=[]),
                   SimpleNamespace(info={}, processes=[], leader_nemesis=lambda rng: (_ for _ in ()).throw(
                       ValueError("--nemesis leader-pause: the system under test declares no leader")))):
-        test = SimpleNamespace(live={"stack": stack}, concurrency=1, time_limit=5.0)
+        test = SimpleNamespace(live=RunContext(stack=stack), concurrency=1, time_limit=5.0)
         with pytest.raises(ValueError, match=r"^--nemesis leader-pause: the system under test declares no leader$"):
             build(test, ["leader-pause"], interval_s=1.0, seed=1)

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from lab.cli import main
 from lab.runner import RunError, analyze, load_test, replay_command, validate
-from lab.testmap import (FIRST_CLASS, OPTIONS, OptionError, Test, check_options, field_problem, merge_options,
-                         servers_problem)
+from lab.testmap import (FIRST_CLASS, OPTIONS, OptionError, RunContext, Test, check_options, field_problem,
+                         merge_options, servers_problem)
 
 DATA = Path(__file__).parent / "data" / "lease-run-history.jsonl"
 
@@ -258,3 +258,26 @@ def test_prepare_run_and_a_scenario_resolve_into_new_specs():
     run_spec, wl = scenario_workload(sealed)
     assert run_spec.is_sealed and "key_nonce" in run_spec.extra and "key_nonce" not in sealed.extra
     assert wl.name == "scenario:concurrent-acquires"
+
+
+def test_the_run_context_is_typed_for_the_lab_and_a_mapping_for_a_plug_in():
+
+    t = Test()
+    assert isinstance(t.live, RunContext) and t.live.stack is None and "stack" not in t.live
+    assert t.live.get("store_url") is None and len(t.live) == 0
+    with pytest.raises(KeyError):
+        t.live["stack"]
+    t.live.store_url = "http://admin:s3cret@127.0.0.1:5984"
+    t.live.sut_api_key = "k-very-secret"
+    assert t.live["store_url"] == t.live.store_url and "store_url" in t.live
+    table = t.live.setdefault("my_table", {"rows": 1})  # a plug-in's own entry, by its own name
+    assert t.live.setdefault("my_table", {}) is table and t.live.plugins == {"my_table": table}
+    t.live["client_pauses"] = pauses = object()  # a typed name set as a mapping lands on its attribute
+    assert t.live.client_pauses is pauses
+    assert set(t.live) == {"store_url", "sut_api_key", "client_pauses", "my_table"}
+    assert t.evolve(seed=3).live is t.live  # one context per run, whatever spec the run resolves to
+    assert "s3cret" not in repr(t.live) and "k-very-secret" not in repr(t.live)  # names only: secrets stay out
+    assert "live" not in t.to_json() and "s3cret" not in json.dumps(t.to_json())
+    t.live.plugin_errors.append("boom")
+    del t.live["my_table"], t.live["plugin_errors"]
+    assert "my_table" not in t.live and t.live.plugin_errors == []

@@ -64,7 +64,7 @@ DB = "fencelab"
 
 def store_url(test) -> str:
     """The store's URL with its credentials (kept out of test.json: `test.store` is the redacted one)."""
-    return test.live.get("store_url") or test.store
+    return test.live.store_url or test.store
 
 
 def doc_id(key: str) -> str:

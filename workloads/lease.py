@@ -91,10 +91,10 @@ class LeaseDriver:
 
     async def before_request(self, test, op: dict[str, Any]) -> None:
         """Honour the client nemeses: a paused process waits here; a skewed one reads its own clock."""
-        clocks = test.live.get("client_clocks")
+        clocks = test.live.client_clocks
         if clocks is not None and self.api is not None:
             self.api.clock_ms = clocks.clock_for(op["process"])
-        pauses = test.live.get("client_pauses")
+        pauses = test.live.client_pauses
         if pauses is not None:
             if self.api is not None and hasattr(self.api, "pause_gate"):  # a system that stops mid-op too (etcd)
                 process = op["process"]

@@ -134,7 +134,7 @@ class ScenarioDriver:
 
     async def before_request(self, test, op: dict[str, Any]) -> None:
         """A client-paused thread waits here (the GC-paused holder of the races table)."""
-        pauses = test.live.get("client_pauses")
+        pauses = test.live.client_pauses
         if pauses is not None:  # naming its systems lets the pause freeze them whole
             await pauses.wait(op["process"], *self.systems.values())
 
@@ -424,7 +424,7 @@ def _doc_id(test, key: str) -> str:
 
 def _store_url(test) -> str | None:
     """The run's store with its credentials (test.store is the redacted form kept in test.json)."""
-    return test.live.get("store_url") or test.store
+    return test.live.store_url or test.store
 
 
 def _api_key_of(test, principal_id: str) -> str:

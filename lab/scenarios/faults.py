@@ -160,7 +160,9 @@ def build_nemesis(test: Test, scenario: Any, identity_for) -> Any:
                                          builders=target.fault_builders())
         members.append(registered)
     if scenario.client_pause:
-        pauses = test.live.setdefault("client_pauses", process_faults.ClientPauses(test.concurrency))
+        if test.live.client_pauses is None:
+            test.live.client_pauses = process_faults.ClientPauses(test.concurrency)
+        pauses = test.live.client_pauses
         members.append(process_faults.client_pause(pauses, rng=random.Random(f"{test.seed}:client-pause"),
                                             max_duration_s=30))
     if scenario.pokes:

@@ -57,7 +57,7 @@ async def _probe(test: Test, *, needs_store: bool, timeout_s: float) -> dict[str
             await _health(http, test, url)
             await _auth(test, url, timeout_s)
             done["urls"].append(redact_url(url))
-        store = test.live.get("store_url")
+        store = test.live.store_url
         if needs_store and store:
             done["store"] = await _store(http, store, store_db(test), create=lab_owns_store(test))
     return done

@@ -19,7 +19,7 @@ does (`lab.stack.topology`). The workload's clients then dial `client_nodes`
 (thread t talks to `client_nodes[t % len]`), so `partition`, `latency`,
 `reset-peer`, `bandwidth` and `slicer` act on client -> server links only;
 the grudges that need Valkey or the store links have no target here and are
-never drawn. It stands in `test.live["stack"]` for `nemesis.registry.build`,
+never drawn. It stands in `test.live.stack` for `nemesis.registry.build`,
 which reads `info["toxiproxy"]` and `info["topology"]` from it.
 """
 

@@ -136,7 +136,6 @@ def check_sut(entry: SutEntry, test: Test) -> None:
         plugin_call(entry, entry.check, test)
 
 
-PLUGIN_ERRORS = "plugin_errors"  # test.live: what a plug-in's factory raised during the run (lab.runner reads it)
 _REGISTRY: dict[str, SutEntry] = {}
 _BY_SPEC: dict[str, SutEntry] = {}  # systems named as module.path:Factory, imported once
 
@@ -308,7 +307,7 @@ def open_system(test: Test, node: Any, service_instance_id: str, *, needs: Workl
     try:
         system = plugin_call(entry, entry.factory, test, node, service_instance_id, **kwargs)
     except PluginError as e:  # the run notes it (a worker's failed open is an op that failed; the run is marked)
-        test.live.setdefault(PLUGIN_ERRORS, []).append(str(e))
+        test.live.plugin_errors.append(str(e))
         raise
     if inspect.isawaitable(system):
         if hasattr(system, "close"):
@@ -349,9 +348,8 @@ class CheckedSystem:
 
 def api_key_for(test: Test, capability: str = "targets:lease") -> str:
     """The run's API key: `test.api_key_file`, else the stack's credentials, else $FENCELAB_API_KEY."""
-    live = test.live
-    if "sut_api_key" in live:
-        return live["sut_api_key"]
+    if test.live.sut_api_key is not None:
+        return test.live.sut_api_key
     path = test.api_key_file
     if path:
         try:
@@ -373,16 +371,16 @@ def api_key_for(test: Test, capability: str = "targets:lease") -> str:
     else:
         raise SutError("no API key for the system under test: pass --api-key-file FILE (one key on one line) "
                        f"or set {API_KEY_ENV}")
-    live["sut_api_key"] = key
+    test.live.sut_api_key = key
     return key
 
 
 def findings_for(test: Test):
     """The run's StarIntel findings log (one per test, written to <run_dir>/findings.jsonl when there is one)."""
-    log = test.live.get("sut_findings")
+    log = test.live.sut_findings
     if log is None:
         run_dir = test.run_dir
-        log = test.live["sut_findings"] = new_findings_log(Path(run_dir) / FINDINGS_FILE if run_dir else None)
+        log = test.live.sut_findings = new_findings_log(Path(run_dir) / FINDINGS_FILE if run_dir else None)
     return log
 
 

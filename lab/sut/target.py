@@ -335,7 +335,7 @@ class Target:
                               "(--url, or a --sut that brings its own processes) is placed by itself: drop --backend")
         if self.kind is Kind.REFERENCE:
             self.backend.check(test)
-            if test.backend != "local" and (test.live.get("store_url") or test.store_url):
+            if test.backend != "local" and (test.live.store_url or test.store_url):
                 raise TargetError(f"--store-url with --backend {test.backend}: that stack runs its own store; drop "
                                   "one of them")
         elif test.hosts_file:
@@ -378,14 +378,14 @@ class Target:
             return self.backend.make(test, Path(root))
         if self.kind is Kind.SYSTEM:
             return SutStack(self.decl, root=Path(root), die_with_parent=True)
-        store = test.store_url if test.live.get("store_url") else None  # the system's own store, as test.json shows it
+        store = test.store_url if test.live.store_url else None  # the system's own store, as test.json shows it
         if self.proxied:
             return ProxiedUrls(list(self.urls), Path(root), client_groups=2, store=store)
         return UrlStack(list(self.urls), Path(root), store=store)
 
     def stack_options(self, test: Test, *, store: bool) -> Any:
         """What the run's stack must start: servers, the store, and what the test's nemeses need of it."""
-        opts = StackOptions(servers=test.server_count(), store=store, store_url=test.live.get("store_url"),
+        opts = StackOptions(servers=test.server_count(), store=store, store_url=test.live.store_url,
                             mutant=test.mutant or "", **(nemesis_stack_options(test.nemesis) if test.nemesis else {}))
         if self.kind is Kind.REFERENCE and self.backend.options is not None:
             return self.backend.options(test, opts)
