@@ -18,7 +18,7 @@ from collections import defaultdict
 import pytest
 
 import lab.generator as gen
-from lab.history import read_history
+from lab.history import pair_ops, read_history
 from lab.testmap import Test
 from workloads import get_workload
 from workloads.fenced_append import EDGE_AT
@@ -94,15 +94,8 @@ def run(tmp_path, seed: int, *extra: str) -> tuple[int, list[dict], dict, str]:
 
 
 def pairs(history: list[dict]) -> list[tuple[dict, dict]]:
-    open_, out = {}, []
-    for o in history:
-        if o["process"] == "nemesis":
-            continue
-        if o["type"] == "invoke":
-            open_[o["process"]] = o
-        else:
-            out.append((open_.pop(o["process"]), o))
-    return out
+    """The client operations that completed, as (invocation, completion), in completion order (the one pairing)."""
+    return [(i, c) for i, c in pair_ops(history) if c is not None and i["process"] != "nemesis"]
 
 
 def edge_commits(ps: list[tuple[dict, dict]], ttl_ms: int) -> list[tuple[dict, dict, dict]]:

@@ -255,17 +255,22 @@ def test_the_simulator_records_the_same_marks():
     assert "reopened" not in invokes["c"] and "mechanism" not in invokes["c"]
 
 
-def test_a_commit_validated_while_its_lease_was_live_is_in_flight_not_a_stale_holder():
-    # the system checked s1's commit at +900, before L1's expiry at +1000, and applied it after s2's write: no
-    # mechanism made the holder stale (the boundary let a live holder's write land late: C27); the lab's
-    # marks of that lease are still listed, and the checkers still convict
-    h = stale_history(marks={"mechanism": "stall", "stall_ms": 1500})
+def convicted_validated_live(h: LeaseHistory) -> tuple[dict, dict]:
+    """s1's commit reported validated at +900, while L1 was live (until +1000): both checkers still convict."""
     for o in h.ops:
         if o["type"] == "ok" and o["f"] == "commit" and o["value"].get("accepted_token") == 1:
             o["value"]["validated_at_ms"] = BASE + 900
     stale_commit, stale_write = check_both(h)
     assert stale_commit["valid"] is False and stale_write["valid"] is False
-    for result in (stale_commit, stale_write):
+    return stale_commit, stale_write
+
+
+def test_a_commit_validated_while_its_lease_was_live_is_in_flight_not_a_stale_holder():
+    # the system checked s1's commit at +900, before L1's expiry at +1000, and applied it after s2's write: no
+    # mechanism made the holder stale (the boundary let a live holder's write land late: C27); the lab's
+    # marks of that lease are still listed, and the checkers still convict
+    h = stale_history(marks={"mechanism": "stall", "stall_ms": 1500})
+    for result in convicted_validated_live(h):
         named = [v for v in result["violations"] if v.get("mechanism") is not None]
         assert named and all(v["mechanism"] == "in-flight" and v["earlier_mechanisms"] == ["stall"]
                              for v in named), named
@@ -280,11 +285,6 @@ def test_a_retry_continued_under_its_first_validation_after_a_stall_names_the_st
                                     "entry": [0, 1, 1]}, None, "s1", type="info", error="timeout")
 
     h = stale_history(marks={"mechanism": "stall", "stall_ms": 1500}, stale_process=2, before=first_attempt)
-    for o in h.ops:
-        if o["type"] == "ok" and o["f"] == "commit" and o["value"].get("accepted_token") == 1:
-            o["value"]["validated_at_ms"] = BASE + 900
-    stale_commit, stale_write = check_both(h)
-    assert stale_commit["valid"] is False and stale_write["valid"] is False
-    for result in (stale_commit, stale_write):
+    for result in convicted_validated_live(h):
         named = [v for v in result["violations"] if v.get("mechanism") is not None]
         assert named and all(v["mechanism"] == "stall" for v in named), named

@@ -15,7 +15,7 @@ from collections import defaultdict
 import pytest
 
 import lab.generator as gen
-from lab.history import read_history
+from lab.history import pair_ops, read_history
 from lab.testmap import Test
 from workloads import get_workload
 
@@ -121,16 +121,9 @@ def run(tmp_path, workload, *args):
     return read_history(d / "history.jsonl"), json.loads((d / "results.json").read_text())
 
 
-def pairs(history):
-    open_, out = {}, []
-    for o in history:
-        if o["process"] == "nemesis":
-            continue
-        if o["type"] == "invoke":
-            open_[o["process"]] = o
-        else:
-            out.append((open_.pop(o["process"]), o))
-    return out
+def pairs(history: list[dict]) -> list[tuple[dict, dict]]:
+    """The client operations that completed, as (invocation, completion), in completion order (the one pairing)."""
+    return [(i, c) for i, c in pair_ops(history) if c is not None and i["process"] != "nemesis"]
 
 
 def check_sent(ps):

@@ -40,7 +40,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from lab.server import backend as keys
 from lab.server.backend import ACTIVE_INDEX, Backend, BackendError, NotStarted
 from lab.server.identity import KEY_PREFIX
-from lab.server.commit import Accepted, CommitService
+from lab.server.commit import CommitService
 from lab.server.errors import LeaseError
 from lab.server.mutants import LuaPatch, Mutant, get_mutant
 from lab.server.scripts import LUA_DIR, Script
@@ -374,6 +374,10 @@ class LateUnguardedCommits(CommitService):
     token, not only the validation; C29). Commits validated earlier in their lease take the fenced path.
     """
 
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._late: set[int] = set()  # the requests on the late path (by identity: a request is not hashable)
+
     async def conditional_write(self, principal: Any, req: Any, token: int, validated_at: int, deadline: float,
                                 db: str) -> Any:
         late_s = await self._late_by(req, validated_at, deadline)
@@ -381,25 +385,20 @@ class LateUnguardedCommits(CommitService):
             return await super().conditional_write(principal, req, token, validated_at, deadline, db)
         await self._hook("late", req)  # tests hold a late write here (the lab's runs never set it)
         await asyncio.sleep(max(0.0, min(late_s, deadline - asyncio.get_running_loop().time() - 0.05)))
-        assert self.store is not None
-        for _ in range(self.settings.commit_max_attempts):
-            current = await self.store.get(db, req.fields["doc"], deadline)
-            done = self.already_applied(current, principal, req, db)
-            if done is not None:
-                return done
-            new = self.build(current, principal, req, token, validated_at)
-            if current is not None and isinstance(current.get("fence_token"), int) and current["fence_token"] > token:
-                for k, v in current.items():  # the newer holder's fence record stays: the guard sees no regression
-                    if k.startswith("fence_") and k != "fence_applied":
-                        new[k] = v
-            res = await self.store.put(db, req.fields["doc"], new, deadline)
-            if res.ok and res.rev:
-                return Accepted(req.fields["doc"], db, res.rev, token, req.lease_id, validated_at)
-            if not res.conflict:
-                raise LeaseError("lease_backend_unavailable", "the document store refused the write",
-                                 retryable=False, backend_health="fault")
-        raise LeaseError("lease_backend_unavailable", "the document kept changing under concurrent commits; "
-                         "retry with the same request_id", retry_after_ms=50, backend_health="ok")
+        self._late.add(id(req))  # the base's read-rebuild-write loop, with `build` keeping a newer fence record
+        try:
+            return await super().conditional_write(principal, req, token, validated_at, deadline, db)
+        finally:
+            self._late.discard(id(req))
+
+    def build(self, current: Any, principal: Any, req: Any, token: int, validated_at: int) -> Any:
+        new = super().build(current, principal, req, token, validated_at)
+        if (id(req) in self._late and current is not None and isinstance(current.get("fence_token"), int)
+                and current["fence_token"] > token):
+            for k, v in current.items():  # the newer holder's fence record stays: the guard sees no regression
+                if k.startswith("fence_") and k != "fence_applied":
+                    new[k] = v
+        return new
 
     async def _late_by(self, req: Any, validated_at: int, deadline: float) -> float | None:
         """Seconds the late path waits (a fifth of the TTL), when this lease has less than that left; else None."""
