@@ -47,7 +47,7 @@ from nemesis.core import NemesisUnavailable, as_rng, completion
 from nemesis.process_faults import client_target, client_thread
 from lab.testmap import Test
 
-__all__ = ["ClientClocks", "ClockNemesis", "clock"]
+__all__ = ["ClientClocks", "ClockNemesis", "clock", "lease_skews"]
 
 MAX_OFFSET_S = 10 * 365 * 86400  # FakeClock's own bound
 MIN_STROBE_PERIOD_MS = 10  # libfaketime needs a few ms to notice a rewritten offset file
@@ -60,6 +60,14 @@ def _number(param: str, value: Any, lo: float, hi: float, *, lo_open: bool = Fal
     if not ok:
         raise ValueError(f"{param} must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {value!r}")
     return float(value)
+
+
+def _range(param: str, value: Any) -> tuple[float, float]:
+    """A (min, max) range of step sizes in seconds, 0 < min <= max <= 10 years, or ValueError naming `param`."""
+    if not (isinstance(value, (list, tuple)) and len(value) == 2):
+        raise ValueError(f"{param} must be (min, max) seconds, got {value!r}")
+    lo = _number(f"{param} min", value[0], 0.0, MAX_OFFSET_S, lo_open=True)
+    return lo, _number(f"{param} max", value[1], lo, MAX_OFFSET_S)
 
 
 def _delta(param: str, value: Any) -> float:
@@ -130,6 +138,25 @@ class ClientClocks:
 # server ahead by more refuses every call as deadline_exceeded, so only a smaller step reaches its lease logic)
 # as often as the large ones that stop a process's view of time outright.
 BUMP_S = (0.05, 30.0)
+DEFAULT_DEADLINE_S = 2.0  # the general workloads' request deadline unless --deadline-s (workloads/lease.py)
+
+
+def lease_skews(ttl_ms: int, deadline_s: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The (backward, forward) step ranges, in seconds, of a skew the lease servers' leases feel (`server-clock`).
+
+    A skew only matters where two clocks that stamp one lease disagree by about as much as the lease's life:
+    a step of a few ms against a 2 s TTL reorders nothing. Backward: 0.5-2 x the TTL (a server that far behind
+    stamps its grants before the other server's, and its renewals shorten the leases it stamped earlier).
+    Forward: the same, but at most 3/4 of the request deadline (and from half that when it is lower): a server
+    ahead by more than the deadline refuses every call as `deadline_exceeded` before its lease logic runs (fail
+    closed), so a larger forward step tests nothing of it.
+    """
+    ttl_s = _number("ttl_ms", ttl_ms, 0.0, MAX_OFFSET_S * 1000, lo_open=True) / 1000
+    cap = 0.75 * _number("deadline_s", deadline_s, 0.0, MAX_OFFSET_S, lo_open=True)
+    backward = (ttl_s / 2, 2 * ttl_s)
+    forward_hi = min(backward[1], cap)
+    return backward, (min(backward[0], forward_hi / 2), forward_hi)
+
 
 class ClockNemesis:
     """bump / strobe / reset of stack processes' fake clocks and of client clocks."""
@@ -138,6 +165,7 @@ class ClockNemesis:
 
     def __init__(self, clocks: Mapping[str, Any] | None, *, rng: Any, client_clocks: ClientClocks | None = None,
                  targets: Sequence[str] | None = None, bump_s: tuple[float, float] = BUMP_S,
+                 forward_s: tuple[float, float] | None = None, strict_subset: bool = False,
                  strobe_period_ms: int = 100, strobe_duration_s: float = 10.0):
         if clocks is None:
             clocks = {}
@@ -160,11 +188,11 @@ class ClockNemesis:
             if unknown:
                 raise ValueError(f"clock targets {unknown} are unknown; known: {', '.join(known)}")
             self.targets = list(dict.fromkeys(targets))
-        if not (isinstance(bump_s, (list, tuple)) and len(bump_s) == 2):
-            raise ValueError(f"bump_s must be (min, max) seconds, got {bump_s!r}")
-        lo = _number("bump_s min", bump_s[0], 0.0, MAX_OFFSET_S, lo_open=True)
-        hi = _number("bump_s max", bump_s[1], lo, MAX_OFFSET_S)
-        self.bump_s = (lo, hi)
+        self.bump_s = _range("bump_s", bump_s)  # backward steps (and forward ones unless forward_s)
+        self.forward_s = self.bump_s if forward_s is None else _range("forward_s", forward_s)
+        if not isinstance(strict_subset, bool):
+            raise ValueError(f"strict_subset must be True or False, got {strict_subset!r}")
+        self.strict_subset = strict_subset
         self.strobe_period_ms = int(_number("strobe_period_ms", strobe_period_ms, MIN_STROBE_PERIOD_MS, 3_600_000))
         self.strobe_duration_s = _number("strobe_duration_s", strobe_duration_s, 0.0, 3600.0, lo_open=True)
         self.rng = as_rng(rng)
@@ -216,7 +244,8 @@ class ClockNemesis:
         return value
 
     def _choose(self, value: dict[str, Any]) -> tuple[list[str], float]:
-        """Targets (given, or a random non-empty subset) and the step (given, or drawn from +/- bump_s)."""
+        """Targets (given, or a random non-empty subset: a strict one with `strict_subset` and two targets or more)
+        and the step (given, or drawn: -bump_s or +forward_s)."""
         if "targets" in value:
             targets = value["targets"]
             if isinstance(targets, str) or not isinstance(targets, (list, tuple)) or not targets:
@@ -226,12 +255,15 @@ class ClockNemesis:
                 raise ValueError(f"clock targets {unknown} are not configured; configured: {', '.join(self.targets)}")
             targets = list(dict.fromkeys(targets))
         else:
-            targets = sorted(self.rng.sample(self.targets, self.rng.randint(1, len(self.targets))))
+            most = len(self.targets) - 1 if self.strict_subset and len(self.targets) > 1 else len(self.targets)
+            targets = sorted(self.rng.sample(self.targets, self.rng.randint(1, most)))
         if "delta_s" in value:
             delta = _delta("delta_s", value["delta_s"])
         else:
-            lo, hi = self.bump_s  # log-uniform (Jepsen's bump-time draws 2^(2..18) ms): every scale as often
-            delta = round(math.exp(self.rng.uniform(math.log(lo), math.log(hi))), 3) * self.rng.choice((-1, 1))
+            sign = self.rng.choice((-1, 1))
+            lo, hi = self.forward_s if sign > 0 else self.bump_s
+            # log-uniform (Jepsen's bump-time draws 2^(2..18) ms): every scale as often
+            delta = max(round(math.exp(self.rng.uniform(math.log(lo), math.log(hi))), 3), 0.001) * sign
         return targets, delta
 
     def _set(self, name: str, seconds: float) -> None:
@@ -344,7 +376,9 @@ class ClockNemesis:
 
 def clock(clocks: Mapping[str, Any] | None, *, rng: Any, client_clocks: ClientClocks | None = None,
           targets: Sequence[str] | None = None, bump_s: tuple[float, float] = BUMP_S,
+          forward_s: tuple[float, float] | None = None, strict_subset: bool = False,
           strobe_period_ms: int = 100, strobe_duration_s: float = 10.0) -> ClockNemesis:
     """Clock faults on fake-clocked stack processes and client clocks: `bump-clock`, `strobe-clock`, `reset-clock`."""
     return ClockNemesis(clocks, rng=rng, client_clocks=client_clocks, targets=targets, bump_s=bump_s,
-                        strobe_period_ms=strobe_period_ms, strobe_duration_s=strobe_duration_s)
+                        forward_s=forward_s, strict_subset=strict_subset, strobe_period_ms=strobe_period_ms,
+                        strobe_duration_s=strobe_duration_s)

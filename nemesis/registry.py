@@ -144,13 +144,17 @@ def _build_clock(ctx: FaultContext, names: list[str]) -> Any:
 
 
 def _build_server_clock(ctx: FaultContext, names: list[str]) -> Any:
-    """The lease servers only: backend time (Valkey's clock) never moves."""
+    """The lease servers only: backend time (Valkey's clock) never moves. Each window moves a strict subset of
+    the servers (with two or more), so two servers always disagree while it lasts, by steps sized against the
+    run's TTL and request deadline (`clock.lease_skews`)."""
     clocks = ctx.info.get("clocks") or {}
     servers = sorted(n for n in clocks if n.startswith("lease-"))
     if not servers:
         raise ValueError("--nemesis server-clock: the stack was started without fake clocks "
                          "(StackOptions fake_clocks=True)")
-    return clock.clock({n: clocks[n] for n in servers}, rng=ctx.rng("server-clock"), targets=servers)
+    backward, forward = clock.lease_skews(ctx.test.ttl_ms, ctx.test.deadline_s or clock.DEFAULT_DEADLINE_S)
+    return clock.clock({n: clocks[n] for n in servers}, rng=ctx.rng("server-clock"), targets=servers,
+                       bump_s=backward, forward_s=forward, strict_subset=True)
 
 
 def _build_client_clock(ctx: FaultContext, names: list[str]) -> Any:

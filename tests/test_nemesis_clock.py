@@ -23,7 +23,8 @@ import redis
 from lab.client import LeaseClient
 from lab.stack.faketime import FakeClock
 from lab.stack.local import LocalStack, StackOptions
-from nemesis.clock import BUMP_S, ClientClocks, clock
+from lab.testmap import Test
+from nemesis.clock import BUMP_S, ClientClocks, clock, lease_skews
 from nemesis.core import NemesisUnavailable
 from workloads.common import identity_for, pick_credential
 from nemesis.core import invocation as op
@@ -268,3 +269,59 @@ def test_drawn_steps_cover_every_scale_log_uniformly():
     deciles = [sizes[len(sizes) * k // 10] for k in range(1, 10)]
     ratios = [b / a for a, b in zip(deciles, deciles[1:])]
     assert max(ratios) / min(ratios) < 1.6, deciles  # log-uniform: equal ratios between deciles
+
+
+def server_clock(tmp_path, servers: int, **options):
+    """The `server-clock` nemesis as `fencelab test` builds it over `servers` lease servers' offset files."""
+    from nemesis import registry  # only these tests build through the registry
+
+    clocks = {n: str(tmp_path / f"{n}.rc") for n in ("valkey", *(f"lease-{i}" for i in range(1, servers + 1)))}
+
+    class Stack:  # what build reads of a running LocalStack
+        processes = []
+        info = {"clocks": clocks}
+
+    test = Test(name="t", time_limit=10, concurrency=5, **options)
+    test.live["stack"] = Stack()
+    nemesis, _ = registry.build(test, ["server-clock"], interval_s=1, seed=0)
+    (member,) = nemesis.nemeses
+    return member
+
+
+@pytest.mark.parametrize("servers", [2, 3])
+def test_server_clock_moves_a_strict_subset_of_the_servers_by_steps_sized_against_the_ttl(tmp_path, servers):
+    """Every window leaves at least one server on the real clock, so two servers that stamp one lease disagree
+    while it lasts (moving every server by one step leaves nothing for a server-clock bug to disagree about),
+    by a step its leases feel: 0.5-2 x the TTL back, or up to 3/4 of the request deadline ahead (from half that)
+    (a server further ahead refuses every call as deadline_exceeded: nothing left to decide wrongly)."""
+    nem = server_clock(tmp_path, servers)  # defaults: TTL 2000 ms, the workloads' 2 s deadline
+    draws = [nem._choose({}) for _ in range(600)]
+    subsets = {tuple(targets) for targets, _ in draws}
+    assert all(0 < len(s) < servers for s in subsets), subsets
+    assert {t for s in subsets for t in s} == set(nem.targets)  # every server is skewed some time
+    steps = [d for _, d in draws]
+    assert all(-4.0 <= d <= -1.0 or 0.75 <= d <= 1.5 for d in steps), (min(steps), max(steps))
+    assert 0.4 < sum(d > 0 for d in steps) / len(steps) < 0.6  # both directions, about as often
+
+    short = server_clock(tmp_path, servers, ttl_ms=500, deadline_s=1.0)
+    steps = [short._choose({})[1] for _ in range(300)]
+    assert all(-1.0 <= d <= -0.25 or 0.25 <= d <= 0.75 for d in steps), (min(steps), max(steps))
+    given = short._choose({"targets": short.targets, "delta_s": 30})  # an explicit op value is taken as given
+    assert given == (short.targets, 30.0)
+
+
+def test_lease_skews_follow_the_ttl_and_stay_below_the_deadline():
+    assert lease_skews(2000, 2.0) == ((1.0, 4.0), (0.75, 1.5))
+    assert lease_skews(60_000, 2.0) == ((30.0, 120.0), (0.75, 1.5))  # a long TTL: forward steps still decide
+    assert lease_skews(100, 5.0) == ((0.05, 0.2), (0.05, 0.2))
+    with pytest.raises(ValueError, match="ttl_ms must be a number"):
+        lease_skews(0, 2.0)
+    with pytest.raises(ValueError, match="deadline_s must be a number"):
+        lease_skews(2000, float("inf"))
+    with pytest.raises(ValueError, match="forward_s must be"):
+        clock(None, rng=1, client_clocks=ClientClocks(concurrency=1), forward_s=5)
+    with pytest.raises(ValueError, match="strict_subset must be True or False"):
+        clock(None, rng=1, client_clocks=ClientClocks(concurrency=1), strict_subset="yes")
+    # the general clock nemesis still draws any non-empty subset, every clock at once included
+    every = clock(None, rng=3, client_clocks=ClientClocks(concurrency=2))
+    assert any(len(every._choose({})[0]) == 2 for _ in range(50))
