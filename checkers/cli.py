@@ -210,12 +210,12 @@ def _write_outputs(directory: Path, file: str, history: list[dict], results: dic
 @click.option("--time-limit", type=float, metavar="S", help="Seconds the linearizability search may take.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line per file.")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), metavar="DIR",
-              help="Write results.json and timeline.html per file under DIR.")
+              help="Write results.json and timeline.html per file under DIR (with --shrink: the shrunk history).")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "edn"]),
               help="History format (default: from the extension or the content).")
 @click.option("--shrink", is_flag=True,
               help="One convicted FILE: find the smallest sub-history (whole operations) the same checker "
-                   "still convicts with the same kind; write <stem>.shrunk.jsonl and .shrunk.edn beside it "
+                   "still convicts of the same violation; write <stem>.shrunk.jsonl and .shrunk.edn beside it "
                    "(or in --out DIR). docs/shrinking.md")
 @click.option("--max-checks", type=int, metavar="N",
               help=f"--shrink: at most N checker calls (default {DEFAULT_MAX_CHECKS}); Ctrl-C keeps the best so far.")
