@@ -3,13 +3,16 @@ checker still convicts with the same kind, written as JSONL and EDN (docs/shrink
 
 The lab-made history (tests/data/lease-release-any-owner-history.jsonl) is a real `fencelab test --workload
 lease --mutant release-any-owner --nemesis pause --nemesis-interval 1 --time-limit 6` run: 450 ops, two pause
-faults, convicted by mutual-exclusion (overlap), lease-state (lease-mismatch) and the lease model.
+faults, convicted by mutual-exclusion (overlap), lease-state (lease-mismatch) and the lease model. One test
+makes such a run live (the real stack, 8 s) and shrinks its history with the command a user types.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,8 @@ from lab.ddmin import ddmin
 from lab.history import pair, read_history, write_edn, write_jsonl
 from test_checker_core import LeaseHistory
 
-DATA = Path(__file__).resolve().parent / "data" / "lease-release-any-owner-history.jsonl"
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "lease-release-any-owner-history.jsonl"
 
 
 def invoke(*args: str):
@@ -103,6 +107,38 @@ def test_a_chosen_checker_shrinks_for_its_own_kind(tmp_path):
     assert convicts(verdict(shrunk, "lease-state"), Kind("lease-state", "lease-mismatch"))
     for unit in whole_ops(shrunk):
         assert not convicts(verdict(without(shrunk, unit), "lease-state"), Kind("lease-state", "lease-mismatch"))
+
+
+@pytest.fixture(scope="module")
+def live_run(tmp_path_factory):
+    """A real planted-bug run on the lab's own stack (the CI subset's row for this mutant: lease, 8 s, seed 0),
+    then `fencelab check --shrink` on its history, both as a user types them."""
+    store = tmp_path_factory.mktemp("live") / "store"
+    run = subprocess.run([sys.executable, "-m", "lab", "test", "--workload", "lease", "--mutant", "release-any-owner",
+                          "--time-limit", "8", "--store-dir", str(store)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]  # the planted bug is caught
+    history = store / "lease" / "latest" / "history.jsonl"
+    shrink = subprocess.run([sys.executable, "-m", "lab", "check", str(history), "--shrink", "--json"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert shrink.returncode == 1, shrink.stdout + shrink.stderr
+    return history, json.loads(shrink.stdout)
+
+
+def test_a_live_planted_bug_run_shrinks_to_a_1_minimal_history(live_run):
+    history, line = live_run
+    original = read_history(history)
+    assert line["ops_before"] == len(original) > 100 and line["minimal"] and line["ops_after"] <= 10
+    kind = Kind(line["checker"], line["kind"])
+    shrunk = read_history(history.with_name("history.shrunk.jsonl"))
+    assert shrunk == read_history(history.with_name("history.shrunk.edn"))
+    assert convicts(verdict(shrunk, kind.checker), kind)
+    ops = whole_ops(shrunk)
+    assert 2 * len(ops) == len(shrunk)  # pairs whole
+    for unit in ops:
+        assert not convicts(verdict(without(shrunk, unit), kind.checker), kind), unit
+    assert [{**op, "index": p} for op, p in zip(shrunk, line["original_ops"])] == [original[p] for p in
+                                                                                  line["original_ops"]]
 
 
 # --------------------------------------------------------------------------- (b) both outputs load alike
