@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from checkers import core
 from checkers.core import compose, get_checker
@@ -363,3 +365,25 @@ def test_shrink_history_under_a_checker_alone_maps_back_to_the_original():
     result = verdict(shrunk.history, "lease-state")
     assert convicts(result, target, shrunk.positions)
     assert not convicts(result, Target(target.kind, frozenset({5})), shrunk.positions)  # another violation
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 60).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(0, n - 1), min_size=1))))
+def test_ddmin_keeps_exactly_what_the_test_needs(case):
+    """A test that fails whenever a set of items is present: ddmin ends at exactly that set (1-minimal), in order."""
+    n, needed = case
+    res = ddmin(list(range(n)), lambda xs: needed <= set(xs))
+    assert res.items == sorted(needed) and res.minimal
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.data())
+def test_every_subset_of_whole_operations_is_a_well_formed_history(seed, data):
+    """Crashed (info) and never-completed ops included: any choice of units pairs strictly."""
+    history = simulate("cas-register", random.Random(seed), 40, 4, crash=0.3, open_end=0.3)
+    units = history_units(history)
+    assert sorted(p for u in units for p in u) == list(range(len(history)))
+    keep = data.draw(st.lists(st.booleans(), min_size=len(units), max_size=len(units)))
+    candidate = sub_history(history, [u for u, k in zip(units, keep) if k])
+    pairing = pair(candidate, strict=True, nemesis=True)
+    assert sum(1 for _, c, _, _ in pairing.pairs if c is not None) + len(pairing.pairs) == len(candidate)
