@@ -60,20 +60,23 @@ def ddmin(items: Sequence[T], fails: Callable[[list[T]], bool], *, max_tests: in
     if max_tests < 1:
         raise ValueError(f"max_tests must be >= 1, got {max_tests}")
     t0 = time.perf_counter()
-    cache: dict[tuple[int, ...], bool] = {}
+    # keyed on (length, hash) of the kept positions, not the positions: keeping each candidate whole would hold
+    # up to max_tests copies of a long list; a false hit among 2,000 64-bit hashes has odds of about 1e-13
+    cache: dict[tuple[int, int], bool] = {}
     tests = 0
 
     def test(kept: tuple[int, ...]) -> bool:
         """Does the sublist at positions `kept` fail? (cached; counted against the budget)"""
         nonlocal tests
-        hit = cache.get(kept)
+        key = (len(kept), hash(kept))
+        hit = cache.get(key)
         if hit is not None:
             return hit
         if tests >= max_tests:
             raise _OutOfBudget
         tests += 1
         failed = bool(fails([items[i] for i in kept]))
-        cache[kept] = failed
+        cache[key] = failed
         if on_test is not None:
             on_test(tests, len(kept), failed)
         return failed
@@ -82,7 +85,7 @@ def ddmin(items: Sequence[T], fails: Callable[[list[T]], bool], *, max_tests: in
     stopped = DONE
     try:
         if known_failing:
-            cache[current] = True
+            cache[(len(current), hash(current))] = True
         elif not test(current):
             raise ValueError("ddmin needs a list that fails the test to start from")
         n = 2
