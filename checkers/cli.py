@@ -2,7 +2,7 @@
 
     fencelab check FILE... [--model NAME] [--checker NAME ...] [--time-limit S]
                            [--json] [--out DIR] [--format jsonl|edn]
-    fencelab check FILE --shrink [--max-checks N] [--force] [--out DIR] [checker options]
+    fencelab check FILE --shrink [--max-checks N] [--any-ops] [--force] [--out DIR] [checker options]
 
 Checkers default to `linearizable` when a model is given, else every domain
 checker whose operations appear in the history (`checkers.core.applicable_checkers`;
@@ -14,7 +14,7 @@ line naming the file, line and problem; never a traceback. Every file is read,
 and fitted to the model, before any is judged.
 
 `--shrink` (one file) turns a convicted history into the smallest sub-history of whole operations that the
-same checker still convicts with the same kind of violation (`checkers.shrink`, docs/shrinking.md), written
+same checker still convicts of the same violation (`checkers.shrink`, docs/shrinking.md), written
 as `<stem>.shrunk.jsonl` and `<stem>.shrunk.edn`.
 """
 
@@ -228,7 +228,7 @@ def check(files: tuple[Path, ...], model: str | None, checker_names: tuple[str, 
           force: bool, any_ops: bool) -> None:
     """Check stored histories: exit 0 all valid, 1 any invalid, 2 bad input, 3 any unknown (docs/cli.md)."""
     try:
-        shrink_options_problem(files, shrink, max_checks, force or any_ops)
+        shrink_options_problem(files, shrink, max_checks, force or any_ops)  # the flags only --shrink takes
         checkers = build_checkers(checker_names, model, time_limit)
         missing = [f for f in files if not f.is_file()]
         if missing:
@@ -275,10 +275,11 @@ def check(files: tuple[Path, ...], model: str | None, checker_names: tuple[str, 
     sys.exit(exit_code(valids))
 
 
-def shrink_options_problem(files: tuple[Path, ...], shrink: bool, max_checks: int | None, force: bool) -> None:
-    """BadInput when --shrink and its options do not fit together (one file; --max-checks, --force with it)."""
+def shrink_options_problem(files: tuple[Path, ...], shrink: bool, max_checks: int | None, flags: bool) -> None:
+    """BadInput when --shrink and its options do not fit together (one file; --max-checks and the flags that
+    only --shrink takes, --force and --any-ops, with it)."""
     if not shrink:
-        if max_checks is not None or force:
+        if max_checks is not None or flags:
             raise BadInput("--max-checks, --force and --any-ops go with --shrink")
         return
     if len(files) != 1:
