@@ -2,6 +2,7 @@
 
     fencelab check FILE... [--model NAME] [--checker NAME ...] [--time-limit S]
                            [--json] [--out DIR] [--format jsonl|edn]
+    fencelab check FILE --shrink [--max-checks N] [--any-ops] [--force] [--out DIR] [checker options]
 
 Checkers default to `linearizable` when a model is given, else every domain
 checker whose operations appear in the history (`checkers.core.applicable_checkers`;
@@ -11,6 +12,10 @@ malformed file, a missing required field, an unknown model or checker, a bad
 option, a history with operations the model does not model), reported as one
 line naming the file, line and problem; never a traceback. Every file is read,
 and fitted to the model, before any is judged.
+
+`--shrink` (one file) turns a convicted history into the smallest sub-history of whole operations that the
+same checker still convicts of the same violation (`checkers.shrink`, docs/shrinking.md), written
+as `<stem>.shrunk.jsonl` and `<stem>.shrunk.edn`.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -27,10 +33,13 @@ import click
 from checkers.core import CHECKERS, DOMAIN_CHECKERS, Checker, applicable_checkers, compose, get_checker, merge_valid
 from checkers.models import get_model, models_taking, unmodelled_fs
 from checkers.render import render_html
+from checkers.shrink import history_units, shrink_history, target_of, violation_message
 from lab.exitcodes import EXIT_BAD_INPUT, EXIT_INVALID, EXIT_UNKNOWN, EXIT_VALID  # the one table (docs/cli.md)
-from lab.history import HistoryError, read_history_report
+from lab.history import HistoryError, read_history_report, write_edn, write_jsonl
 
-__all__ = ["check", "checker_lines", "exit_code", "summarize"]
+__all__ = ["DEFAULT_MAX_CHECKS", "check", "checker_lines", "exit_code", "summarize"]
+
+DEFAULT_MAX_CHECKS = 2000  # checker calls a --shrink search may make (ms each on a lab run's history)
 
 
 class BadInput(Exception):
@@ -201,17 +210,30 @@ def _write_outputs(directory: Path, file: str, history: list[dict], results: dic
 @click.option("--time-limit", type=float, metavar="S", help="Seconds the linearizability search may take.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line per file.")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), metavar="DIR",
-              help="Write results.json and timeline.html per file under DIR.")
+              help="Write results.json and timeline.html per file under DIR (with --shrink: the shrunk history).")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "edn"]),
               help="History format (default: from the extension or the content).")
+@click.option("--shrink", is_flag=True,
+              help="One convicted FILE: find the smallest sub-history (whole operations) the same checker "
+                   "still convicts of the same violation; write <stem>.shrunk.jsonl and .shrunk.edn beside it "
+                   "(or in --out DIR). docs/shrinking.md")
+@click.option("--max-checks", type=int, metavar="N",
+              help=f"--shrink: at most N checker calls (default {DEFAULT_MAX_CHECKS}); Ctrl-C keeps the best so far.")
+@click.option("--force", is_flag=True, help="--shrink: replace existing .shrunk.jsonl / .shrunk.edn files.")
+@click.option("--any-ops", is_flag=True,
+              help="--shrink: keep any violation of the kind, not only one naming an op the original violation "
+                   "named (smaller, but it may blame an op that was innocent in context).")
 def check(files: tuple[Path, ...], model: str | None, checker_names: tuple[str, ...], time_limit: float | None,
-          as_json: bool, out: Path | None, fmt: str | None) -> None:
+          as_json: bool, out: Path | None, fmt: str | None, shrink: bool, max_checks: int | None,
+          force: bool, any_ops: bool) -> None:
     """Check stored histories: exit 0 all valid, 1 any invalid, 2 bad input, 3 any unknown (docs/cli.md)."""
     try:
+        shrink_options_problem(files, shrink, max_checks, force or any_ops)  # the flags only --shrink takes
         checkers = build_checkers(checker_names, model, time_limit)
         missing = [f for f in files if not f.is_file()]
         if missing:
             raise BadInput(f"{missing[0]}: no such history file")
+        targets = shrink_targets(files[0], out, force) if shrink else []
     except BadInput as e:
         _fail(str(e))
     loaded = []  # every file read and fitted to the model before any is judged: bad input means nothing judged
@@ -225,6 +247,12 @@ def check(files: tuple[Path, ...], model: str | None, checker_names: tuple[str, 
         loaded.append((path, history, problems))
     composed = compose(checkers)
     auto = not checker_names and not model  # every domain checker whose operations the history has
+    if shrink:
+        path, history, problems = loaded[0]
+        for problem in problems:
+            click.echo(f"fencelab check: warning: {problem}", err=True)
+        sys.exit(_shrink(path, history, composed, checkers, auto, targets,
+                         max_checks or DEFAULT_MAX_CHECKS, as_json, force, any_ops))
     valids, used = [], set()
     for path, history, problems in loaded:
         for problem in problems:
@@ -245,6 +273,104 @@ def check(files: tuple[Path, ...], model: str | None, checker_names: tuple[str, 
             for p in written:
                 click.echo(f"  wrote {p}")
     sys.exit(exit_code(valids))
+
+
+def shrink_options_problem(files: tuple[Path, ...], shrink: bool, max_checks: int | None, flags: bool) -> None:
+    """BadInput when --shrink and its options do not fit together (one file; --max-checks and the flags that
+    only --shrink takes, --force and --any-ops, with it)."""
+    if not shrink:
+        if max_checks is not None or flags:
+            raise BadInput("--max-checks, --force and --any-ops go with --shrink")
+        return
+    if len(files) != 1:
+        raise BadInput(f"--shrink takes one history file at a time, got {len(files)}")
+    if max_checks is not None and max_checks < 1:
+        raise BadInput(f"--max-checks must be >= 1, got {max_checks}")
+
+
+def shrink_targets(path: Path, out: Path | None, force: bool) -> list[Path]:
+    """Where --shrink writes: <stem>.shrunk.jsonl and .shrunk.edn beside `path` or in `out`; never over the
+    input, and never over an existing file unless `force` (checked before the search, not after it)."""
+    directory = path.parent if out is None else out
+    targets = [directory / f"{path.stem}.shrunk.{ext}" for ext in ("jsonl", "edn")]
+    for t in targets:
+        if t.resolve() == path.resolve():
+            raise BadInput(f"{t}: the shrunk history would overwrite its input; give --out DIR")
+        if t.exists() and not force:
+            raise BadInput(f"{t} already exists (pass --force to replace it)")
+    return targets
+
+
+def _shrink(path: Path, history: list[dict], composed: Checker, checkers: dict[str, Checker], auto: bool,
+            targets: list[Path], max_checks: int, as_json: bool, force: bool, any_ops: bool) -> int:
+    """`check --shrink` of one loaded history: judge it, shrink it for its first conviction's kind with that
+    checker alone, re-judge the result with every checker, write it as JSONL and EDN; the exit code is the
+    original's verdict (1: convicted), or check's own code when there was nothing to shrink."""
+    test = {"name": path.stem, "history_file": str(path)}
+    before = _run(composed, checkers, auto, test, history)
+    target = target_of(before, any_ops=any_ops)
+    if target is None:
+        if as_json:
+            click.echo(json.dumps({"file": str(path), "valid": before["valid"], "shrunk": None}))
+        else:
+            click.echo(f"{path}: not convicted (valid={_valid_text(before['valid'])}): nothing to shrink, "
+                       "nothing written")
+        return exit_code([before["valid"]])
+    kind = target.kind
+    units = len(history_units(history))
+    if not as_json:
+        click.echo(f"{path}: valid=false; shrinking for {target} (the first violation of the first failing "
+                   f"checker), running only {kind.checker}, at most {max_checks} checks (Ctrl-C keeps the best "
+                   "so far)")
+    try:
+        shrunk = shrink_history(history, target, checkers[kind.checker], max_checks=max_checks, test=test)
+    except ValueError:  # the checker alone does not convict what it convicted composed: nothing to start from
+        _fail(f"{path}: {kind.checker} alone does not convict it of {target}: nothing to shrink")
+    search = shrunk.search
+    after = _run(composed, checkers, auto, test, shrunk.history)
+    try:
+        if not targets[0].parent.is_dir():
+            targets[0].parent.mkdir(parents=True)
+        write_jsonl(shrunk.history, targets[0], overwrite=force)
+        write_edn(shrunk.history, targets[1], overwrite=force)
+    except (OSError, HistoryError) as e:
+        _fail(f"cannot write the shrunk history: {getattr(e, 'strerror', None) or e}")
+    msg = violation_message(after, target, shrunk.positions)
+    stopped = {"done": "1-minimal: without any one more whole operation it is not convicted of this",
+               "budget": f"cut short: --max-checks {max_checks} reached, not minimal",
+               "interrupted": "cut short: interrupted (Ctrl-C), not minimal; the best so far"}[search.stopped]
+    if as_json:
+        click.echo(json.dumps({
+            "file": str(path), "valid": before["valid"], "checker": kind.checker, "kind": kind.type, "msg": msg,
+            "anchor": sorted(target.anchor or ()), "ops_before": len(history), "ops_after": len(shrunk.history),
+            "operations_before": units, "operations_after": shrunk.units_after, "original_ops": shrunk.positions,
+            "checks": search.tests, "search_s": round(search.elapsed_s, 6), "stopped": search.stopped,
+            "minimal": search.minimal, "shrunk_valid": after["valid"],
+            "shrunk_checkers": {n: r.get("valid") for n, r in after["results"].items()},
+            "written": [str(t) for t in targets]}, default=str, separators=(",", ":")))
+    else:
+        click.echo(f"  shrunk {len(history):,} ops ({_operations(units)}) to {len(shrunk.history):,} ops "
+                   f"({_operations(shrunk.units_after)}) in {search.tests:,} checks, {search.elapsed_s:.2f} s; "
+                   f"{stopped}")
+        click.echo(f"  still convicted: {kind}: {msg}")
+        click.echo(f"  its ops 0..{len(shrunk.history) - 1} are the original's {_span(shrunk.positions)}")
+        click.echo(f"  every checker on the shrunk history: valid={_valid_text(after['valid'])}")
+        for line in checker_lines(after, violations=1):
+            click.echo(textwrap.indent(line, "  "))
+        for t in targets:
+            click.echo(f"  wrote {t}")
+    return exit_code([before["valid"]])
+
+
+def _span(positions: list[int], most: int = 20) -> str:
+    """The original positions of a shrunk history's ops, at most `most` of them named."""
+    shown = ", ".join(map(str, positions[:most]))
+    return f"[{shown}{', ...' if len(positions) > most else ''}]"
+
+
+def _operations(n: int) -> str:
+    """`1 operation`, `12 operations` (whole operations: an invocation with its completion, a fault)."""
+    return f"{n:,} operation" + ("" if n == 1 else "s")
 
 
 def _run(composed: Checker, checkers: dict[str, Checker], auto: bool, test: dict, history: list[dict]) -> dict:
