@@ -86,6 +86,7 @@ Models (`MODELS`, `get_model(name)`):
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Collection
 from operator import itemgetter
@@ -856,6 +857,10 @@ def lease_faults(history: list[dict]) -> list[dict]:
     identity may end without any client op. The added op is invoked when the fault starts and never
     completes, so the search may let it take effect once, at any later point, or never; everything
     else (tokens only increase, one live lease at a time before and after it) is judged as usual.
+
+    Each added op's value is `{"loss": [begin, end]}`: the positions, in the returned history, of the
+    fault's invocation and of the record after which the loss has surely happened (a restore's end, a
+    crash's or kill's start). `prepare_lease` reads it to tell a replay the loss answered afresh (rule L1).
     """
     points = [pos for pos, op in enumerate(history) if _loses_backend(op)]
     if not points:
@@ -866,14 +871,46 @@ def lease_faults(history: list[dict]) -> list[dict]:
     # accepts integer client processes only, and a process never invokes twice without completing).
     procs = [p for op in history if (p := op.get("process")).__class__ is int]
     next_proc = max(procs, default=-1) + 1
+
+    def moved(p: int) -> int:  # a position of `history` in the returned one: len(keys) ops follow each point
+        return p + len(keys) * bisect.bisect_left(points, p)
+
     out = list(history)
     for pos in reversed(points):
         op = history[pos]
+        begin, end = _loss_span(history, pos)
+        loss = FrozenDict(loss=(moved(begin), moved(end) if end is not None else _NEVER))
         extra = [{"index": op.get("index", pos), "time": op.get("time", 0), "type": "invoke", "f": INVALIDATE,
-                  "process": next_proc + i, "key": k, "value": None} for i, k in enumerate(keys)]
+                  "process": next_proc + i, "key": k, "value": loss} for i, k in enumerate(keys)]
         next_proc += len(keys)
         out[pos + 1:pos + 1] = extra
     return out
+
+
+_NEVER = float("inf")  # a loss whose end is not in the history (a restore still running when it ended)
+
+
+def _loss_span(history: list[dict], pos: int) -> tuple[int, int | None]:
+    """Where the loss started at `pos` began (the fault's invocation, the last nemesis record with its `f` and
+    no phase) and where it has surely happened: a restore rolls back at its end (the next record of that fault
+    with another phase; None if there is none), a crash or kill at its start (`pos` itself)."""
+    op = history[pos]
+    begin = pos
+    for q in range(pos - 1, -1, -1):
+        prev = history[q]
+        if prev.get("process") == "nemesis" and prev.get("f") == op.get("f"):
+            if not isinstance(prev.get("value"), dict) or "phase" not in prev["value"]:
+                begin = q
+            break
+    fault = op["value"].get("fault")
+    if fault != "valkey-restore":
+        return begin, pos
+    for q in range(pos + 1, len(history)):
+        v = history[q].get("value")
+        if (history[q].get("process") == "nemesis" and isinstance(v, dict) and v.get("fault") == fault
+                and v.get("phase") not in (None, "start")):
+            return begin, q
+    return begin, None
 
 
 def _loses_backend(op: dict) -> bool:
@@ -893,11 +930,15 @@ def _lease_read_only(inp: Input, out: Output) -> bool:
     return inp.f == "inspect" and not _is_orphan(inp) and reported != _EXPIRED
 
 
-def merge_retries(ops: list, request_id: Callable[[Any], Any]) -> list:
+def merge_retries(ops: list, request_id: Callable[[Any], Any],
+                  apart: Callable[[Any, Any], bool] | None = None) -> list:
     """Merge attempts of one logical op (same `f` and non-None request id) into one op.
 
     The merged op is invoked with the first attempt and returns with the first
     `ok` attempt (with its output), or is indeterminate if none was answered.
+    `apart(a, b)`, when given, says that `b` (a later attempt) is a new logical op
+    although it repeats `a`'s request id (`a` answered ok before it): `b` and the
+    attempts after it are merged as their own op.
     See `prepare_lease` (rule L1) for why this is sound. Merged ops are built with the ops' own class
     (`checkers.linear.history.Op`), which this module cannot import: the engine imports the models.
     """
@@ -910,22 +951,37 @@ def merge_retries(ops: list, request_id: Callable[[Any], Any]) -> list:
             except TypeError:
                 continue
     drop: set[int] = set()
+    added: list[Any] = []
     for group in groups.values():
         if len(group) < 2:
             continue
-        first = min(group, key=lambda o: o.call)
-        answered = [o for o in group if o.ret is not None]
-        ok = min(answered, key=lambda o: o.ret) if answered else None
-        merged = type(first)(first.index, first.process, first.f, first.key, first.input,
-                    ok.output if ok else Output("info", None), first.call, ok.ret if ok else None)
-        merged.merged = tuple(sorted(o.index for o in group))
-        for o in group:
-            drop.add(id(o))
-        groups[(first.input.f, request_id(first))] = [merged]
-        ops = ops + [merged]
+        for part in _logical_ops(sorted(group, key=lambda o: o.call), apart):
+            if len(part) < 2:
+                continue
+            first = part[0]
+            answered = [o for o in part if o.ret is not None]
+            ok = min(answered, key=lambda o: o.ret) if answered else None
+            merged = type(first)(first.index, first.process, first.f, first.key, first.input,
+                                 ok.output if ok else Output("info", None), first.call, ok.ret if ok else None)
+            merged.merged = tuple(sorted(o.index for o in part))
+            drop.update(id(o) for o in part)
+            added.append(merged)
     if not drop:
         return ops
-    return sorted((o for o in ops if id(o) not in drop), key=lambda o: o.call)
+    return sorted([o for o in ops if id(o) not in drop] + added, key=lambda o: o.call)
+
+
+def _logical_ops(attempts: list, apart: Callable[[Any, Any], bool] | None) -> list[list]:
+    """Attempts of one request id (in call order) cut where `apart` says an attempt is a new logical op."""
+    if apart is None:
+        return [attempts]
+    parts: list[list] = [[]]
+    for op in attempts:
+        answer = next((o for o in parts[-1] if o.ret is not None and o.output.type == "ok"), None)
+        if answer is not None and apart(answer, op):
+            parts.append([])
+        parts[-1].append(op)
+    return parts
 
 
 def prepare_lease(ops: list) -> list:
@@ -943,9 +999,17 @@ def prepare_lease(ops: list) -> list:
     Rule L2a (unseen grants). Lease ids that no answered acquire returned are
     "orphans": they can only come from an acquire whose answer was lost. Ops
     referring to one are marked, and only they may bind a PENDING lease.
-    """
 
-    ops = merge_retries(ops, _request_id)
+    Rule L1 does not hold across a backend loss (`lease_faults`): the restored
+    backend may have lost the record of an answered attempt, and the contract's
+    restore row lets it answer a later attempt as a new request in a higher epoch.
+    So an ok attempt whose result names another lease, token or document than an
+    earlier ok answer of its request id, with a loss between them (begun before
+    the later attempt returned, ended after the earlier one was invoked), is a new
+    logical op (the idempotency checker excuses such a pair too).
+    """
+    losses = [op.input.value["loss"] for op in ops if op.input.f == INVALIDATE and isinstance(op.input.value, dict)]
+    ops = merge_retries(ops, _request_id, _answered_afresh(losses) if losses else None)
     granted = {op.output.value.get("lease_id") for op in ops
                if op.input.f == "acquire" and op.output.type == "ok" and isinstance(op.output.value, dict)}
     for op in ops:
@@ -955,6 +1019,24 @@ def prepare_lease(ops: list) -> list:
             if isinstance(src, dict) and "lease_id" in src and src["lease_id"] not in granted:
                 op.input = Input(f, FrozenDict({**(op.input.value or {}), _ORPHAN: True}))
     return ops
+
+
+def _answered_afresh(losses: list) -> Callable[[Any, Any], bool]:
+    """`apart` for `merge_retries`: whether `b` answered its request afresh after a loss lost `a`'s record."""
+
+    def apart(a: Any, b: Any) -> bool:
+        if b.ret is None or b.output.type != "ok" or _outcome(a.output.value) == _outcome(b.output.value):
+            return False
+        return any(begin < b.ret and end > a.call for begin, end in losses)
+
+    return apart
+
+
+def _outcome(value: Any) -> tuple:
+    """What a replay of an answered lease op repeats: the lease and token (a commit's document and accepted token)."""
+    if not isinstance(value, dict):
+        return (value,)
+    return tuple(value.get(k) for k in ("lease_id", "fencing_token", "doc", "rev", "accepted_token"))
 
 
 def prune_lease(ops: list) -> list:

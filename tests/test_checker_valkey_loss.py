@@ -14,6 +14,8 @@ Each rule is shown both ways: without the loss (or with a real success after it)
 
 from __future__ import annotations
 
+import pytest
+
 from checkers.core import get_checker
 
 S = 1_000_000_000
@@ -83,3 +85,52 @@ def test_a_changed_body_retry_across_a_restore_is_not_held_to_the_lost_record():
 def test_the_same_retry_without_a_restore_is_a_changed_body_accepted():
     res = get_checker("idempotency").check({}, idempotency_history(with_restore=False), {})
     assert res["valid"] is False and "changed-body-accepted" in res["violation_counts"], res
+
+
+# -- linearizable: a replay the restored backend answered as a new request ---------------------------------------
+# Seen in CI (2026-12-04) and reproduced under load (1 of 48 runs, --nemesis valkey-restore, unmodified server): an
+# acquire answered with lease L (token 5) while the restore was under way, replayed with the same request_id after
+# it, got a fresh lease M in the next epoch, whose holder then renewed it. Merging the two attempts into one op
+# (rule L1) kept L's answer and left M's renew referring to a lease no acquire granted.
+def replay_history(loss: str, same_answer: bool = False) -> list[dict]:
+    """`loss`: "during" (the restore ends between the answer and the replay), "before" (it ended before the
+    first attempt), or "none"."""
+    fresh = lease("L", 5, 100_000, 100_500, "a") if same_answer else lease("M", 2**32 + 1, 100_600, 101_100, "a")
+    renew_of = fresh if same_answer else lease("M", 2**32 + 1, 100_600, 101_200, "a")
+    renewed = {**renew_of, "renewed_at_ms": renew_of["expires_at_ms"] - 500, "request_id": "r",
+               "sent": {"request_id": "r", "lease_id": fresh["lease_id"], "fencing_token": fresh["fencing_token"]}}
+    h = [
+        op(10, 2.40, "invoke", 1, "acquire", {"request_id": "a", "ttl_ms": 500}, key="k"),
+        op(11, 2.415, "ok", 1, "acquire", lease("L", 5, 100_000, 100_500, "a"), key="k"),
+        op(20, 2.59, "invoke", 1, "acquire", {"request_id": "a", "ttl_ms": 500}, key="k"),
+        op(21, 2.60, "ok", 1, "acquire", fresh, key="k"),
+        op(22, 2.70, "invoke", 1, "renew", {"request_id": "r"}, key="k"),
+        op(23, 2.71, "ok", 1, "renew", renewed, key="k"),
+    ]
+    spans = {"during": (1.2, 2.41), "before": (1.0, 1.5)}
+    if loss in spans:
+        h += restore(2, *spans[loss])
+    return sorted(h, key=lambda o: o["time"])
+
+
+def linearizable(history: list[dict]) -> dict:
+    from checkers.linear import check_history
+    from checkers.models import LEASE
+
+    return check_history(history, LEASE)
+
+
+def test_a_replay_answered_afresh_after_a_restore_is_a_new_acquisition():
+    assert linearizable(replay_history("during"))["valid"] is True
+    assert get_checker("idempotency").check({}, replay_history("during"), {})["retries_across_valkey_loss"] == 1
+
+
+@pytest.mark.parametrize("loss", ["none", "before"])
+def test_a_replay_answered_differently_with_no_loss_between_is_not_linearizable(loss):
+    res = linearizable(replay_history(loss))
+    assert res["valid"] is False, res
+    assert res["counterexample"]["window_ops"][0]["index"] == 22, res  # the renew of the lease no acquire granted
+
+
+def test_a_replay_that_repeats_its_answer_across_a_restore_stays_one_op():
+    assert linearizable(replay_history("during", same_answer=True))["valid"] is True
