@@ -172,3 +172,99 @@ def test_a_killed_task_is_not_restarted_by_the_lab_but_swarms_replacement_is_awa
     assert task.healthy() and task.container_id == "new"
     [rec] = task.replacements
     assert (rec["old_container"], rec["new_container"], rec["node"], rec["task"]) == ("old", "new", "node2", "t2")
+
+
+# -- --swarm URL: the manager named on the command line ---------------------------------------------------------
+def _placement(tmp_path, manager: str = "unix:///from-file.sock"):
+    path = tmp_path / "place.toml"
+    path.write_text(f'manager = "{manager}"\n[engines]\nnode1 = "unix:///x"\n')
+    return path
+
+
+def test_swarm_names_the_manager_over_the_placement_and_is_kept_in_test_json_and_the_replay(tmp_path):
+    from lab.runner import replay_command
+    from lab.sut.target import target_of
+
+    place = _placement(tmp_path)
+    test = Test(workload="fenced-append", backend="swarm", hosts_file=str(place), swarm="tcp://10.0.0.1:2375")
+    validate(test)
+    opts = target_of(test).stack_options(test, store=True)
+    assert (opts.manager, opts.manager_from) == ("tcp://10.0.0.1:2375", "--swarm")
+    plain = Test(workload="fenced-append", backend="swarm", hosts_file=str(place))
+    opts = target_of(plain).stack_options(plain, store=True)
+    assert (opts.manager, opts.manager_from) == ("unix:///from-file.sock", "the placement's `manager`")
+    assert test.to_json()["swarm"] == "tcp://10.0.0.1:2375" and "swarm" not in plain.to_json()
+    assert "--swarm tcp://10.0.0.1:2375" in replay_command(test)
+    assert "--swarm" not in replay_command(plain)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--swarm", "nowhere"], "--swarm: 'nowhere' is not a Docker engine URL"),
+    (["--swarm", "tcp://"], "--swarm: 'tcp://' is not a Docker engine URL"),
+    (["--swarm", "unix:///m.sock", "--backend", "compose"], "--swarm names the Swarm manager's engine: it goes with "
+                                                             "--backend swarm"),
+])
+def test_a_bad_swarm_option_is_one_line_for_test_evidence_and_mutants(tmp_path, args, words):
+    from click.testing import CliRunner
+
+    from lab.cli import main
+
+    place = _placement(tmp_path)
+    base = ["--backend", "swarm", "--hosts", str(place)]
+    if "--backend" in args:
+        base = []
+    for cmd in (["test", "--workload", "fenced-append", "--store-dir", str(tmp_path / "s")], ["evidence"],
+                ["mutants", "--fast"]):
+        res = CliRunner().invoke(main, [*cmd, *base, *args])
+        lines = res.output.strip().splitlines()
+        assert res.exit_code == 2 and lines[-1].startswith("fencelab: error:") and words in lines[-1], (cmd, res.output)
+
+
+def test_a_placement_engine_that_is_not_a_url_is_one_line(tmp_path):
+    path = tmp_path / "place.toml"
+    path.write_text('manager = "node1:2375"\n[engines]\nnode1 = "unix:///x"\n')
+    with pytest.raises(StackError, match="manager: 'node1:2375' is not a Docker engine URL"):
+        load_placement(path)
+    path.write_text('[engines]\nnode1 = "10.0.0.1"\n')
+    with pytest.raises(StackError, match=r"\[engines\] node1: '10.0.0.1' is not a Docker engine URL"):
+        load_placement(path)
+
+
+def test_a_campaign_implementation_names_the_manager_with_swarm(tmp_path):
+    import tomllib
+
+    from lab.campaign import CampaignError, expand
+    from lab.campaign.spec import parse_spec
+
+    place = _placement(tmp_path)
+
+    def spec(impl: str):
+        return parse_spec(tomllib.loads(f'name = "s"\nworkloads = ["fenced-append"]\nnemeses = ["kill"]\n'
+                                        f'implementations = [{{ name = "sw", sut = "reference", {impl} }}]\n'), "s.toml")
+
+    tests = [r.to_test() for r in expand(spec(f'backend = "swarm", hosts = "{place}", swarm = "unix:///m.sock"'))]
+    assert {t.swarm for t in tests} == {"unix:///m.sock"}
+    with pytest.raises(CampaignError, match='swarm is the Swarm manager'):
+        spec(f'backend = "ssh", hosts = "{place}", swarm = "unix:///m.sock"')
+
+
+def test_a_manager_that_is_not_one_is_named_by_where_it_came_from(tmp_path, monkeypatch):
+    """`--swarm` at a worker's engine: the refusal names --swarm (not the placement, which named another)."""
+    from lab.stack import swarm
+    from lab.stack.swarm import SwarmStack
+
+    class Worker:
+        def info(self):
+            return {"Swarm": {"ControlAvailable": False, "LocalNodeState": "active"}}
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(swarm, "_engine", lambda url: Worker())
+    stack = SwarmStack(name="t", root=tmp_path)
+    opts = SwarmOptions(servers=1, manager="unix:///w.sock", manager_from="--swarm", engines={"node1": "unix:///x"})
+    with pytest.raises(StackError, match=r"unix:///w.sock \(from --swarm\) is not a Swarm manager .* in --swarm$"):
+        stack.up(opts)
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    with pytest.raises(StackError, match="needs the Swarm manager: --swarm URL"):
+        stack.up(SwarmOptions(servers=1, engines={"node1": "unix:///x"}))

@@ -40,14 +40,14 @@ from lab import paths
 from lab.stack.base import ProcessRow, StackStatus
 from lab.stack.compose import ComposeStack, compose_limits, load_proxies, project_name
 from lab.stack.container import ContainerProcess
-from lab.stack.docker_api import api_errors, connect_docker, docker_module, one_line
+from lab.stack.docker_api import api_errors, docker_module, one_line
 from lab.stack.errors import StackError
 from lab.stack.images import LOCAL, LOCAL_OVERRIDE
 from lab.stack.local import StackOptions
 from lab.stack.process import ProcessError
 
-__all__ = ["BACKEND", "PLACEMENT_KEYS", "SwarmOptions", "SwarmStack", "SwarmTask", "copy_images", "docker_cli", "load_placement",
-           "stack_file"]
+__all__ = ["BACKEND", "PLACEMENT_KEYS", "SwarmOptions", "SwarmStack", "SwarmTask", "copy_images", "docker_cli",
+           "engine_problem", "load_placement", "stack_file"]
 
 BACKEND = "swarm"
 STACK_LABEL = "com.docker.stack.namespace"
@@ -56,6 +56,7 @@ SERVICES = ("valkey", "store", "toxiproxy")
 # host-mode published ports: each service's own, so two on one node never clash (the client links keep theirs)
 PUBLISHED = {"valkey": 16379, "store": 15984, "toxiproxy": 18474}
 LEASE_PUBLISHED = 18080  # lease-N publishes 18080 + N
+ENGINE_SCHEMES = ("unix", "tcp", "ssh", "http", "https", "npipe")  # what `docker -H` and the SDK take
 DROPPED_KEYS = ("build", "restart", "depends_on", "network_mode", "privileged", "container_name")
 # 1 s checks: a task counts as up soon after it starts; 120 retries: a pause shorter than about 2 minutes never
 # makes Swarm replace the paused task (a failing check on a paused container fails at once)
@@ -63,6 +64,15 @@ HEALTH = {"interval": "1s", "timeout": "3s", "retries": 120, "start_period": "2s
 
 
 # -- the placement file ----------------------------------------------------------------------------------------
+def engine_problem(url: Any) -> str | None:
+    """Why `url` is not a Docker engine URL (None: it is one): a scheme `docker -H` takes and somewhere after it."""
+    scheme, sep, rest = url.partition("://") if isinstance(url, str) else ("", "", "")
+    if not sep or scheme not in ENGINE_SCHEMES or not rest.strip("/") or any(c.isspace() for c in url):
+        return (f"{url!r} is not a Docker engine URL (unix:///var/run/docker.sock, tcp://host:2375, "
+                "ssh://host)")
+    return None
+
+
 def load_placement(path: Any) -> dict[str, Any]:
     """`--hosts FILE` of `--backend swarm`: the manager, each node's engine, where each service runs (TOML);
     StackError naming the key (docs/beyond-one-machine.md)."""
@@ -91,6 +101,10 @@ def load_placement(path: Any) -> dict[str, Any]:
                              f"({', '.join(engines)})")
     if "manager" in data and not isinstance(data["manager"], str):
         raise StackError(f"--hosts {path}: `manager` is the manager's Docker engine, e.g. \"unix:///run/docker.sock\"")
+    for key, url in [("manager", data.get("manager")), *((f"[engines] {n}", u) for n, u in engines.items())]:
+        problem = engine_problem(url) if url is not None else None
+        if problem:
+            raise StackError(f"--hosts {path}: {key}: {problem}")
     return data
 
 
@@ -99,6 +113,7 @@ class SwarmOptions(StackOptions):
     """What `SwarmStack.up` deploys and where: the generic options plus the placement."""
 
     manager: str = ""  # the manager's engine URL ("" -> DOCKER_HOST)
+    manager_from: str = "the placement's `manager`"  # where `manager` came from (messages name it)
     engines: dict[str, str] = field(default_factory=dict)  # node hostname -> its engine URL
     place: dict[str, str] = field(default_factory=dict)  # service -> node hostname (default: see `placement`)
 
@@ -113,9 +128,12 @@ class SwarmOptions(StackOptions):
 
 
 def _engine(url: str) -> Any:
-    """A Docker client on one engine URL (one StackError line when it does not answer)."""
+    """A Docker client on one engine URL (one StackError line naming it when it does not answer)."""
     docker = docker_module()
-    return connect_docker(lambda: docker.DockerClient(base_url=url, timeout=60))
+    try:
+        return docker.DockerClient(base_url=url, timeout=60)
+    except docker.errors.DockerException as e:
+        raise StackError(f"cannot reach the Docker engine at {url} ({one_line(e)})") from None
 
 
 def copy_images(images: list[str], engines: dict[str, str], log: Path) -> dict[str, float]:
@@ -364,8 +382,8 @@ class SwarmStack(ComposeStack):
         servers, _ = compose_limits(proxies)
         if opts.servers > servers:
             raise StackError(f"--servers {opts.servers}: the stack defines lease-1..lease-{servers}")
-        manager_url = opts.manager or _docker_host()
-        nodes = self._check_swarm(manager_url, opts)
+        manager_url, source = (opts.manager, opts.manager_from) if opts.manager else (_docker_host(), "DOCKER_HOST")
+        nodes = self._check_swarm(manager_url, source, opts)
         if self.load_state():
             raise StackError(f"stack {self.name!r} is already up; run `fencelab down --name {self.name}` first")
         opts = SwarmOptions(**{**vars(opts), "toxiproxy": True, "store": True, "recovery_store": False})
@@ -374,7 +392,7 @@ class SwarmStack(ComposeStack):
         self.info = {"name": self.name, "backend": BACKEND, "dir": str(self.dir), "project": project_name(self.name),
                      "manager": manager_url, "engines": opts.engines, "placement": {s: chosen[s] for s in services},
                      "addresses": nodes["addresses"], "options": {k: v for k, v in vars(opts).items()
-                                                                  if k not in ("engines", "place", "manager")},
+                                                                  if k not in ("engines", "place", "manager", "manager_from")},
                      "services": services, "credentials": str(self.credentials_file),
                      "store_admin": str(self.store_admin_file)}
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -388,15 +406,19 @@ class SwarmStack(ComposeStack):
         self.save_state()
         return self.status()
 
-    def _check_swarm(self, manager_url: str, opts: SwarmOptions) -> dict[str, Any]:
-        """The manager is one and every placed node is in its Swarm: the nodes by role and their addresses."""
-        client = _engine(manager_url)
+    def _check_swarm(self, manager_url: str, source: str, opts: SwarmOptions) -> dict[str, Any]:
+        """The manager (named by `source`) is one and every placed node is in its Swarm: the nodes by role and
+        their addresses."""
+        try:
+            client = _engine(manager_url)
+        except StackError as e:
+            raise StackError(f"the Swarm manager (from {source}): {e}") from None
         try:
             swarm = client.info().get("Swarm", {})
             if not swarm.get("ControlAvailable"):
                 state = swarm.get("LocalNodeState") or "inactive"
-                raise StackError(f"{manager_url} is not a Swarm manager (its Swarm state: {state}): name a "
-                                 "manager's engine in the placement's `manager` (or DOCKER_HOST)")
+                raise StackError(f"{manager_url} (from {source}) is not a Swarm manager (its Swarm state: {state}): "
+                                 f"name a manager's engine in {source}")
             found = [n.attrs for n in client.nodes.list()]
         except api_errors() as e:
             raise StackError(f"cannot ask the Swarm manager at {manager_url}: {one_line(e)}") from None
@@ -609,13 +631,17 @@ def _gone_ok(remove: Any) -> None:
 
 
 def _docker_host() -> str:
-    """The manager when the placement names none: DOCKER_HOST (StackError when that is unset too)."""
+    """The manager when neither --swarm nor the placement names one: DOCKER_HOST (StackError when that is unset
+    too, or not an engine URL)."""
     import os  # only here: the one environment read of this module
 
     host = os.environ.get("DOCKER_HOST")
     if not host:
-        raise StackError("--backend swarm needs the Swarm manager: `manager = \"...\"` in the placement file, or "
-                         "DOCKER_HOST")
+        raise StackError("--backend swarm needs the Swarm manager: --swarm URL, `manager = \"...\"` in the placement "
+                         "file, or DOCKER_HOST")
+    problem = engine_problem(host)
+    if problem:
+        raise StackError(f"DOCKER_HOST: {problem}")
     return host
 
 

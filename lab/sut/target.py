@@ -30,7 +30,7 @@ from lab.stack.compose import ComposeStack
 from lab.stack.errors import StackError
 from lab.stack.local import LocalStack, StackOptions
 from lab.stack.ssh import SshOptions, SshStack
-from lab.stack.swarm import SwarmOptions, SwarmStack, load_placement
+from lab.stack.swarm import SwarmOptions, SwarmStack, engine_problem, load_placement
 from lab.sut.processes import SutStack, SystemProcesses, declared_processes
 from lab.sut.protocol import SutError
 from lab.sut.proxy import ProxiedUrls, UrlStack
@@ -142,8 +142,12 @@ def _swarm_placement(path: Any) -> dict[str, Any]:
 
 
 def _swarm_options(test: Test, opts: StackOptions) -> Any:
-    """The Swarm stack's options: the generic ones plus the placement file's manager, engines and places."""
-    return SwarmOptions(**vars(opts), **_swarm_placement(test.hosts_file))
+    """The Swarm stack's options: the generic ones plus the placement file's manager, engines and places; the
+    manager is --swarm's, else the placement's, else DOCKER_HOST's (lab.stack.swarm.SwarmStack.up)."""
+    placement = _swarm_placement(test.hosts_file)
+    if test.swarm:
+        placement.update(manager=test.swarm, manager_from="--swarm")
+    return SwarmOptions(**vars(opts), **placement)
 
 
 def _swarm_kill(ctx: Any, names: list[str]) -> Any:
@@ -330,6 +334,12 @@ class Target:
     # -- what a run may ask --------------------------------------------------------------------------------------
     def check(self, test: Test) -> None:
         """Everything about the test's system and placement that can be refused before anything starts."""
+        if test.swarm is not None:
+            if test.backend != "swarm":
+                raise TargetError("--swarm names the Swarm manager's engine: it goes with --backend swarm")
+            problem = engine_problem(test.swarm)
+            if problem:
+                raise TargetError(f"--swarm: {problem}")
         if self.kind is not Kind.REFERENCE and test.backend != "local":
             raise TargetError(f"--backend {test.backend} places the lab's own reference stack; another system "
                               "(--url, or a --sut that brings its own processes) is placed by itself: drop --backend")
