@@ -38,7 +38,7 @@ from lab.sut.registry import SutEntry, client_clock_problem, freeze_problem, sut
 from lab.testmap import Test
 from nemesis.network import DIRECTIONS
 from nemesis.ssh import ssh_clock, ssh_partition
-from nemesis.swarm import swarm_kill
+from nemesis.swarm import swarm_clock, swarm_kill
 from nemesis.registry import NEMESES, Builder, validate_names
 from nemesis.registry import stack_options as nemesis_stack_options
 
@@ -154,6 +154,11 @@ def _swarm_kill(ctx: Any, names: list[str]) -> Any:
     return swarm_kill(ctx.stack, rng=ctx.rng("kill"))
 
 
+def _swarm_clock(ctx: Any, names: list[str]) -> Any:
+    """clock / server-clock as the registry builds and draws them, each offset written inside its task."""
+    return swarm_clock(ctx.stack, NEMESES[names[0]].build(ctx, names))
+
+
 @dataclass(frozen=True)
 class Backend:
     """One placement of the reference stack: how its stack is made, and what faults reach there."""
@@ -197,10 +202,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             lambda name, home: SwarmStack(name=name, home=home),
             lacks={"netns": "network namespaces around host processes (a Swarm stack's links go through Toxiproxy: "
                             "use partition)",
-                   "clocks": "offset files on each node (not built for Swarm yet: use client-clock)",
-                   "server-clocks": "offset files on each node (not built for Swarm yet: use client-clock)",
                    "valkey": "Valkey's data files moved on its node (not built for Swarm yet: use kill or pause)"},
-            options=_swarm_options, builders={"kill": _swarm_kill}, needs_hosts=True,
+            options=_swarm_options, builders={"kill": _swarm_kill, "clock": _swarm_clock, "server-clock": _swarm_clock},
+            needs_hosts=True,
             load_hosts=_swarm_placement, hosts_doc="docs/beyond-one-machine.md"),
 )}
 
