@@ -405,3 +405,42 @@ def test_a_replacement_on_another_node_moves_the_task_to_that_nodes_engine(tmp_p
     [rec] = task.replacements
     assert (rec["old_node"], rec["node"]) == ("node2", "node3")
     assert SwarmTask.from_state(task.state()).where == task.where
+
+
+def test_the_swarm_clock_nemesis_records_where_each_offset_went(tmp_path, monkeypatch):
+    """server-clock as the registry builds it, over a Swarm stack's tasks: a bump's completion names each
+    target's node, task and container with its offset; the reset's names every clock back at 0."""
+    import asyncio
+
+    from lab.stack import swarm
+    from lab.stack.swarm import SwarmTask, TaskClock
+    from nemesis.swarm import swarm_clock
+    from nemesis.clock import clock
+
+    api = _ExecApi()
+    api.files = {"c1": {"/fencelab/clocks/lease-1.rc": "+0\n"}, "c2": {"/fencelab/clocks/lease-2.rc": "+0\n"}}
+    monkeypatch.setattr(swarm, "_engine", lambda url: api)
+    tasks = {f"lease-{i}": SwarmTask(name=f"lease-{i}", log_path=tmp_path / "l.log", container_id=f"c{i}",
+                                     node=f"node{i + 1}", engine="unix:///n") for i in (1, 2)}
+
+    class Stack:
+        def clocks(self):
+            return {n: TaskClock(t, f"/fencelab/clocks/{n}.rc") for n, t in tasks.items()}
+
+    inner = clock({n: f"/fencelab/clocks/{n}.rc" for n in tasks}, rng=1, targets=list(tasks))
+    nem = swarm_clock(Stack(), inner)
+
+    async def run():
+        await nem.setup(None)
+        bump = await nem.invoke(None, {"f": "bump-clock", "type": "invoke", "process": "nemesis",
+                                       "value": {"targets": ["lease-2"], "delta_s": 4.25}})
+        reset = await nem.invoke(None, {"f": "reset-clock", "type": "invoke", "process": "nemesis", "value": None})
+        await nem.teardown(None)
+        return bump["value"], reset["value"]
+
+    bump, reset = asyncio.run(run())
+    assert bump["swarm_clocks"] == {"lease-2": {"node": "node3", "container": "c2", "task": "task-of-c2",
+                                                "offset_s": 4.25, "written": True}}
+    assert {n: (r["offset_s"], r["written"]) for n, r in reset["swarm_clocks"].items()} == {
+        "lease-1": (0.0, True), "lease-2": (0.0, True)}
+    assert api.files["c2"]["/fencelab/clocks/lease-2.rc"] == "+0\n"

@@ -2,8 +2,10 @@
 and UTS namespace on this machine (lab/stack/swarm_lab.py), the reference stack deployed on it, faults under it.
 
 Each run checks what the issue asks of the backend: the verdict, every fault in the history, Swarm's
-replacement task of each kill recorded, and nothing of the stack left on any node; the module's teardown
-checks that nothing of the Swarm itself is left (daemons, namespaces, links, iptables rules, directories).
+replacement task of each kill recorded, each clock offset recorded with its task and seen by its lease server,
+and nothing of the stack left on any node (lease-2 is placed by a node label, the others by hostname); the
+module's teardown checks that nothing of the Swarm itself is left (daemons, namespaces, links, iptables rules,
+directories).
 Skipped only where the machine cannot make namespaces or run dockerd; with CI=true that skip is a failure.
 The first run on a machine builds the local images on the manager (about 2 minutes; cached as one `docker
 save` under .tools/cache/swarm-images), later ones load them (about 20 s).

@@ -1,9 +1,9 @@
 """The Swarm stack: the Compose picture deployed as a Docker Swarm stack across nodes (`--backend swarm`).
 
-`SwarmStack.up(SwarmOptions)` talks to the Swarm manager the placement file (or DOCKER_HOST) names, checks it is
-one and that every node the placement names is in the Swarm, gets the images onto every node that runs a service
-(`docker save` from a node that has them, `docker load` into the others: no registry), and generates the one stack
-file Swarm accepts from `compose/docker-compose.yml` (plus the local-images override and the planted bug). What
+`SwarmStack.up(SwarmOptions)` talks to the Swarm manager that `--swarm`, else the placement file, else DOCKER_HOST
+names, checks it is one and that every node the placement names is in the Swarm, gets the images onto every node
+that may run a service (`docker save` from a node that has them, `docker load` into the others: no registry), and
+generates the one stack file Swarm accepts from `compose/docker-compose.yml` (plus the local-images override and the planted bug). What
 Swarm does with a Compose file as it stands, each seen here, and what the generated file does instead:
 
     interpolation: `${VAR:?message}` with a `-` in the message is read as `${VAR-default}`, and two `-c` files
@@ -11,13 +11,16 @@ Swarm does with a Compose file as it stands, each seen here, and what the genera
     ports on 127.0.0.1 (ingress needs IPVS, which a kernel may lack) -> host-mode ports on the node's address
     service VIPs time out without IPVS        -> `endpoint_mode: dnsrr`
     build, restart, depends_on, network_mode  -> dropped (ignored by Swarm; the images are built beforehand)
+    the clocks/ bind mount (a real node lacks the lab's files) -> the task's own tmpfs (`TaskClock` writes it)
     where a service runs                       -> `node.hostname == <node>` from the placement, or its node label
                                                   constraint (`node.labels.zone==a`) and no node without an engine
 
 Each service's container is a `SwarmTask`: a `ContainerProcess` driven through the engine of the node it runs on
 (the placement names each node's engine), so kill and pause act underneath Swarm: `docker kill` on the node, after
 which Swarm starts a replacement task (the lab's `start` awaits that one, rebinds to it and records it: old and
-new container, node, seconds), and pause/unpause on the node (Swarm does nothing for minutes). Partitions cut the
+new container, node, seconds), and pause/unpause on the node (Swarm does nothing for minutes). A task's fake clock
+is a `TaskClock`: its offset file inside its container, written by `docker exec` through the node's engine.
+Partitions cut the
 links through Toxiproxy, as on the compose stack: Swarm's own control traffic (2377, 7946, VXLAN) is never touched,
 so a partition never becomes a Swarm restart. `down()` brings every task's log back (the service logs through the
 manager, all its tasks), removes the stack's services and networks, then its volumes on every node.
