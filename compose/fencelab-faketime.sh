@@ -18,6 +18,11 @@ case "${FENCELAB_FAKETIME:-0}" in
       echo "fencelab-faketime: FENCELAB_FAKETIME=1 needs FENCELAB_CLOCK_FILE (the offset file under clocks/)" >&2
       exit 2
     fi
+    if [ ! -e "$clock" ]; then
+      # a Swarm task's clocks/ is its own tmpfs, empty at start: its clock starts at +0 (the lab then writes the
+      # file by `docker exec`); noclobber: an offset the lab wrote first is kept
+      (set -C; printf '+0\n' > "$clock") 2>/dev/null || true
+    fi
     if [ ! -r "$clock" ]; then
       echo "fencelab-faketime: cannot read the clock file $clock (is the clocks/ directory mounted?)" >&2
       exit 2

@@ -26,7 +26,7 @@ from lab.secrets import redact_secrets, redact_url
 from lab.stack.base import StackStatus
 from lab.stack.local import LocalStack, StackError, StackOptions
 from lab.stack.process import ProcessError
-from lab.test_options import test_options
+from lab.test_options import SWARM_HELP, test_options
 from lab.testmap import Test, parse_sut_opt, set_sut_options
 
 # Each subcommand imports what it runs inside its own function, so `fencelab --help` and the quick subcommands
@@ -308,7 +308,7 @@ class _TestCommand(click.Command):
 def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
              servers, name, store_dir, sut, urls, api_key_file, scenario, store_url, mutant, proxy_urls=False,
              store_db=None, lab_owns_store=False, run_salt="new", commit_mode=None, backend="local",
-             hosts_file=None, sut_opts=(), after_info=None) -> None:
+             hosts_file=None, swarm=None, sut_opts=(), after_info=None) -> None:
     """Run a workload against a fresh local stack; record, check, and store the run.
 
     Exit code (docs/cli.md#exit-codes): 0 valid, 1 invalid, 2 bad input, 3 unknown (any run), 130 interrupted.
@@ -338,7 +338,7 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
                    servers=servers if "servers" in given else None, proxy_urls=proxy_urls, store_db=store_db,
                    lab_owns_store=lab_owns_store, commit_mode=commit_mode, mutant=mutant, after_info=after_info,
                    store_url=redact_url(store_url) if store_url else None,
-                   hosts_file=str(Path(hosts_file).resolve()) if hosts_file else None)
+                   hosts_file=str(Path(hosts_file).resolve()) if hosts_file else None, swarm=swarm)
     tests = [Test(name=workload if name is None else name, workload=workload, time_limit=time_limit,
                   concurrency=concurrency, rate=rate, keys=keys, ttl_ms=ttl_ms, seed=seed + i, nemesis=nemeses,
                   nemesis_interval=nemesis_interval, run_salt="" if run_salt == "new" else run_salt, backend=backend,
@@ -570,8 +570,10 @@ def worker_cmd(scheduler: str, cells: int, dask_args: tuple[str, ...]) -> None:
 @click.option("--hosts", "hosts_file", type=click.Path(path_type=Path), default=None,
               help="With --backend ssh: the hosts file (docs/ssh-backend.md); swarm: the placement "
                    "(docs/beyond-one-machine.md).")
+@click.option("--swarm", default=None, metavar="URL", help=SWARM_HELP)
 def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, urls: tuple[str, ...],
-                 api_key_file: Path | None, sut: str, backend: str = "local", hosts_file: Path | None = None) -> None:
+                 api_key_file: Path | None, sut: str, backend: str = "local", hosts_file: Path | None = None,
+                 swarm: str | None = None) -> None:
     """Run every contract row's scenarios and write evidence.json and evidence.html.
 
     Exit code (docs/cli.md#exit-codes): 0 every row passes (or is not applicable), 1 a row fails, 2 bad options,
@@ -597,7 +599,7 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
                 click.echo(f"(--depth {x.name}: {d['runs']} runs, {d['scenarios']} scenarios x {d['seeds']} seed(s) "
                            f"at x{d['time_scale']} time, {len(d['fault_runs'])} fault runs, ~{d['estimated_s']} s)")
         target = EvidenceTarget(tuple(urls), str(api_key_file) if api_key_file else None, sut, backend,
-                                str(Path(hosts_file).resolve()) if hosts_file else None)
+                                str(Path(hosts_file).resolve()) if hosts_file else None, swarm)
         with sigterm_interrupts():
             evidence = run_evidence(spec, store_dir, depth=chosen.name, target=target, echo=click.echo)
     except EvidenceError as e:
@@ -632,8 +634,9 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
 @click.option("--hosts", "hosts_file", type=click.Path(path_type=Path), default=None,
               help="With --backend ssh: the hosts file (docs/ssh-backend.md); swarm: the placement "
                    "(docs/beyond-one-machine.md).")
+@click.option("--swarm", default=None, metavar="URL", help=SWARM_HELP)
 def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, ...], markdown: bool,
-                backend: str = "local", hosts_file: Path | None = None) -> None:
+                backend: str = "local", hosts_file: Path | None = None, swarm: str | None = None) -> None:
     """Plant each bug of the reference server, run the general workloads at their defaults (and the scenario
     that scripts its race), and check the unmodified server passes the same runs.
 
@@ -646,12 +649,12 @@ def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, .
     hosts = str(Path(hosts_file).resolve()) if hosts_file else None
     try:
         spec = load_spec(spec_path, fast=fast, only=only)
-        validate_spec(spec, backend, hosts)
+        validate_spec(spec, backend, hosts, swarm)
         seeds = sum(e.runs for e in spec.entries)
         mutants = len({e.mutant for e in spec.entries})
         click.echo(f"mutants {spec.name}: {mutants} mutants in {len(spec.entries)} rows, {seeds} planted runs at most, "
                    f"each distinct run also unmodified ({spec.source}{', --fast' if fast else ''})")
-        report = run_mutants(spec, store_dir, echo=click.echo, backend=backend, hosts_file=hosts)
+        report = run_mutants(spec, store_dir, echo=click.echo, backend=backend, hosts_file=hosts, swarm=swarm)
     except MutantsError as e:
         fail(str(e))
     except KeyboardInterrupt:

@@ -288,7 +288,7 @@ def load_spec(path: Path | str = DEFAULT_SPEC, *, fast: bool = False, only: tupl
 
 
 def build_test(spec: MutantsSpec, entry: Entry, seed: int, planted: bool, backend: str = "local",
-               hosts_file: str | None = None) -> Test:
+               hosts_file: str | None = None, swarm: str | None = None) -> Test:
     """The Test of one run: [defaults], then the scenario's options, then the entry's; `mutant` if planted.
 
     The same merge order as a campaign's (docs/campaigns.md). Unmodified runs are named by their configuration
@@ -298,7 +298,7 @@ def build_test(spec: MutantsSpec, entry: Entry, seed: int, planted: bool, backen
     name = f"{spec.name}/{entry.mutant}/{entry.label()}/{PLANTED}-s{seed}" if planted else \
         f"{spec.name}/{UNMODIFIED}/{entry.label()}/s{seed}"
     test = Test(name=name, workload=entry.workload, seed=seed, nemesis=list(entry.nemesis), backend=backend,
-                hosts_file=hosts_file, scenario=entry.scenario, mutant=entry.mutant if planted else None, **opts)
+                hosts_file=hosts_file, swarm=swarm, scenario=entry.scenario, mutant=entry.mutant if planted else None, **opts)
     if entry.scenario:
         test = apply_scenario(test, {"name", "workload", *entry.options})
     return test
@@ -312,12 +312,13 @@ def config_key(test: Test) -> str:
     return json.dumps(d, sort_keys=True, default=str)
 
 
-def validate_spec(spec: MutantsSpec, backend: str = "local", hosts_file: str | None = None) -> None:
+def validate_spec(spec: MutantsSpec, backend: str = "local", hosts_file: str | None = None,
+                  swarm: str | None = None) -> None:
     """Every run's Test passes `lab.runner.validate` on `backend` (before anything starts)."""
     for entry in spec.entries:
         for planted in (True, False):
             try:
-                validate(build_test(spec, entry, 0, planted, backend, hosts_file))
+                validate(build_test(spec, entry, 0, planted, backend, hosts_file, swarm))
             except (RunError, ValueError) as e:
                 raise MutantsError(f"{spec.source}: [mutants.{entry.mutant}]: {e}") from None
 
@@ -473,7 +474,7 @@ def _default_run(test: Test, store_dir: Path) -> Mapping[str, Any]:
 
 def run_mutants(spec: MutantsSpec, store_dir: Path | str = "store", *, echo: Callable[[str], Any] = print,
                 run: Callable[[Test, Path], Mapping[str, Any]] | None = None, backend: str = "local",
-                hosts_file: str | None = None) -> MutantsReport:
+                hosts_file: str | None = None, swarm: str | None = None) -> MutantsReport:
     """Run every row (planted on every seed, a scenario until caught; then the unmodified runs of the same Tests,
     each distinct one once); write the summary."""
     store_dir = Path(store_dir)
@@ -487,13 +488,13 @@ def run_mutants(spec: MutantsSpec, store_dir: Path | str = "store", *, echo: Cal
         row = MutantRow(entry)
         rows.append(row)
         for seed in range(entry.runs):
-            rec = _one_run(build_test(spec, entry, seed, True, backend, hosts_file), PLANTED, seed, store_dir, run)
+            rec = _one_run(build_test(spec, entry, seed, True, backend, hosts_file, swarm), PLANTED, seed, store_dir, run)
             row.planted.append(rec)
             echo(_progress(entry, rec))
             if rec.valid is False and not entry.every_seed:
                 break
         for seed in range(entry.runs):
-            test = build_test(spec, entry, seed, False, backend, hosts_file)
+            test = build_test(spec, entry, seed, False, backend, hosts_file, swarm)
             key = config_key(test)
             if key not in honest:
                 honest[key] = _one_run(test, UNMODIFIED, seed, store_dir, run)

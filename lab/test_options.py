@@ -9,7 +9,11 @@ from typing import Any, Callable
 
 import click
 
-__all__ = ["TEST_OPTIONS", "test_options"]
+__all__ = ["SWARM_HELP", "TEST_OPTIONS", "test_options"]
+
+SWARM_HELP = ("With --backend swarm: the Swarm manager's Docker engine (unix:///path/docker.sock, tcp://host:2375, "
+              "ssh://user@host); over the placement's `manager`, which is over DOCKER_HOST "
+              "(docs/beyond-one-machine.md).")
 
 TEST_OPTIONS: list[click.Option] = [
     click.Option(["--workload", "-w"], default="lease", show_default=True, help="Workload name (see docs/workloads.md)."),
@@ -61,6 +65,7 @@ TEST_OPTIONS: list[click.Option] = [
     click.Option(["--hosts", "hosts_file"], type=click.Path(path_type=Path), default=None,
         help="With --backend ssh: a TOML file of the nodes (nodes = [...], key_file, known_hosts, ...); with "
              "--backend swarm: the placement (manager, [engines], [place])."),
+    click.Option(["--swarm"], default=None, metavar="URL", help=SWARM_HELP),
     click.Option(["--commit-mode"], type=click.Choice(["fenced", "unfenced"]), default=None,
         help="For a third-party system (docs/third-party.md): commit through the store's token guard (fenced, "
              "the default when the system hands out a fencing token) or whenever the client believes it "

@@ -41,7 +41,7 @@ MAX_SECONDS = 7 * 24 * 3600  # the longest time_limit, nemesis_interval or deadl
 RATES = (0.001, 1_000_000.0)  # ops/s: beyond them the generator's gap (1/rate) leaves what its ns clock can hold
 # the first-class options that a test.json (or a caller) of before the typed fields kept in `extra`
 FIRST_CLASS = ("sut", "urls", "api_key_file", "servers", "store_url", "store_db", "proxy_urls", "lab_owns_store",
-               "commit_mode", "hosts_file", "mutant", "scenario", "deadline_s", "ttl_ms", "after_info")
+               "commit_mode", "hosts_file", "swarm", "mutant", "scenario", "deadline_s", "ttl_ms", "after_info")
 
 
 # what exists only while a run goes (filled in by the runner from the stack's status); every other field is the spec
@@ -147,7 +147,8 @@ class Test:
     proxy_urls: bool = False  # the lab's Toxiproxy in front of the urls (client -> server links)
     lab_owns_store: bool = False  # the store_url store is a scratch store the lab may set up
     commit_mode: str | None = None  # a third-party system's commits: fenced / unfenced (docs/third-party.md)
-    hosts_file: str | None = None  # backend "ssh": the TOML file of the nodes
+    hosts_file: str | None = None  # backend "ssh": the TOML file of the nodes; "swarm": the placement
+    swarm: str | None = None  # backend "swarm": the manager's engine URL (over the placement's and DOCKER_HOST)
     mutant: str | None = None  # a planted bug of the reference servers (docs/mutants.md)
     scenario: str | None = None  # a named race scenario (lab.scenarios): it replaces the workload
     deadline_s: float | None = None  # each client request's deadline (None: the workload's own default)

@@ -45,7 +45,7 @@ EXCLUDE_KEYS = ("workload", "nemesis", "scenario", "implementation", "why")
 # the axes own these Test fields: setting them in [defaults] or a scenario is a mistake the error explains
 AXIS_FIELDS = {"workload": "workloads", "nemesis": "nemeses", "seed": "seeds", "name": "name"}
 REFERENCE = "reference"
-IMPL_KEYS = ("name", "sut", "url", "api_key_file", "commit_mode", "backend", "hosts", "sut_options")
+IMPL_KEYS = ("name", "sut", "url", "api_key_file", "commit_mode", "backend", "hosts", "swarm", "sut_options")
 
 
 class CampaignError(ValueError):
@@ -108,6 +108,7 @@ class Implementation:
     commit_mode: str | None = None  # -> Test.commit_mode (fenced / unfenced: docs/third-party.md)
     backend: str | None = None  # -> Test.backend: local processes, Docker Compose (docs/compose.md) or SSH nodes
     hosts: str | None = None  # -> Test.hosts_file: the SSH nodes of backend "ssh" (docs/ssh-backend.md)
+    swarm: str | None = None  # -> Test.swarm: the Swarm manager's engine of backend "swarm"
     # -> Test.extra: per-system options (`--sut-opt KEY=VALUE`), as sorted (key, value) pairs (a frozen value)
     sut_options: tuple[tuple[str, Any], ...] = ()
 
@@ -115,7 +116,7 @@ class Implementation:
         """The Test fields this implementation sets (none for the reference servers on the local backend)."""
         out = {"sut": self.sut if self.sut != REFERENCE else None, "urls": [self.url] if self.url else None,
                "api_key_file": self.api_key_file, "commit_mode": self.commit_mode, "backend": self.backend,
-               "hosts_file": self.hosts,
+               "hosts_file": self.hosts, "swarm": self.swarm,
                "extra": {**dict(self.sut_options), SUT_OPTS: [k for k, _ in self.sut_options]} if self.sut_options
                else None}
         return {k: v for k, v in out.items() if v is not None}
@@ -336,6 +337,10 @@ def _implementation(where: str, name: Any, table: Mapping[str, Any]) -> Implemen
                             f"{BACKENDS[backend].hosts_doc if needs_hosts else 'docs/ssh-backend.md'}) go together")
     if hosts is not None and not isinstance(hosts, str):
         raise CampaignError(f"{where}: hosts must be the path of a hosts file (a string), not {hosts!r}")
+    swarm = table.get("swarm")
+    if swarm is not None and (backend != "swarm" or not isinstance(swarm, str)):
+        raise CampaignError(f"{where}: swarm is the Swarm manager's engine URL (a string) of backend \"swarm\", "
+                            f"not {swarm!r}{'' if backend == 'swarm' else ' beside backend ' + repr(backend)}")
     sut_options = table.get("sut_options", {})
     if not isinstance(sut_options, Mapping):
         raise CampaignError(f"{where}: sut_options is a table of per-system options (hold_s = 1.0), not "
@@ -344,7 +349,7 @@ def _implementation(where: str, name: Any, table: Mapping[str, Any]) -> Implemen
         problem = sut_option_problem(k, v)
         if problem:
             raise CampaignError(f"{where}: sut_options: {problem}")
-    return Implementation(name, sut, url, key_file, mode, backend, hosts, tuple(sorted(sut_options.items())))
+    return Implementation(name, sut, url, key_file, mode, backend, hosts, swarm, tuple(sorted(sut_options.items())))
 
 
 def _implementations(where: str, value: Any) -> list[Implementation]:

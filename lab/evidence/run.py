@@ -99,12 +99,13 @@ class EvidenceTarget:
     api_key_file: str | None = None
     sut: str = "reference"
     backend: str = "local"  # where the lab's own stack is placed per run: local processes, Docker Compose, SSH nodes
-    hosts_file: str | None = None  # backend "ssh": the nodes (docs/ssh-backend.md)
+    hosts_file: str | None = None  # backend "ssh": the nodes (docs/ssh-backend.md); "swarm": the placement
+    swarm: str | None = None  # backend "swarm": the manager's engine (--swarm)
 
     def options(self) -> dict[str, Any]:
         """The Test fields the target sets on each run."""
         return {"sut": self.sut, "urls": list(self.urls), "api_key_file": self.api_key_file,
-                "hosts_file": self.hosts_file, "backend": self.backend}
+                "hosts_file": self.hosts_file, "swarm": self.swarm, "backend": self.backend}
 
     def resolve(self) -> Target:
         """The Target these options name, checked (TargetError / SutError: one line naming what to change)."""

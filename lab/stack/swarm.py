@@ -1,9 +1,9 @@
 """The Swarm stack: the Compose picture deployed as a Docker Swarm stack across nodes (`--backend swarm`).
 
-`SwarmStack.up(SwarmOptions)` talks to the Swarm manager the placement file (or DOCKER_HOST) names, checks it is
-one and that every node the placement names is in the Swarm, gets the images onto every node that runs a service
-(`docker save` from a node that has them, `docker load` into the others: no registry), and generates the one stack
-file Swarm accepts from `compose/docker-compose.yml` (plus the local-images override and the planted bug). What
+`SwarmStack.up(SwarmOptions)` talks to the Swarm manager that `--swarm`, else the placement file, else DOCKER_HOST
+names, checks it is one and that every node the placement names is in the Swarm, gets the images onto every node
+that may run a service (`docker save` from a node that has them, `docker load` into the others: no registry), and
+generates the one stack file Swarm accepts from `compose/docker-compose.yml` (plus the local-images override and the planted bug). What
 Swarm does with a Compose file as it stands, each seen here, and what the generated file does instead:
 
     interpolation: `${VAR:?message}` with a `-` in the message is read as `${VAR-default}`, and two `-c` files
@@ -11,12 +11,16 @@ Swarm does with a Compose file as it stands, each seen here, and what the genera
     ports on 127.0.0.1 (ingress needs IPVS, which a kernel may lack) -> host-mode ports on the node's address
     service VIPs time out without IPVS        -> `endpoint_mode: dnsrr`
     build, restart, depends_on, network_mode  -> dropped (ignored by Swarm; the images are built beforehand)
-    where a service runs                       -> `node.hostname == <node>` from the placement
+    the clocks/ bind mount (a real node lacks the lab's files) -> the task's own tmpfs (`TaskClock` writes it)
+    where a service runs                       -> `node.hostname == <node>` from the placement, or its node label
+                                                  constraint (`node.labels.zone==a`) and no node without an engine
 
 Each service's container is a `SwarmTask`: a `ContainerProcess` driven through the engine of the node it runs on
 (the placement names each node's engine), so kill and pause act underneath Swarm: `docker kill` on the node, after
 which Swarm starts a replacement task (the lab's `start` awaits that one, rebinds to it and records it: old and
-new container, node, seconds), and pause/unpause on the node (Swarm does nothing for minutes). Partitions cut the
+new container, node, seconds), and pause/unpause on the node (Swarm does nothing for minutes). A task's fake clock
+is a `TaskClock`: its offset file inside its container, written by `docker exec` through the node's engine.
+Partitions cut the
 links through Toxiproxy, as on the compose stack: Swarm's own control traffic (2377, 7946, VXLAN) is never touched,
 so a partition never becomes a Swarm restart. `down()` brings every task's log back (the service logs through the
 manager, all its tasks), removes the stack's services and networks, then its volumes on every node.
@@ -28,6 +32,7 @@ import json
 import re
 import subprocess
 import tempfile
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -40,14 +45,14 @@ from lab import paths
 from lab.stack.base import ProcessRow, StackStatus
 from lab.stack.compose import ComposeStack, compose_limits, load_proxies, project_name
 from lab.stack.container import ContainerProcess
-from lab.stack.docker_api import api_errors, connect_docker, docker_module, one_line
+from lab.stack.docker_api import api_errors, docker_module, one_line
 from lab.stack.errors import StackError
 from lab.stack.images import LOCAL, LOCAL_OVERRIDE
 from lab.stack.local import StackOptions
 from lab.stack.process import ProcessError
 
-__all__ = ["BACKEND", "PLACEMENT_KEYS", "SwarmOptions", "SwarmStack", "SwarmTask", "copy_images", "docker_cli", "load_placement",
-           "stack_file"]
+__all__ = ["BACKEND", "PLACEMENT_KEYS", "SwarmOptions", "SwarmStack", "SwarmTask", "TaskClock", "copy_images", "docker_cli",
+           "engine_problem", "load_placement", "stack_file"]
 
 BACKEND = "swarm"
 STACK_LABEL = "com.docker.stack.namespace"
@@ -56,6 +61,8 @@ SERVICES = ("valkey", "store", "toxiproxy")
 # host-mode published ports: each service's own, so two on one node never clash (the client links keep theirs)
 PUBLISHED = {"valkey": 16379, "store": 15984, "toxiproxy": 18474}
 LEASE_PUBLISHED = 18080  # lease-N publishes 18080 + N
+CLOCKS_DIR = "/fencelab/clocks"  # where a container's libfaketime offset file lives (compose/docker-compose.yml)
+ENGINE_SCHEMES = ("unix", "tcp", "ssh", "http", "https", "npipe")  # what `docker -H` and the SDK take
 DROPPED_KEYS = ("build", "restart", "depends_on", "network_mode", "privileged", "container_name")
 # 1 s checks: a task counts as up soon after it starts; 120 retries: a pause shorter than about 2 minutes never
 # makes Swarm replace the paused task (a failing check on a paused container fails at once)
@@ -63,6 +70,15 @@ HEALTH = {"interval": "1s", "timeout": "3s", "retries": 120, "start_period": "2s
 
 
 # -- the placement file ----------------------------------------------------------------------------------------
+def engine_problem(url: Any) -> str | None:
+    """Why `url` is not a Docker engine URL (None: it is one): a scheme `docker -H` takes and somewhere after it."""
+    scheme, sep, rest = url.partition("://") if isinstance(url, str) else ("", "", "")
+    if not sep or scheme not in ENGINE_SCHEMES or not rest.strip("/") or any(c.isspace() for c in url):
+        return (f"{url!r} is not a Docker engine URL (unix:///var/run/docker.sock, tcp://host:2375, "
+                "ssh://host)")
+    return None
+
+
 def load_placement(path: Any) -> dict[str, Any]:
     """`--hosts FILE` of `--backend swarm`: the manager, each node's engine, where each service runs (TOML);
     StackError naming the key (docs/beyond-one-machine.md)."""
@@ -81,17 +97,40 @@ def load_placement(path: Any) -> dict[str, Any]:
         raise StackError(f"--hosts {path}: `engines` must map each node's hostname to its Docker engine, e.g. "
                          "[engines] node2 = \"ssh://root@10.0.0.2\"")
     if not isinstance(place, dict) or not all(isinstance(v, str) for v in place.values()):
-        raise StackError(f"--hosts {path}: `place` maps a service to a node's hostname, e.g. [place] valkey = \"node1\"")
+        raise StackError(f"--hosts {path}: `place` maps a service to a node's hostname or a node label constraint, "
+                         "e.g. [place] valkey = \"node1\", lease-1 = \"node.labels.zone==a\"")
     for service, node in place.items():
         if not re.fullmatch(r"valkey|store|toxiproxy|lease-\d+", service):
             raise StackError(f"--hosts {path}: [place] {service!r} is not a service (valkey, store, toxiproxy, "
                              "lease-N)")
-        if node not in engines:
+        if node.startswith("node.") and label_constraint(node) is None:
+            raise StackError(f"--hosts {path}: [place] {service} = {node!r}: a constraint is a node label's, "
+                             "node.labels.KEY==VALUE or node.labels.KEY!=VALUE")
+        if not node.startswith("node.") and node not in engines:
             raise StackError(f"--hosts {path}: [place] {service} = {node!r}: no such node in [engines] "
                              f"({', '.join(engines)})")
     if "manager" in data and not isinstance(data["manager"], str):
         raise StackError(f"--hosts {path}: `manager` is the manager's Docker engine, e.g. \"unix:///run/docker.sock\"")
+    for key, url in [("manager", data.get("manager")), *((f"[engines] {n}", u) for n, u in engines.items())]:
+        problem = engine_problem(url) if url is not None else None
+        if problem:
+            raise StackError(f"--hosts {path}: {key}: {problem}")
     return data
+
+
+_LABEL = re.compile(r"node\.labels\.([A-Za-z0-9_.-]+)\s*(==|!=)\s*(\S+)")
+
+
+def label_constraint(text: str) -> tuple[str, str, str] | None:
+    """(key, op, value) of a node label constraint `node.labels.KEY==VALUE` (or `!=`), None when it is not one."""
+    m = _LABEL.fullmatch(text.strip())
+    return (m.group(1), m.group(2), m.group(3)) if m else None
+
+
+def label_matches(text: str, labels: dict[str, str]) -> bool:
+    """Does a node with `labels` satisfy constraint `text` (as Swarm reads it: a missing label is not equal)?"""
+    key, op, value = label_constraint(text) or ("", "", "")
+    return (labels.get(key) == value) == (op == "==")
 
 
 @dataclass
@@ -99,11 +138,12 @@ class SwarmOptions(StackOptions):
     """What `SwarmStack.up` deploys and where: the generic options plus the placement."""
 
     manager: str = ""  # the manager's engine URL ("" -> DOCKER_HOST)
+    manager_from: str = "the placement's `manager`"  # where `manager` came from (messages name it)
     engines: dict[str, str] = field(default_factory=dict)  # node hostname -> its engine URL
-    place: dict[str, str] = field(default_factory=dict)  # service -> node hostname (default: see `placement`)
+    place: dict[str, str] = field(default_factory=dict)  # service -> node hostname or label constraint (`placement`)
 
     def placement(self, managers: list[str], workers: list[str]) -> dict[str, str]:
-        """Every service's node: as placed, else Valkey, the store and Toxiproxy on the manager and the lease
+        """Every service's node (or node label constraint): as placed, else Valkey, the store and Toxiproxy on the manager and the lease
         servers round-robin over the workers (over the manager when there is none)."""
         spread = workers or managers
         chosen = {s: managers[0] for s in SERVICES}
@@ -113,9 +153,12 @@ class SwarmOptions(StackOptions):
 
 
 def _engine(url: str) -> Any:
-    """A Docker client on one engine URL (one StackError line when it does not answer)."""
+    """A Docker client on one engine URL (one StackError line naming it when it does not answer)."""
     docker = docker_module()
-    return connect_docker(lambda: docker.DockerClient(base_url=url, timeout=60))
+    try:
+        return docker.DockerClient(base_url=url, timeout=60)
+    except docker.errors.DockerException as e:
+        raise StackError(f"cannot reach the Docker engine at {url} ({one_line(e)})") from None
 
 
 def copy_images(images: list[str], engines: dict[str, str], log: Path) -> dict[str, float]:
@@ -206,9 +249,12 @@ def _merge(base: Any, over: Any) -> Any:
     return over
 
 
-def stack_file(files: list[Path], env: dict[str, str], services: list[str], nodes: dict[str, str]) -> dict[str, Any]:
+def stack_file(files: list[Path], env: dict[str, str], services: list[str], nodes: dict[str, str],
+               elsewhere: list[str] = ()) -> dict[str, Any]:
     """The one stack file Swarm accepts for `services`, from the Compose `files` (merged in order), each service
-    pinned to its node (`nodes`: service -> hostname); see the module docstring."""
+    pinned to its node (`nodes`: service -> hostname), or to the nodes of a label constraint (service -> the
+    constraint) other than those `elsewhere` (the Swarm's nodes whose engines the lab was not given); see the
+    module docstring."""
     merged: dict[str, Any] = {}
     for f in files:
         merged = _merge(merged, yaml.safe_load(Path(f).read_text()))
@@ -218,15 +264,23 @@ def stack_file(files: list[Path], env: dict[str, str], services: list[str], node
         svc = {k: v for k, v in merged["services"][name].items() if k not in DROPPED_KEYS}
         svc["ports"] = [{"target": target, "published": _published(name, target), "protocol": "tcp", "mode": "host"}
                         for target in (_target_port(p) for p in svc.get("ports", []))]
-        svc["volumes"] = [_absolute(v) for v in svc.get("volumes", [])]
+        svc["volumes"] = [_clocks_tmpfs(_absolute(v)) for v in svc.get("volumes", [])]
         svc["healthcheck"] = {**svc.get("healthcheck", {}), **HEALTH}
         svc["deploy"] = {"endpoint_mode": "dnsrr", "replicas": 1,
-                         "placement": {"constraints": [f"node.hostname == {nodes[name]}"]},
+                         "placement": {"constraints": _constraints(nodes[name], elsewhere)},
                          "restart_policy": {"condition": "any", "delay": "1s"}}
         out["services"][name] = svc
         for net in svc.get("networks", []):
             out["networks"][net] = {"driver": "overlay"}
     return out
+
+
+def _constraints(place: str, elsewhere: list[str]) -> list[str]:
+    """A service's placement constraints: its node's hostname, or its label constraint and none of the nodes
+    the lab cannot reach (the kill and pause nemeses go through the task's node engine)."""
+    if label_constraint(place) is None:
+        return [f"node.hostname == {place}"]
+    return [place, *(f"node.hostname != {n}" for n in sorted(elsewhere))]
 
 
 def _target_port(spec: str) -> int:
@@ -241,6 +295,14 @@ def _published(service: str, target: int) -> int:
     if target >= 26000:  # Toxiproxy's client links keep their own numbers
         return target
     return PUBLISHED[service]
+
+
+def _clocks_tmpfs(volume: Any) -> Any:
+    """The clocks/ bind mount as the task's own tmpfs: a node of a real Swarm does not have the lab's files, so
+    the lab writes each task's offset inside its container (`TaskClock`), and the clock wrapper starts it at +0."""
+    if isinstance(volume, str) and volume.split(":")[1:2] == [CLOCKS_DIR]:
+        return {"type": "tmpfs", "target": CLOCKS_DIR}
+    return volume
 
 
 def _absolute(volume: Any) -> Any:
@@ -263,6 +325,7 @@ class SwarmTask(ContainerProcess):
     service_id: str = ""
     manager: str = ""
     replacements: list[dict[str, Any]] = field(default_factory=list)
+    where: dict[str, list[str]] = field(default_factory=dict)  # node id -> [hostname, engine, address]
     _killed: float | None = field(default=None, repr=False, compare=False)  # monotonic time of the lab's kill
     _awaiting: float | None = field(default=None, repr=False, compare=False)  # the kill whose replacement `start` awaits
 
@@ -309,9 +372,17 @@ class SwarmTask(ContainerProcess):
         for t in tasks:
             cid = t.get("Status", {}).get("ContainerStatus", {}).get("ContainerID")
             if t.get("Status", {}).get("State") == "running" and cid and cid != self.container_id:
-                self.replacements.append({"service": self.service, "node": self.node, "task": t["ID"][:12],
-                                          "old_container": self.container_id[:12], "new_container": cid[:12],
-                                          "seconds": round(time.monotonic() - (self._awaiting or 0.0), 1)})
+                moved = self.where.get(t.get("NodeID", ""))
+                rec = {"service": self.service, "node": self.node, "task": t["ID"][:12],
+                       "old_container": self.container_id[:12], "new_container": cid[:12],
+                       "seconds": round(time.monotonic() - (self._awaiting or 0.0), 1)}
+                if moved and moved[0] != self.node:  # a label constraint let Swarm restart it on another node
+                    rec.update(old_node=self.node, node=moved[0])
+                    self.node, self.engine, self.host = moved
+                    if self.client is not None:
+                        self.client.close()
+                    self.client, self.client_factory = None, lambda e=self.engine: _engine(e)
+                self.replacements.append(rec)
                 self.container_id, self._container, self._awaiting = cid, None, None
                 return True
         return False
@@ -321,7 +392,7 @@ class SwarmTask(ContainerProcess):
 
     def state(self) -> dict[str, Any]:
         return {**super().state(), "node": self.node, "engine": self.engine, "published": self.published,
-                "service_id": self.service_id, "manager": self.manager}
+                "service_id": self.service_id, "manager": self.manager, "where": self.where}
 
     @classmethod
     def from_state(cls, d: dict[str, Any]) -> "SwarmTask":
@@ -329,7 +400,145 @@ class SwarmTask(ContainerProcess):
                    container_id=d["container_id"], container_port=d.get("container_port", ""),
                    persistence=d.get("persistence"), data_dir=d.get("data_dir", ""), node=d.get("node", ""),
                    engine=d.get("engine", ""), published=d.get("published", {}), service_id=d.get("service_id", ""),
-                   manager=d.get("manager", ""))
+                   manager=d.get("manager", ""), where=d.get("where", {}))
+
+
+# -- one task's clock -------------------------------------------------------------------------------------------
+class TaskClock:
+    """One task's libfaketime offset file, inside its container (the task's own tmpfs: a real Swarm's node is not
+    the lab's filesystem), written by `docker exec` through the task's node engine; FakeClock's surface.
+
+    `set_offset`/`reset` return at once (the clock nemesis calls them inside the run's event loop, and a strobe
+    flips faster than an exec answers): one thread writes the newest offset asked for (write-then-rename, as
+    root), keeps trying while the task is paused (no exec into a paused container) or being replaced, and writes
+    it again into Swarm's replacement task (a new container starts at +0). `flush` waits for the write and says
+    where it went: the record the nemesis's completion carries."""
+
+    RETRY_S = 0.3  # between attempts while the container is paused or gone
+    WRITE = 'printf "%s\\n" "$0" > "$1.tmp" && mv -f "$1.tmp" "$1"'
+
+    def __init__(self, task: SwarmTask, path: str):
+        self.task, self.path = task, path
+        self._cv = threading.Condition()
+        self._want: str | None = None  # the offset text asked for ("+1.500"); None: nothing asked yet
+        self._written: tuple[str, str] | None = None  # (container, text) last written
+        self._task_ids: dict[str, str] = {}  # container -> its Swarm task (the record names it)
+        self._error: str | None = None  # why the last attempt failed
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._client: Any = None
+        self._client_engine = ""
+        self._engine_lock = threading.Lock()  # the writer thread and `read` (the nemesis's setup) share one client
+
+    # -- FakeClock's surface ------------------------------------------------------------------------------------
+    def set_offset(self, seconds: float) -> None:
+        """Shift the task's wall clock by `seconds` from now on (written in the background)."""
+        if not isinstance(seconds, (int, float)) or seconds != seconds or abs(seconds) > 10 * 365 * 86400:
+            raise ValueError(f"clock offset must be a finite number of seconds within 10 years, not {seconds!r}")
+        self._ask(f"{seconds:+.3f}")
+
+    def reset(self) -> None:
+        """Back to the real clock."""
+        self._ask("+0")
+
+    def offset(self) -> float:
+        """The offset asked for last (the file holds it once `flush` says written)."""
+        return float(self._want or 0)
+
+    # -- the writer ---------------------------------------------------------------------------------------------
+    def _ask(self, text: str) -> None:
+        with self._cv:
+            if self._closed:
+                raise ValueError(f"{self.task.name}'s clock is closed")
+            self._want = text
+            self._cv.notify_all()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"clock {self.task.name}", daemon=True)
+                self._thread.start()
+
+    def _done(self) -> bool:
+        return self._want is None or self._written == (self.task.container_id, self._want)
+
+    def _run(self) -> None:
+        """Write the newest offset into the task's current container until closed (see the class docstring)."""
+        while True:
+            with self._cv:
+                while not self._closed and self._done():
+                    self._cv.wait(timeout=0.5)  # wakes to notice a replacement task too
+                if self._done():
+                    return
+                text, cid = self._want, self.task.container_id
+            try:
+                self.exec(cid, ["sh", "-c", self.WRITE, text, self.path])
+                with self._cv:
+                    self._written, self._error = (cid, text), None
+                    self._cv.notify_all()
+            except StackError as e:
+                with self._cv:
+                    self._error = str(e)
+                    if self._closed:
+                        return
+                    self._cv.wait(timeout=self.RETRY_S)
+
+    def exec(self, cid: str, argv: list[str]) -> str:
+        """`argv` run as root in container `cid` through the task's node engine; its output (StackError when it
+        cannot run or fails)."""
+        try:
+            with self._engine_lock:
+                if self._client is not None and self._client_engine != self.task.engine:  # the task moved node
+                    self._client.close()
+                    self._client = None
+                if self._client is None:
+                    self._client, self._client_engine = _engine(self.task.engine), self.task.engine
+                api = self._client.api
+                if cid not in self._task_ids:
+                    labels = api.inspect_container(cid).get("Config", {}).get("Labels") or {}
+                    self._task_ids[cid] = labels.get("com.docker.swarm.task.id", "")
+                run = api.exec_create(cid, argv, user="0")
+                out = api.exec_start(run["Id"])
+                code = api.exec_inspect(run["Id"]).get("ExitCode")
+        except api_errors() as e:
+            raise StackError(f"{self.task.name}: docker exec in {cid[:12]} on {self.task.node}: {one_line(e)}") from None
+        text = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
+        if code != 0:
+            raise StackError(f"{self.task.name}: `{' '.join(argv[:2])}` in {cid[:12]} exited {code}: "
+                             f"{one_line(text) or 'no output'}")
+        return text
+
+    def flush(self, timeout: float = 5.0) -> dict[str, Any]:
+        """Wait (up to `timeout`) for the newest offset to be in the task's container; where it went."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while not self._done() and time.monotonic() < deadline:
+                self._cv.wait(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+            cid = self.task.container_id
+            rec: dict[str, Any] = {"node": self.task.node, "container": cid[:12],
+                                   "task": self._task_ids.get(cid, "")[:12], "offset_s": self.offset(),
+                                   "written": self._done()}
+            if not rec["written"]:
+                rec["pending"] = self._error or "not yet written"
+            return rec
+
+    def read(self) -> float:
+        """The offset the container's file holds now (StackError when it cannot be read)."""
+        text = self.exec(self.task.container_id, ["cat", self.path]).strip()
+        try:
+            return float(text or 0)
+        except ValueError:
+            raise StackError(f"{self.task.name}: {self.path} holds {text[:40]!r}, not an offset") from None
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Write what is pending (up to `timeout`), then stop the writer."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        with self._engine_lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
 
 
 # -- the stack ------------------------------------------------------------------------------------------------------
@@ -364,21 +573,25 @@ class SwarmStack(ComposeStack):
         servers, _ = compose_limits(proxies)
         if opts.servers > servers:
             raise StackError(f"--servers {opts.servers}: the stack defines lease-1..lease-{servers}")
-        manager_url = opts.manager or _docker_host()
-        nodes = self._check_swarm(manager_url, opts)
+        manager_url, source = (opts.manager, opts.manager_from) if opts.manager else (_docker_host(), "DOCKER_HOST")
+        nodes = self._check_swarm(manager_url, source, opts)
         if self.load_state():
             raise StackError(f"stack {self.name!r} is already up; run `fencelab down --name {self.name}` first")
         opts = SwarmOptions(**{**vars(opts), "toxiproxy": True, "store": True, "recovery_store": False})
         chosen = opts.placement(nodes["managers"], nodes["workers"])
         services = self._services(opts)
+        candidates = self._candidates({s: chosen[s] for s in services}, nodes["labels"])
         self.info = {"name": self.name, "backend": BACKEND, "dir": str(self.dir), "project": project_name(self.name),
                      "manager": manager_url, "engines": opts.engines, "placement": {s: chosen[s] for s in services},
-                     "addresses": nodes["addresses"], "options": {k: v for k, v in vars(opts).items()
-                                                                  if k not in ("engines", "place", "manager")},
+                     "addresses": nodes["addresses"], "candidates": candidates, "node_ids": nodes["ids"],
+                     "elsewhere": nodes["elsewhere"], "options": {k: v for k, v in vars(opts).items()
+                                                                  if k not in ("engines", "place", "manager", "manager_from")},
                      "services": services, "credentials": str(self.credentials_file),
                      "store_admin": str(self.store_admin_file)}
         self.dir.mkdir(parents=True, exist_ok=True)
         self._write_inputs(opts)
+        if "clocks" in self.info:  # each offset file is inside its task's container (`clocks()`), not here
+            self.info["clocks"] = {n: f"{CLOCKS_DIR}/{n}.rc" for n in self.info["clocks"]}
         self.save_state()  # before anything is deployed: `down` always finds the stack
         try:
             self._deploy(opts, proxies)
@@ -388,22 +601,26 @@ class SwarmStack(ComposeStack):
         self.save_state()
         return self.status()
 
-    def _check_swarm(self, manager_url: str, opts: SwarmOptions) -> dict[str, Any]:
-        """The manager is one and every placed node is in its Swarm: the nodes by role and their addresses."""
-        client = _engine(manager_url)
+    def _check_swarm(self, manager_url: str, source: str, opts: SwarmOptions) -> dict[str, Any]:
+        """The manager (named by `source`) is one and every placed node is in its Swarm: the nodes by role and
+        their addresses."""
+        try:
+            client = _engine(manager_url)
+        except StackError as e:
+            raise StackError(f"the Swarm manager (from {source}): {e}") from None
         try:
             swarm = client.info().get("Swarm", {})
             if not swarm.get("ControlAvailable"):
                 state = swarm.get("LocalNodeState") or "inactive"
-                raise StackError(f"{manager_url} is not a Swarm manager (its Swarm state: {state}): name a "
-                                 "manager's engine in the placement's `manager` (or DOCKER_HOST)")
+                raise StackError(f"{manager_url} (from {source}) is not a Swarm manager (its Swarm state: {state}): "
+                                 f"name a manager's engine in {source}")
             found = [n.attrs for n in client.nodes.list()]
         except api_errors() as e:
             raise StackError(f"cannot ask the Swarm manager at {manager_url}: {one_line(e)}") from None
         finally:
             client.close()
         ready = {n["Description"]["Hostname"]: n for n in found if n["Status"]["State"] == "ready"}
-        for node in [*opts.engines, *opts.place.values()]:
+        for node in [*opts.engines, *(v for v in opts.place.values() if label_constraint(v) is None)]:
             if node not in ready:
                 raise StackError(f"the placement names node {node!r}, which is not a ready node of the Swarm at "
                                  f"{manager_url} (its nodes: {', '.join(sorted(ready)) or 'none ready'})")
@@ -413,7 +630,29 @@ class SwarmStack(ComposeStack):
             raise StackError("the placement's [engines] must name the manager node too (Valkey, the store and "
                              "Toxiproxy run there unless [place] says otherwise)")
         return {"managers": sorted(managers), "workers": sorted(workers),
-                "addresses": {h: n["Status"]["Addr"] for h, n in ready.items()}}
+                "addresses": {h: n["Status"]["Addr"] for h, n in ready.items()},
+                "labels": {h: n["Spec"].get("Labels") or {} for h, n in ready.items() if h in opts.engines},
+                "ids": {n["ID"]: n["Description"]["Hostname"] for n in found},
+                "elsewhere": sorted({n["Description"]["Hostname"] for n in found} - set(opts.engines))}
+
+    @staticmethod
+    def _candidates(chosen: dict[str, str], labels: dict[str, dict[str, str]]) -> dict[str, list[str]]:
+        """The nodes each service may run on: its node, or the [engines] nodes its label constraint matches
+        (StackError when none does, or when one that keeps state on its node matches more than one)."""
+        out = {}
+        for service, place in chosen.items():
+            if label_constraint(place) is None:
+                out[service] = [place]
+                continue
+            out[service] = sorted(n for n, ls in labels.items() if label_matches(place, ls))
+            if not out[service]:
+                raise StackError(f"the placement's {service} = {place!r} matches no node of [engines] (their labels: "
+                                 + "; ".join(f"{n}: {ls or 'none'}" for n, ls in sorted(labels.items())) + ")")
+            if len(out[service]) > 1 and not service.startswith("lease-"):
+                raise StackError(f"the placement's {service} = {place!r} matches {', '.join(out[service])}: "
+                                 f"{service} keeps its data, its ports or its links on its node, so Swarm must not "
+                                 "restart it elsewhere after a kill: constrain it to one node")
+        return out
 
     def _compose_files(self) -> list[Path]:
         """The Compose files the stack file is made from: the main one, the local-images override when the
@@ -434,10 +673,10 @@ class SwarmStack(ComposeStack):
         files = self._compose_files()
         placement = self.info["placement"]
         if self.info["images"]["kind"] == "local":
-            used = {placement[s] for s in self.info["services"]}
+            used = {n for s in self.info["services"] for n in self.info["candidates"][s]}
             self.info["images"]["loaded_s"] = copy_images(
                 list(LOCAL), {n: u for n, u in opts.engines.items() if n in used}, self.dir / "logs" / "images.log")
-        doc = stack_file(files, self._compose_env(), self.info["services"], placement)
+        doc = stack_file(files, self._compose_env(), self.info["services"], placement, self.info["elsewhere"])
         path = self.dir / "stack.yml"
         path.write_text(json.dumps(doc, indent=1))  # JSON is YAML: the CLI reads it as the stack file
         path.chmod(0o600)  # it holds the store admin's password
@@ -472,7 +711,8 @@ class SwarmStack(ComposeStack):
                 cid = status.get("ContainerStatus", {}).get("ContainerID")
                 last = f"{status.get('State')}: {status.get('Err') or status.get('Message')}"
                 if status.get("State") == "running" and cid:
-                    node = self.info["placement"][service]
+                    # the node Swarm chose (a label constraint may match several; never one without an engine)
+                    node = self.info["node_ids"].get(t.get("NodeID"), self.info["placement"][service])
                     engine = self.info["engines"][node]
                     port = "8080/tcp" if service.startswith("lease-") else {
                         "valkey": "6379/tcp", "store": "5984/tcp", "toxiproxy": "8474/tcp"}[service]
@@ -482,12 +722,17 @@ class SwarmStack(ComposeStack):
                     return SwarmTask(name=service, log_path=self.dir / "logs" / f"{service}.log", service=service,
                                      container_id=cid, container_port=port, client_factory=lambda e=engine: _engine(e),
                                      host=self.info["addresses"][node], node=node, engine=engine, published=published,
-                                     service_id=svc.id, manager=self.info["manager"],
+                                     service_id=svc.id, manager=self.info["manager"], where=self._where(),
                                      persistence=self.info["options"].get("persistence") if valkey else None,
                                      data_dir="/data" if valkey else "")
             time.sleep(0.5)
         raise StackError(f"swarm service {name}: no running task within {self.deploy_timeout_s:.0f}s ({last}; "
                          f"`docker service ps {name}` on the manager says why)")
+
+    def _where(self) -> dict[str, list[str]]:
+        """Node id -> [hostname, engine, address] of every node the lab was given an engine for."""
+        return {nid: [h, self.info["engines"][h], self.info["addresses"][h]]
+                for nid, h in self.info["node_ids"].items() if h in self.info["engines"] and h in self.info["addresses"]}
 
     def _describe(self, opts: StackOptions, proxies: dict[str, dict[str, Any]]) -> None:
         """URLs on the nodes' addresses (host-mode ports) and the Toxiproxy topology, as ComposeStack records them."""
@@ -523,7 +768,12 @@ class SwarmStack(ComposeStack):
 
     def _status_extras(self) -> dict[str, Any]:
         return {"project": self.project, "store_admin": str(self.store_admin_file),
-                "nodes": dict(self.info.get("placement", {}))}
+                "nodes": {p.name: p.node for p in self.processes} or dict(self.info.get("placement", {}))}
+
+    def clocks(self) -> dict[str, TaskClock]:
+        """The tasks' offset files, each inside its container (the stack was started with fake clocks)."""
+        by_name = {p.name: p for p in self.processes}
+        return {n: TaskClock(by_name[n], path) for n, path in sorted(self.info.get("clocks", {}).items())}
 
     def replacements(self) -> list[dict[str, Any]]:
         """Swarm's replacement tasks since the last call (the kill nemesis's completions carry them)."""
@@ -609,13 +859,17 @@ def _gone_ok(remove: Any) -> None:
 
 
 def _docker_host() -> str:
-    """The manager when the placement names none: DOCKER_HOST (StackError when that is unset too)."""
+    """The manager when neither --swarm nor the placement names one: DOCKER_HOST (StackError when that is unset
+    too, or not an engine URL)."""
     import os  # only here: the one environment read of this module
 
     host = os.environ.get("DOCKER_HOST")
     if not host:
-        raise StackError("--backend swarm needs the Swarm manager: `manager = \"...\"` in the placement file, or "
-                         "DOCKER_HOST")
+        raise StackError("--backend swarm needs the Swarm manager: --swarm URL, `manager = \"...\"` in the placement "
+                         "file, or DOCKER_HOST")
+    problem = engine_problem(host)
+    if problem:
+        raise StackError(f"DOCKER_HOST: {problem}")
     return host
 
 

@@ -30,7 +30,7 @@ from lab.stack.compose import ComposeStack
 from lab.stack.errors import StackError
 from lab.stack.local import LocalStack, StackOptions
 from lab.stack.ssh import SshOptions, SshStack
-from lab.stack.swarm import SwarmOptions, SwarmStack, load_placement
+from lab.stack.swarm import SwarmOptions, SwarmStack, engine_problem, load_placement
 from lab.sut.processes import SutStack, SystemProcesses, declared_processes
 from lab.sut.protocol import SutError
 from lab.sut.proxy import ProxiedUrls, UrlStack
@@ -38,7 +38,7 @@ from lab.sut.registry import SutEntry, client_clock_problem, freeze_problem, sut
 from lab.testmap import Test
 from nemesis.network import DIRECTIONS
 from nemesis.ssh import ssh_clock, ssh_partition
-from nemesis.swarm import swarm_kill
+from nemesis.swarm import swarm_clock, swarm_kill
 from nemesis.registry import NEMESES, Builder, validate_names
 from nemesis.registry import stack_options as nemesis_stack_options
 
@@ -142,12 +142,21 @@ def _swarm_placement(path: Any) -> dict[str, Any]:
 
 
 def _swarm_options(test: Test, opts: StackOptions) -> Any:
-    """The Swarm stack's options: the generic ones plus the placement file's manager, engines and places."""
-    return SwarmOptions(**vars(opts), **_swarm_placement(test.hosts_file))
+    """The Swarm stack's options: the generic ones plus the placement file's manager, engines and places; the
+    manager is --swarm's, else the placement's, else DOCKER_HOST's (lab.stack.swarm.SwarmStack.up)."""
+    placement = _swarm_placement(test.hosts_file)
+    if test.swarm:
+        placement.update(manager=test.swarm, manager_from="--swarm")
+    return SwarmOptions(**vars(opts), **placement)
 
 
 def _swarm_kill(ctx: Any, names: list[str]) -> Any:
     return swarm_kill(ctx.stack, rng=ctx.rng("kill"))
+
+
+def _swarm_clock(ctx: Any, names: list[str]) -> Any:
+    """clock / server-clock as the registry builds and draws them, each offset written inside its task."""
+    return swarm_clock(ctx.stack, NEMESES[names[0]].build(ctx, names))
 
 
 @dataclass(frozen=True)
@@ -193,10 +202,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
             lambda name, home: SwarmStack(name=name, home=home),
             lacks={"netns": "network namespaces around host processes (a Swarm stack's links go through Toxiproxy: "
                             "use partition)",
-                   "clocks": "offset files on each node (not built for Swarm yet: use client-clock)",
-                   "server-clocks": "offset files on each node (not built for Swarm yet: use client-clock)",
                    "valkey": "Valkey's data files moved on its node (not built for Swarm yet: use kill or pause)"},
-            options=_swarm_options, builders={"kill": _swarm_kill}, needs_hosts=True,
+            options=_swarm_options, builders={"kill": _swarm_kill, "clock": _swarm_clock, "server-clock": _swarm_clock},
+            needs_hosts=True,
             load_hosts=_swarm_placement, hosts_doc="docs/beyond-one-machine.md"),
 )}
 
@@ -330,6 +338,12 @@ class Target:
     # -- what a run may ask --------------------------------------------------------------------------------------
     def check(self, test: Test) -> None:
         """Everything about the test's system and placement that can be refused before anything starts."""
+        if test.swarm is not None:
+            if test.backend != "swarm":
+                raise TargetError("--swarm names the Swarm manager's engine: it goes with --backend swarm")
+            problem = engine_problem(test.swarm)
+            if problem:
+                raise TargetError(f"--swarm: {problem}")
         if self.kind is not Kind.REFERENCE and test.backend != "local":
             raise TargetError(f"--backend {test.backend} places the lab's own reference stack; another system "
                               "(--url, or a --sut that brings its own processes) is placed by itself: drop --backend")
