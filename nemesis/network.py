@@ -305,7 +305,10 @@ class ToxicNemesis:
         links = self.topology.links
         unknown = [n for n in names if n not in links]
         if unknown:
-            raise ValueError(f"unknown links {unknown}; links: {', '.join(sorted(links))}")
+            shared = any(n.startswith("members_") for n in links)  # lab.sut.processes.MEMBERS, one proxy per receiver
+            why = (" (no per-pair links between members here: the lab could not give each member its own "
+                   "/etc/hosts, see the stack's info peer_links; members_<to> cuts all sent to <to>)") if shared else ""
+            raise ValueError(f"unknown links {unknown}{why}; links: {', '.join(sorted(links))}")
         return [links[n] for n in dict.fromkeys(names)]
 
     def _plan(self, value: Any) -> tuple[dict[str, Any], list[Link], list[str], dict[str, Any]]:

@@ -13,12 +13,13 @@ import os
 from types import SimpleNamespace
 
 import httpx
+import psutil
 import pytest
 
 from lab import paths
 from lab.stack.local import StackOptions
 from lab.sut.etcd import EtcdLockSystem, _b64, etcd_binary, etcd_processes, lock_key
-from lab.sut.processes import SutStack, member_processes_of
+from lab.sut.processes import MEMBERS, Placement, SutStack, member_processes_of
 from lab.testmap import Test
 from tests.conftest import until
 from workloads.common import identity_for
@@ -32,6 +33,19 @@ def _etcd_installed():
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI=true: `make test` installs etcd, yet {e}")
         pytest.skip(str(e))
+
+
+@pytest.fixture
+def per_pair_links():
+    """The lab can give each member its own /etc/hosts here (root, unshare); skipped with the reason where it
+    cannot, a failure under CI (which runs as root)."""
+    from lab.sut.processes import own_hosts_problem
+
+    problem = own_hosts_problem()
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true runs as root, yet no per-pair member links: {problem}")
+        pytest.skip(problem)
 
 
 @pytest.fixture
@@ -55,7 +69,7 @@ async def lease_gone(c: EtcdLockSystem, lease) -> bool:
     return r.status == 200 and str(r.body.get("TTL")) == "-1"
 
 
-def test_cluster_is_three_lab_owned_members(cluster):
+def test_cluster_is_three_lab_owned_members(per_pair_links, cluster):
     members = member_processes_of(cluster)
     assert sorted(members) == ["etcd-1", "etcd-2", "etcd-3"]
     for p in members.values():
@@ -63,11 +77,15 @@ def test_cluster_is_three_lab_owned_members(cluster):
         r = httpx.get(f"http://127.0.0.1:{p.ports['client']}/health", timeout=2)
         assert r.json()["health"] == "true"
     topo = cluster.info["topology"]
-    assert {"c1_etcd-1", "c2_etcd-3", "peers_etcd-2", "c1_store"} <= set(topo)
-    # the cluster's peer URLs are the proxies: the raft traffic to each member takes its peers_ link
+    assert {"c1_etcd-1", "c2_etcd-3", "etcd-1_etcd-2", "etcd-2_etcd-1", "c1_store"} <= set(topo)
+    # the cluster agrees on one peer URL per member, whose port is every sender's own proxy's to it
     argv = " ".join(members["etcd-1"].argv)
     for n in ("etcd-1", "etcd-2", "etcd-3"):
-        assert f"{n}=http://{topo[f'peers_{n}']['listen']}" in argv
+        other = "etcd-2" if n == "etcd-1" else "etcd-1"
+        port = topo[f"{other}_{n}"]["listen"].rsplit(":", 1)[1]
+        assert f"{n}=http://{n}.fencelab.test:{port}" in argv
+    # the pid the lab records is etcd's own (unshare and sh exec it), so kill and pause reach etcd itself
+    assert all(psutil.Process(p.pid).name() == "etcd" for p in members.values())
     pids = [p.pid for p in members.values()]
     cluster.down()  # every member stopped by pid; its scratch data (64 MB WAL files) dropped, its log kept
     for p, pid in zip(members.values(), pids):
@@ -75,6 +93,133 @@ def test_cluster_is_three_lab_owned_members(cluster):
             os.kill(pid, 0)
         assert p.log_path.exists() and not p.data_dir.exists()
     assert (cluster.dir / "store").is_dir()  # the store's documents are kept
+
+
+def test_members_have_a_link_per_sender_and_receiver_and_each_resolves_its_own(tmp_path):
+    """No live etcd: the declared links are the client links plus one per (sender, receiver) pair of members, and
+    each member's own hosts file maps every member's agreed name to the address of its own proxy to it."""
+    decl = etcd_processes(Test(extra={"sut": "etcd"}))
+    decl.validate()
+    names = ["etcd-1", "etcd-2", "etcd-3"]
+    placement = Placement(decl, tmp_path, 2, False)
+    placement.set_per_pair()
+    links = {(f, t) for f, t, _ in placement.pairs()}
+    pairs = {(a, b) for a in names for b in names if a != b}
+    assert links == {(f"c{g}", m) for g in (1, 2) for m in names} | pairs  # no shared peer link
+    assert placement.pair_links() == pairs
+    for a in names:
+        agreed = {b: placement.url(MEMBERS, b, "peer") for b in names}
+        assert agreed["etcd-2"] == f"http://etcd-2.fencelab.test:{placement.agreed_ports['etcd-2']}"
+        hosts = dict(line.split()[::-1] for line in placement.hosts_text(a).splitlines()
+                     if line.endswith(".fencelab.test"))
+        for b in names:
+            if b != a:  # the name of b, in a's hosts, is where the proxy a_b listens
+                assert hosts[f"{b}.fencelab.test"] == placement.pair_host(a, b) == f"127.0.{a[-1]}.{b[-1]}"
+        argv = placement.in_own_hosts(a, ["etcd", "--name", a])
+        assert argv[:3] == ["unshare", "--mount", "--propagation"] and argv[-3:] == ["etcd", "--name", a]
+        assert (tmp_path / "hosts" / a).read_text() == placement.hosts_text(a)
+    # where a member cannot have its own /etc/hosts: one shared proxy per receiver, as before
+    shared = Placement(decl, tmp_path, 1, False)
+    assert {(f, t) for f, t, _ in shared.pairs() if f == MEMBERS} == {(MEMBERS, n) for n in names}
+    assert shared.in_own_hosts("etcd-1", ["etcd"]) == ["etcd"]
+
+
+def _peer_bytes(stack: SutStack) -> dict[tuple[str, str], float]:
+    """(sender, receiver) -> the raft bytes the receiver has read from the sender, by etcd's own metric
+    `etcd_network_peer_received_bytes_total{From=<sender's id>}` (read on each member's real client port)."""
+    members = member_processes_of(stack)
+    port = next(iter(members.values())).ports["client"]
+    listed = httpx.post(f"http://127.0.0.1:{port}/v3/cluster/member/list", json={}, timeout=2).json()["members"]
+    name_of = {format(int(m["ID"]), "x"): m["name"] for m in listed}
+    out = {}
+    for name, proc in members.items():
+        text = httpx.get(f"http://127.0.0.1:{proc.ports['client']}/metrics", timeout=2).text
+        for line in text.splitlines():
+            if line.startswith("etcd_network_peer_received_bytes_total{"):
+                sender = line.split('From="', 1)[1].split('"', 1)[0]
+                if sender not in name_of:  # From="0": read before the sender was known
+                    continue
+                out[(name_of[sender], name)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_a_partition_of_one_pair_of_members_leaves_the_third_talking_to_both(per_pair_links, cluster):
+    """Cut the leader and one follower from each other only (both directions, by the partition nemesis naming
+    the two links): the third member still reaches both, the cluster keeps its leader and serves writes, and
+    etcd's own byte counters show raft traffic on every link but the two cut."""
+    from nemesis import network
+    from nemesis.core import invocation
+    from lab.sut.etcd import leader_of
+    from lab.stack.topology import Topology
+    from lab.stack.toxiproxy_api import ToxiproxyClient
+
+    assert cluster.info["peer_links"] == {"mode": "per-pair"}
+    leader = leader_of(cluster)
+    assert leader is not None
+    cut, bridge = [n for n in ("etcd-1", "etcd-2", "etcd-3") if n != leader]
+    ident = identity_for("k-pair")
+
+    async def grown(before, links) -> bool:
+        now = await asyncio.to_thread(_peer_bytes, cluster)
+        return all(now.get(k, 0) > before.get(k, 0) for k in links)
+
+    async def scenario():
+        topo = Topology.from_description(ToxiproxyClient(cluster.info["toxiproxy"]), cluster.info["topology"])
+        part = network.partition(topo, rng=1)
+        await part.setup(None)
+        via_bridge = client(cluster, 1, int(bridge[-1]))
+        try:
+            done = await part.invoke(None, invocation("start-partition", {
+                "links": [f"{leader}_{cut}", f"{cut}_{leader}"], "direction": "both"}))
+            assert sorted(done["value"]["links"]) == sorted([f"{leader}_{cut}", f"{cut}_{leader}"])
+            flowing = [(leader, bridge), (bridge, leader)]
+            # let what was in flight when the cut came land, then count from there
+            await until(lambda: grown(_peer_bytes(cluster), flowing), timeout=20, what="heartbeats to flow")
+            before = await asyncio.to_thread(_peer_bytes, cluster)
+            # the bridge reaches both: the leader's heartbeats, and the cut follower's (pre-)votes
+            await until(lambda: grown(before, flowing + [(cut, bridge)]), timeout=30,
+                        what="traffic on every uncut link")
+            first = await via_bridge.acquire(ident, ttl_ms=5000, deadline_s=5)  # a write, through the bridge
+            assert first.ok, first
+            after = await asyncio.to_thread(_peer_bytes, cluster)
+            assert after[(leader, cut)] == before[(leader, cut)], "the cut link carried raft bytes"
+            assert after[(cut, leader)] == before[(cut, leader)], "the cut link carried raft bytes"
+            assert leader_of(cluster) == leader  # check-quorum and pre-vote: the cut follower cannot unseat it
+            await part.invoke(None, invocation("stop-partition"))
+            healed = await asyncio.to_thread(_peer_bytes, cluster)
+            await until(lambda: grown(healed, [(leader, cut)]), timeout=30, what="the healed link to carry raft")
+        finally:
+            await via_bridge.aclose()
+            await part.teardown(None)
+            await topo.client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_without_own_hosts_files_members_share_a_link_per_receiver_and_say_why(tmp_path, monkeypatch):
+    """Where the lab cannot give each member its own /etc/hosts (not root, no unshare): one proxy per receiver
+    (`members_etcd-2`), the reason in the stack's info, a cluster that still forms, and a per-pair cut refused
+    with that reason."""
+    from lab.sut import processes
+    from nemesis import network
+    from nemesis.core import invocation
+    from lab.stack.topology import Topology
+
+    monkeypatch.setattr(processes, "own_hosts_problem", lambda: "the lab is not root (test)")
+    stack = SutStack(etcd_processes(Test(extra={"sut": "etcd"})), root=tmp_path / "stack", die_with_parent=True)
+    stack.up(StackOptions(store=False, toxiproxy=True))
+    try:
+        assert stack.info["peer_links"] == {"mode": "per-receiver", "why": "the lab is not root (test)"}
+        topo = stack.info["topology"]
+        assert {"members_etcd-1", "members_etcd-2", "members_etcd-3"} <= set(topo)
+        assert not any(n.startswith("etcd-") for n in topo)
+        argv = member_processes_of(stack)["etcd-1"].argv
+        assert argv[0].endswith("etcd") and f"etcd-2=http://{topo['members_etcd-2']['listen']}" in " ".join(argv)
+        part = network.partition(Topology.from_description(None, topo), rng=1)
+        with pytest.raises(ValueError, match="no per-pair links between members here"):
+            part._named_links(["etcd-1_etcd-2"])
+    finally:
+        stack.down()
 
 
 def test_lock_recipe_tokens_expiry_and_commits(cluster):
@@ -170,7 +315,9 @@ def test_each_nemesis_takes_effect_on_the_etcd_processes(cluster):
             await part.setup(None)
             done = await part.invoke(None, invocation("start-partition", {"grudge": "isolate-server",
                                                                            "target": "etcd-2"}))
-            assert {"c1_etcd-2", "c2_etcd-2", "peers_etcd-2"} <= set(done["value"]["links"])
+            members = ({"etcd-1_etcd-2", "etcd-2_etcd-3"} if cluster.info["peer_links"]["mode"] == "per-pair"
+                       else {"members_etcd-2"})  # no own /etc/hosts here: one link per receiver
+            assert {"c1_etcd-2", "c2_etcd-2"} | members <= set(done["value"]["links"])
             timed_out = await via2.acquire(ident, ttl_ms=2000, deadline_s=1.0)
             assert timed_out.outcome in ("fail", "info") and "after sending" in (timed_out.msg or "") + \
                 str(timed_out.code), timed_out

@@ -4,9 +4,16 @@ The lab runs the cluster itself (`lab.sut.processes`): members `etcd-1..3`
 on loopback, each with a client and a peer port, built by `scripts/install.sh
 etcd` into `.tools/bin/etcd` (etcd 3.6.16 from the Go module proxy). Every
 client group dials every member through its own Toxiproxy proxy
-(`c<g>_etcd-<i>`), and each member's peer port has one proxy (`peers_etcd-<i>`)
-that the cluster advertises as that member's peer URL, so a partition grudge
-that isolates `etcd-2` cuts its clients and the raft traffic that reaches it.
+(`c<g>_etcd-<i>`), and every member dials every other member's peer port
+through its own proxy (`etcd-1_etcd-2`, `etcd-2_etcd-1`, ...: one per
+direction of each pair), so a grudge cuts raft traffic per pair: `isolate-server`
+of `etcd-2` cuts everything it sends and receives, and `etcd-1_etcd-2` with
+`etcd-2_etcd-1` alone leave etcd-3 talking to both. The cluster advertises one
+peer URL per member that all agree on (`http://etcd-2.fencelab.test:<P>`: etcd
+derives member IDs from `--initial-cluster`), and each member resolves that
+name through its own /etc/hosts to its own proxy (`lab.sut.processes.MEMBERS`);
+where the lab cannot give a member its own /etc/hosts (not root, no unshare),
+one proxy per receiver (`members_etcd-2`) and `info["peer_links"]` says why.
 
 The lock is etcd's own recipe (what `etcdctl lock` and the concurrency
 package do, without the waiting queue):
@@ -85,13 +92,14 @@ import httpx
 from lab import paths
 from lab.client.lease import _SendProbe
 from lab.client.results import CONNECT_ERROR, CONNECTION_LOST, TIMEOUT, Identity, Lease, Result
-from lab.sut.processes import CLIENTS, LinkSpec, ProcessSpec, SystemProcesses, member_processes_of, store_url_for
+from lab.sut.processes import (CLIENTS, MEMBERS, LinkSpec, ProcessSpec, SystemProcesses, member_processes_of,
+                               store_url_for)
 from lab.sut.protocol import SutError
 from lab.sut.valkey_lock import COMMIT_MODES, ValkeyLockSystem, commit_mode_of
 from lab.testmap import Test
 
 ETCD_VERSION = "3.6.16"
-MEMBERS = 3
+MEMBER_COUNT = 3
 LOCK_PREFIX = "fencelab/lock/"
 NOT_FOUND = 5  # gRPC NotFound (a lease that does not exist any more)
 HEARTBEAT_MS = 100
@@ -129,23 +137,24 @@ def _b64(text: str) -> str:
 
 
 # -- the cluster the lab runs ------------------------------------------------------------------------------------
-def member_names(n: int = MEMBERS) -> list[str]:
+def member_names(n: int = MEMBER_COUNT) -> list[str]:
     return [f"etcd-{i}" for i in range(1, n + 1)]
 
 
 def etcd_processes(test: Test):
-    """Three etcd members on loopback; clients dial each member's client port, members each other's peer port."""
+    """Three etcd members on loopback; clients dial each member's client port, members each other's peer port
+    (one link per sender and receiver)."""
     names = member_names()
     token = f"fencelab-{secrets.token_hex(4)}"  # a fresh cluster per run
 
     def argv(name: str):
         def build(p) -> list[str]:
-            cluster = ",".join(f"{n}={p.url('peers', n, 'peer')}" for n in names)
+            cluster = ",".join(f"{n}={p.url(MEMBERS, n, 'peer')}" for n in names)
             return [str(etcd_binary()), "--name", name, "--data-dir", str(p.data_dir(name) / "data"),
                     "--listen-client-urls", f"http://127.0.0.1:{p.port(name, 'client')}",
                     "--advertise-client-urls", f"http://127.0.0.1:{p.port(name, 'client')}",
                     "--listen-peer-urls", f"http://127.0.0.1:{p.port(name, 'peer')}",
-                    "--initial-advertise-peer-urls", p.url("peers", name, "peer"),
+                    "--initial-advertise-peer-urls", p.url(MEMBERS, name, "peer"),
                     "--initial-cluster", cluster, "--initial-cluster-state", "new",
                     "--initial-cluster-token", token,
                     "--heartbeat-interval", str(HEARTBEAT_MS), "--election-timeout", str(ELECTION_MS),
@@ -157,7 +166,8 @@ def etcd_processes(test: Test):
         # keep_data=False: each member preallocates 64 MB WAL files; a run keeps the logs, not the cluster's data
         processes=tuple(ProcessSpec(n, argv=argv(n), ports=("client", "peer"), health=_answers,
                                     fake_clock=False, clock_note=CLOCK_NOTE, keep_data=False) for n in names),
-        links=tuple(LinkSpec(CLIENTS, n, "client") for n in names) + tuple(LinkSpec("peers", n, "peer")
+        # every member dials every other's peer port by its agreed name: a link per (sender, receiver) pair
+        links=tuple(LinkSpec(CLIENTS, n, "client") for n in names) + tuple(LinkSpec(MEMBERS, n, "peer")
                                                                            for n in names),
         client_url=lambda address: f"http://{address}",
         install="run `scripts/install.sh etcd` (or `make install`)",

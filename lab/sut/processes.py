@@ -18,12 +18,26 @@ A system under test the lab can run declares what it needs with a
   kernel's vDSO clock itself, so it cannot be faked).
 - `LinkSpec(frm, to, port)`: `frm` dials `to`'s named `port`. `frm` is
   `clients` (every client group `c1..cN`, each its own link), a process name,
-  or a word naming a group of senders (`peers`: every member dialling
-  another's peer port shares the one address the cluster advertises for it).
-  With a network nemesis every declared link gets its own Toxiproxy proxy
-  `<frm>_<to>`, and `placement.address(frm, to)` is that proxy's address:
-  the command lines advertise the proxied addresses, so the traffic takes them.
-  The client groups always get a link to the lab's store (they write there).
+  `members` (every other process dials it by one name they all agree on: a
+  link per (sender, receiver) pair, below), or another word naming a group of
+  senders sharing one proxy (`peers_<to>`). With a network nemesis every link
+  gets its own Toxiproxy proxy `<frm>_<to>`, and `placement.address(frm, to)`
+  is what `frm` dials: the command lines advertise those addresses, so the
+  traffic takes the proxies. The client groups always get a link to the lab's
+  store (they write there).
+- Per-pair links for members that must agree on one address per member (etcd
+  derives member IDs from the peer URLs in `--initial-cluster`):
+  `LinkSpec(MEMBERS, to, port)`. Every member is told the same URL for `to`,
+  `placement.url(MEMBERS, to, port)` = `http://<to>.fencelab.test:<P>`, and
+  each sender resolves that name through its OWN /etc/hosts: the lab starts
+  each sender in its own mount namespace (`unshare --mount`, a bind mount of
+  `<run>/stack/hosts/<name>` on /etc/hosts, then `exec` of the command, so the
+  recorded pid is the program's own), where `<to>.fencelab.test` is a
+  loopback address `127.0.<i>.<j>` (sender i, receiver j) on which the
+  proxy `<sender>_<to>` listens at port P. So each direction of each pair is
+  one proxy, and the grudges cut per pair. Without root or a usable `unshare`
+  the lab falls back to one shared proxy per receiver (`members_<to>`) and says
+  why in `info["peer_links"]`.
 - `client_url(address)`: the node URL a worker is given for a member.
 
 `SutStack` (what `lab.runner` starts for such a system, in place of the
@@ -43,7 +57,11 @@ the system and the missing ability. Systems the lab cannot own stay behind `--ur
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
 import shutil
+import socket
+import subprocess
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -65,6 +83,12 @@ from lab.stack.topology import Link, _check_endpoint, role
 CLIENTS = "clients"  # the `frm` of a link every client group dials (one proxy per group: c1_<to>, c2_<to>, ...)
 STORE = "store"  # the lab's CouchDB-API store, as a link's `to`
 STORE_PORT = "http"
+MEMBERS = "members"  # the `frm` of a link every other process dials by one agreed name (one proxy per pair)
+DOMAIN = "fencelab.test"  # the agreed names are `<member>.fencelab.test` (.test: reserved, never on the network)
+HOSTS = Path("/etc/hosts")
+# run argv in its own mount namespace with $0 bind-mounted on /etc/hosts; exec keeps the pid the lab records
+OWN_HOSTS = ("unshare", "--mount", "--propagation", "private", "sh", "-c",
+             f'mount --bind "$0" {HOSTS} && exec "$@"')
 
 
 @dataclass(frozen=True)
@@ -126,7 +150,7 @@ class SystemProcesses:
                 _check_endpoint(p.name)
             except ValueError as e:
                 raise SutError(f"SUT {self.system!r}: process {e}") from None
-            if p.name in (STORE, "toxiproxy") or p.name.startswith("c") and p.name[1:].isdigit():
+            if p.name in (STORE, "toxiproxy", MEMBERS) or p.name.startswith("c") and p.name[1:].isdigit():
                 raise SutError(f"SUT {self.system!r}: process name {p.name!r} is the lab's own; pick another")
             if (p.argv is None) == (p.make is None):
                 raise SutError(f"SUT {self.system!r}: process {p.name!r} needs exactly one of argv or make")
@@ -144,7 +168,13 @@ class SystemProcesses:
                                f"{link.port!r} (ports: {', '.join(ports[link.to])})")
             if (link.frm, link.to) in seen:
                 raise SutError(f"SUT {self.system!r}: link {link.frm} -> {link.to} is declared twice")
+            if (link.frm in ports and (MEMBERS, link.to) in seen) or (
+                    link.frm == MEMBERS and any((f, link.to) in seen for f in ports)):
+                raise SutError(f"SUT {self.system!r}: link {link.frm} -> {link.to} is declared twice (a "
+                               f"{MEMBERS!r} link to {link.to} already gives every process its own)")
             seen.add((link.frm, link.to))
+        if any(link.frm == MEMBERS for link in self.links) and len(self.processes) > 255:
+            raise SutError(f"SUT {self.system!r}: per-pair links address at most 255 processes")
         if not any(link.frm == CLIENTS for link in self.links):
             raise SutError(f"SUT {self.system!r}: no link from the clients (LinkSpec('clients', <process>))")
 
@@ -197,6 +227,8 @@ class Placement:
         self.ports: dict[str, dict[str, int]] = {p.name: {k: free_port() for k in p.ports} for p in decl.processes}
         self.store_address: str | None = None
         self.proxies: dict[tuple[str, str], str] = {}  # (frm, to) -> proxy listen address, when proxied
+        self.per_pair = False  # MEMBERS links: one proxy per (sender, receiver), reached by name (set_per_pair)
+        self.agreed_ports: dict[str, int] = {}  # receiver -> the port of its agreed name (per_pair)
 
     def port(self, name: str, port: str = "client") -> int:
         """The real port `port` of process `name`."""
@@ -211,8 +243,65 @@ class Placement:
         return f"127.0.0.1:{self.port(to, port)}"
 
     def address(self, frm: str, to: str, port: str = "client") -> str:
-        """What `frm` dials to reach `to` (its link's proxy when there is one, else the real address)."""
+        """What `frm` dials to reach `to` (its link's proxy when there is one, else the real address); for
+        `MEMBERS` with per-pair links, the agreed name each sender resolves to its own proxy."""
+        if frm == MEMBERS and self.per_pair:
+            return f"{self.agreed_name(to)}:{self.agreed_ports[to]}"
         return self.proxies.get((frm, to)) or self.real(to, port)
+
+    # -- per-pair links (MEMBERS): one agreed name per member, resolved per sender ------------------------------
+    def set_per_pair(self) -> None:
+        """Give every MEMBERS link one proxy per sender (call before `pairs()`): pick each receiver's agreed
+        port, free on every sender's loopback address for it."""
+        self.per_pair = True
+        for to in self.receivers():
+            self.agreed_ports[to] = _port_free_on([self.pair_host(s, to) for s in self.senders(to)])
+
+    def receivers(self) -> list[str]:
+        """The processes dialled through MEMBERS links, in declaration order."""
+        dialled = {link.to for link in self.decl.links if link.frm == MEMBERS}
+        return [p.name for p in self.decl.processes if p.name in dialled]
+
+    def pair_links(self) -> set[tuple[str, str]]:
+        """The (sender, receiver) links of MEMBERS, when they are per pair (else none)."""
+        if not self.per_pair:
+            return set()
+        return {(frm, to) for to in self.receivers() for frm in self.senders(to)}
+
+    def senders(self, to: str) -> list[str]:
+        """Every other process: the senders of a MEMBERS link to `to`."""
+        return [p.name for p in self.decl.processes if p.name != to]
+
+    @staticmethod
+    def agreed_name(to: str) -> str:
+        """The host name every member uses for `to` (`etcd-2.fencelab.test`)."""
+        return f"{to}.{DOMAIN}"
+
+    def pair_host(self, frm: str, to: str) -> str:
+        """The loopback address of the proxy `frm_to` (`127.0.<i>.<j>`, by declaration order from 1): where the
+        agreed name of `to` resolves in `frm`'s own /etc/hosts."""
+        index = {p.name: i for i, p in enumerate(self.decl.processes, start=1)}
+        return f"127.0.{index[frm]}.{index[to]}"
+
+    def hosts_text(self, name: str) -> str:
+        """Process `name`'s own /etc/hosts: the machine's, then each receiver's agreed name -> the address of
+        `name`'s own proxy to it (its own name -> an address nothing listens on: it never dials itself)."""
+        try:
+            base = HOSTS.read_text()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        lines = [f"{self.pair_host(name, to)} {self.agreed_name(to)}" for to in self.receivers()]
+        return base.rstrip("\n") + "\n# fencelab: per-pair links (lab.sut.processes)\n" + "\n".join(lines) + "\n"
+
+    def in_own_hosts(self, name: str, argv: list[str]) -> list[str]:
+        """`argv`, run with process `name`'s own /etc/hosts when it sends over per-pair links (else unchanged);
+        a system's own `make` process wraps its command line with this too."""
+        if not self.per_pair or not any(name in self.senders(to) for to in self.receivers()):
+            return argv
+        path = self.root / "hosts" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.hosts_text(name))
+        return [*OWN_HOSTS, str(path), *argv]
 
     def url(self, frm: str, to: str, port: str = "client", scheme: str = "http") -> str:
         return f"{scheme}://{self.address(frm, to, port)}"
@@ -237,10 +326,16 @@ class Placement:
         return faketime_env(self.clock_file(name))
 
     def pairs(self) -> list[tuple[str, str, str]]:
-        """Every proxied link as (frm, to, port): `clients` expanded to c1..cN, plus each client group -> store."""
+        """Every proxied link as (frm, to, port): `clients` expanded to c1..cN, `members` to every other process
+        (per-pair links; else one shared `members_<to>`), plus each client group -> store."""
         out = []
         for link in self.decl.links:
-            senders = [f"c{g}" for g in range(1, self.client_groups + 1)] if link.frm == CLIENTS else [link.frm]
+            if link.frm == CLIENTS:
+                senders = [f"c{g}" for g in range(1, self.client_groups + 1)]
+            elif link.frm == MEMBERS and self.per_pair:
+                senders = self.senders(link.to)
+            else:
+                senders = [link.frm]
             out += [(s, link.to, link.port) for s in senders]
         if self.store_address is not None and not any(t == STORE for _, t, _ in out):
             out += [(f"c{g}", STORE, STORE_PORT) for g in range(1, self.client_groups + 1)]
@@ -253,7 +348,8 @@ class DeclaredProcess(ManagedProcess):
     def __init__(self, spec: ProcessSpec, placement: Placement):
         env = dict(spec.env)
         env.update(placement.env(spec.name) or {})
-        super().__init__(name=spec.name, argv=[str(a) for a in spec.argv(placement)],
+        argv = placement.in_own_hosts(spec.name, [str(a) for a in spec.argv(placement)])
+        super().__init__(name=spec.name, argv=argv,
                          log_path=placement.log_path(spec.name), ports=dict(placement.ports[spec.name]),
                          env=env or None, cwd=placement.data_dir(spec.name))
         self.probe = spec.health
@@ -345,9 +441,19 @@ class SutStack(ProcessStack):
     def _build_topology(self, placement: Placement) -> None:
         """Start Toxiproxy and one proxy per declared link (listening on ports chosen now, so the command lines
         can advertise them); the description goes into info["topology"] for the network nemeses."""
+        if any(link.frm == MEMBERS for link in self.decl.links):
+            problem = own_hosts_problem()
+            if problem is None:
+                placement.set_per_pair()
+                self.info["peer_links"] = {"mode": "per-pair"}
+            else:
+                self.info["peer_links"] = {"mode": "per-receiver", "why": problem}
         links = []
         for frm, to, port in placement.pairs():
-            listen = f"127.0.0.1:{free_port()}"
+            if (frm, to) in placement.pair_links():
+                listen = f"{placement.pair_host(frm, to)}:{placement.agreed_ports[to]}"
+            else:
+                listen = f"127.0.0.1:{free_port()}"
             links.append(Link(frm, to, listen, placement.real(to, port)))
             placement.proxies[(frm, to)] = listen
         self._start_proxies(links)
@@ -414,6 +520,37 @@ def store_url_for(test: Test, node: str) -> str | None:
         if found:
             return found
     return test.live.store_url or test.store
+
+
+def _port_free_on(hosts: list[str]) -> int:
+    """A port free on every one of these loopback addresses (Toxiproxy binds it on each, one proxy per sender)."""
+    for _ in range(50):
+        port = free_port()
+        try:
+            for host in hosts:
+                with socket.socket() as s:
+                    s.bind((host, port))
+        except OSError:
+            continue
+        return port
+    raise StackError(f"no port free on all of {', '.join(hosts)}")
+
+
+@functools.cache
+def own_hosts_problem() -> str | None:
+    """Why a process cannot be given its own /etc/hosts on this machine (None: it can): the per-pair links need
+    root, unshare(1) and a bind mount in a new mount namespace; tried once, with `true` in place of a program."""
+    if os.geteuid() != 0:
+        return "the lab is not root, so a member cannot have its own /etc/hosts (one proxy per receiver instead)"
+    if shutil.which("unshare") is None:
+        return "unshare(1) is not installed (util-linux), so a member cannot have its own /etc/hosts"
+    try:
+        r = subprocess.run([*OWN_HOSTS, str(HOSTS), "true"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unshare --mount did not run: {e}"
+    if r.returncode != 0:
+        return f"unshare --mount with a bind mount on {HOSTS} failed: {(r.stderr or r.stdout).strip()[:200]}"
+    return None
 
 
 def member_processes_of(stack: "SutStack") -> dict[str, ManagedProcess]:
