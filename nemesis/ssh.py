@@ -18,16 +18,25 @@ from nemesis.netns_partition import NetnsPartition
 from nemesis.network import DIRECTIONS, _choices, check_grudges
 from lab.testmap import Test
 
-__all__ = ["SshPartition", "ssh_clock", "ssh_partition"]
+__all__ = ["SshPartition", "on_hosts", "ssh_clock", "ssh_partition"]
 
 
 def ssh_clock(stack: SshStack, *, rng: Any, **kw: Any) -> ClockNemesis:
     """nemesis.clock's ClockNemesis writing the hosts' offset files over SFTP."""
-    clocks = stack.clocks()
-    if not clocks:
+    if not stack.clocks():
         raise NemesisUnavailable("clock: the ssh stack was started without fake clocks (fake_clocks=True)")
-    nem = ClockNemesis(stack.info["clocks"], rng=rng, **kw)
-    nem.files = dict(sorted(clocks.items()))  # same names, each file on its own host
+    return on_hosts(stack, ClockNemesis(stack.info["clocks"], rng=rng, **kw))
+
+
+def on_hosts(stack: SshStack, nem: ClockNemesis) -> ClockNemesis:
+    """`nem` (clock or server-clock, as the registry builds and draws it) writing each offset file on its own
+    host over SFTP: the registry's nemesis holds local FakeClocks at the remote paths, which on another host
+    would move nothing."""
+    remote = stack.clocks()
+    missing = sorted(set(nem.files) - set(remote))
+    if missing:
+        raise NemesisUnavailable(f"clock: no offset file on the ssh hosts for {', '.join(missing)}")
+    nem.files = {name: remote[name] for name in sorted(nem.files)}  # same names, each file on its own host
     return nem
 
 

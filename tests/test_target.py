@@ -198,3 +198,49 @@ def test_a_fake_backend_and_a_fake_fault_are_one_row_each(tmp_path, monkeypatch)
              and op["type"] == "info" and isinstance(op.get("value"), dict) and "phase" in op["value"]]
     assert {op["value"]["phase"] for op in marks} == {"start", "end"}
     assert {op["value"]["stack"] for op in marks} == {"LocalStack"}
+
+
+class _Host:
+    """An SSH host stand-in that records what was written where (RemoteFakeClock writes over SFTP)."""
+
+    def __init__(self, name: str, writes: list):
+        self.name, self.writes = name, writes
+
+    def write_file(self, path: str, text: str) -> None:
+        self.writes.append((self.name, path, text.strip()))
+
+    def read_file(self, path: str) -> bytes:
+        return b"0"
+
+
+class _SshStackStandIn:
+    """What the ssh placement's clock builders read of an SshStack: info's offset files and their hosts."""
+
+    def __init__(self, tmp_path: Path, writes: list):
+        names = ("valkey", "lease-1", "lease-2")
+        self.info = {"clocks": {n: str(tmp_path / "remote" / f"{n}.rc") for n in names},
+                     "clock_nodes": {n: f"node-{n}" for n in names}}
+        self.hosts = {f"node-{n}": _Host(f"node-{n}", writes) for n in names}
+
+    def clocks(self):
+        from lab.stack.remote import RemoteFakeClock
+
+        return {n: RemoteFakeClock(self.hosts[self.info["clock_nodes"][n]], p) for n, p in self.info["clocks"].items()}
+
+
+@pytest.mark.parametrize("fault", ["clock", "server-clock"])
+async def test_the_ssh_placement_moves_clocks_on_their_hosts(fault, tmp_path):
+    """Both clock faults, as the registry draws them, write each offset on its own host (found by the Swarm work:
+    server-clock fell back to the local builder, which wrote files on this machine and moved no remote clock)."""
+    from nemesis.registry import build
+
+    writes: list = []
+    test = Test(workload="lease", nemesis=[fault], time_limit=5)
+    test.live.stack = _SshStackStandIn(tmp_path, writes)
+    nem, _ = build(test, [fault], interval_s=1.0, seed=0, builders=BACKENDS["ssh"].builders)
+    await nem.setup(test)
+    done = await nem.invoke(test, {"type": "info", "process": "nemesis", "f": "bump-clock",
+                                   "value": {"targets": ["lease-1"], "delta_s": -1.5}})
+    assert done["value"]["offsets"] == {"lease-1": -1.5}, done
+    assert ("node-lease-1", str(tmp_path / "remote" / "lease-1.rc"), "-1.500") in writes, writes
+    assert not (tmp_path / "remote").exists()  # nothing written on this machine

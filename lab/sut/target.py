@@ -37,7 +37,7 @@ from lab.sut.proxy import ProxiedUrls, UrlStack
 from lab.sut.registry import SutEntry, client_clock_problem, freeze_problem, sut_of
 from lab.testmap import Test
 from nemesis.network import DIRECTIONS
-from nemesis.ssh import ssh_clock, ssh_partition
+from nemesis.ssh import on_hosts, ssh_partition
 from nemesis.swarm import swarm_clock, swarm_kill
 from nemesis.registry import NEMESES, Builder, validate_names
 from nemesis.registry import stack_options as nemesis_stack_options
@@ -122,7 +122,8 @@ def _ssh_options(test: Test, opts: StackOptions) -> Any:
 
 
 def _ssh_clock(ctx: Any, names: list[str]) -> Any:
-    return ssh_clock(ctx.stack, rng=ctx.rng("clock"), client_clocks=ctx.client_clocks)
+    """clock / server-clock as the registry builds and draws them, each offset file rewritten on its host."""
+    return on_hosts(ctx.stack, NEMESES[names[0]].build(ctx, names))
 
 
 def _ssh_partition(ctx: Any, names: list[str]) -> Any:
@@ -197,7 +198,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
                    "netns": "network namespaces (SSH hosts are partitioned with iptables: use partition)",
                    "valkey": "Valkey's data files on this machine (the Valkey faults run on the local and compose "
                              "backends)"},
-            options=_ssh_options, builders={"clock": _ssh_clock, "network": _ssh_partition}, needs_hosts=True),
+            options=_ssh_options, builders={"clock": _ssh_clock, "server-clock": _ssh_clock, "network": _ssh_partition}, needs_hosts=True),
     Backend("swarm", "a Docker Swarm stack across its nodes (docs/beyond-one-machine.md)", _swarm_stack,
             lambda name, home: SwarmStack(name=name, home=home),
             lacks={"netns": "network namespaces around host processes (a Swarm stack's links go through Toxiproxy: "
