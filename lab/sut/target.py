@@ -198,7 +198,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
                    "netns": "network namespaces (SSH hosts are partitioned with iptables: use partition)",
                    "valkey": "Valkey's data files on this machine (the Valkey faults run on the local and compose "
                              "backends)"},
-            options=_ssh_options, builders={"clock": _ssh_clock, "server-clock": _ssh_clock, "network": _ssh_partition}, needs_hosts=True),
+            options=_ssh_options, builders={"clock": _ssh_clock, "server-clock": _ssh_clock, "network": _ssh_partition},
+            needs_hosts=True),
     Backend("swarm", "a Docker Swarm stack across its nodes (docs/beyond-one-machine.md)", _swarm_stack,
             lambda name, home: SwarmStack(name=name, home=home),
             lacks={"netns": "network namespaces around host processes (a Swarm stack's links go through Toxiproxy: "
