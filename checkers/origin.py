@@ -32,6 +32,7 @@ from typing import Any
 
 from checkers.pairs import Lease, Pair
 from checkers.windows import Faults
+from lab.testmap import Test
 
 __all__ = ["IN_FLIGHT", "MECHANISMS", "UNKNOWN", "Origins", "concurrency_of", "name_origins"]
 
@@ -158,9 +159,11 @@ def _validated_live(c: Any, lease: Any) -> bool:
             and validated < expires)
 
 
-def concurrency_of(test: Any) -> Any:
-    """The test's `concurrency` (a checker is given a Test or its JSON mapping), or None."""
-    return test.get("concurrency") if isinstance(test, Mapping) else getattr(test, "concurrency", None)
+def concurrency_of(test: Test | Mapping[str, Any] | None) -> Any:
+    """The test's `concurrency` (a checker is given a Test or its JSON mapping, `check FILE` none), or None."""
+    if isinstance(test, Mapping):
+        return test.get("concurrency")
+    return test.concurrency if isinstance(test, Test) else None
 
 
 def _time(m: tuple[int, str]) -> int:

@@ -43,6 +43,7 @@ from checkers.core import compose, get_checker
 from checkers.linear import lease_linearizable
 from lab.client import Lease, new_request_id
 from lab.sut import WorkloadNeeds
+from lab.testmap import Test
 from workloads.base import Workload
 from workloads.common import (Session, Sessions, acquire_until_held, completion, exercise, identity_for, key_names,
                               lease_client, request_id, sent, session_id, session_start, stall)
@@ -102,7 +103,7 @@ class LeaseDriver:
             # naming its system lets the pause freeze it whole (its own background activity too)
             await pauses.wait(op["process"], *([self.api] if self.api is not None else []))
 
-    def session_for(self, test, op: dict[str, Any]) -> Session:
+    def session_for(self, test: Test | None, op: dict[str, Any]) -> Session:
         """The op's session (its `value.session`), acting as that session's service instance."""
         value = op.get("value") or {}
         sid = value.get("session") if isinstance(value, dict) else None
@@ -112,7 +113,7 @@ class LeaseDriver:
                 self.own[key] = Session(getattr(self.api, "service_instance_id", None))
             return self.own[key]
         sess = self.sessions.get_session(test, sid)
-        if op.get("reopened") and sess.lease is not None and getattr(test, "after_info", None) == "abandon":
+        if op.get("reopened") and sess.lease is not None and isinstance(test, Test) and test.after_info == "abandon":
             # its process crashed and the client was reopened (closing a client may end its session, and so its
             # lock): with --after-info abandon the session gives its lease up instead of carrying on with it
             sess.lease = None
