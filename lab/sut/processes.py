@@ -185,9 +185,8 @@ class SystemProcesses:
 
 
 def declared_processes(test: Test) -> SystemProcesses | None:
-    """The processes the test's system declares, or None (the reference stack, or a system behind --url)."""
-    if test.urls:
-        return None
+    """The processes the test's system declares, or None (the reference stack, an in-process system). Whether
+    the lab runs them (not with --url) is the Target's answer (lab.sut.target)."""
     entry = sut_of(test)
     if entry.processes is None:
         return None

@@ -445,7 +445,7 @@ def target_of(test: Test) -> Target:
         raise TargetError(f"--backend must be one of {', '.join(BACKENDS)}, not {test.backend!r}")
     entry = sut_of(test)
     urls = tuple(test.urls or ())
-    decl = declared_processes(test)
+    decl = None if urls else declared_processes(test)  # behind --url the lab runs none of its processes
     if urls:
         kind = Kind.URL
     elif entry.name == "reference":
