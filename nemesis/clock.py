@@ -47,7 +47,7 @@ from nemesis.core import NemesisUnavailable, as_rng, completion
 from nemesis.process_faults import client_target, client_thread
 from lab.testmap import Test
 
-__all__ = ["ClientClocks", "ClockNemesis", "clock", "lease_skews"]
+__all__ = ["ClientClocks", "ClockNemesis", "clock", "clock_replay", "lease_skews"]
 
 MAX_OFFSET_S = 10 * 365 * 86400  # FakeClock's own bound
 MIN_STROBE_PERIOD_MS = 10  # libfaketime needs a few ms to notice a rewritten offset file
@@ -372,6 +372,14 @@ class ClockNemesis:
         if strobing or flips:
             value.update(strobe_stopped=strobing, strobe_flips=flips)
         return completion(op, value)
+
+
+def clock_replay(record: dict[str, Any]) -> dict[str, Any]:
+    """The `bump-clock` / `strobe-clock` value that moves again the clocks the start completion `record` names,
+    by its step (a strobe with its period and duration): what nemesis.fault_schedule records for a replay."""
+    keys = ("targets", "delta_s", "period_ms", "duration_s") if record.get("kind") == "strobe" else ("targets",
+                                                                                                      "delta_s")
+    return {k: (list(record[k]) if k == "targets" else record[k]) for k in keys}
 
 
 def clock(clocks: Mapping[str, Any] | None, *, rng: Any, client_clocks: ClientClocks | None = None,

@@ -29,6 +29,7 @@ which is also in the op's `error`).
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections.abc import Sequence
@@ -51,9 +52,11 @@ __all__ = [
     "grudge_problem",
     "latency",
     "partition",
+    "partition_replay",
     "reset_peer",
     "slicer",
     "streams_of",
+    "toxic_replay",
 ]
 
 DIRECTIONS = ("both", "upstream", "downstream")
@@ -459,6 +462,23 @@ class _Slicer(ToxicNemesis):
 
     def _attributes(self, p: dict[str, Any]) -> dict[str, Any]:
         return {"average_size": p["average_size"], "size_variation": p["size_variation"], "delay": p["delay_us"]}
+
+
+# -- replaying a start (nemesis.fault_schedule): what it did, as the value that does it again ----------------
+def partition_replay(record: dict[str, Any]) -> dict[str, Any]:
+    """The `start-partition` value that cuts again what the start completion `record` says it cut: its grudge
+    with its target or sides, or its explicit links, and its direction (Toxiproxy's, netns' and SSH's alike)."""
+    if record.get("grudge") == "links":
+        return {"links": list(record["links"]), "direction": record["direction"]}
+    return {k: copy.deepcopy(record[k]) for k in ("grudge", "target", "sides", "direction") if k in record}
+
+
+def toxic_replay(record: dict[str, Any]) -> dict[str, Any]:
+    """The `start-<fault>` value of a latency / bandwidth / reset-peer / slicer start that adds again the toxics
+    its completion `record` says it added: the scope and target (or the links), the direction, the parameters."""
+    where = ({"links": list(record["links"])} if record.get("scope") == "links"
+             else {k: record[k] for k in ("scope", "target") if k in record})
+    return {**where, "direction": record["direction"], **record.get("params", {})}
 
 
 # -- constructors (validated parameters; a bad one is a ValueError naming it) ----------

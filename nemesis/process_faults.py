@@ -63,6 +63,9 @@ __all__ = [
     "kill_process",
     "pause",
     "client_pause",
+    "client_pause_replay",
+    "kill_replay",
+    "pause_replay",
     "restart_process",
     "stack_targets",
     "wait_ready",
@@ -703,6 +706,25 @@ class ClientPauseNemesis:
         if errors:
             value["thaw_errors"] = errors
         return completion(op, value)
+
+
+# -- replaying a start (nemesis.fault_schedule): what it did, as the value that does it again ----------------
+def kill_replay(record: dict[str, Any]) -> dict[str, Any]:
+    """The `start-kill` value that kills again the targets the start completion `record` names, with its timed
+    restart (null: at the stop)."""
+    return {"targets": list(record["targets"]), "restart_after_s": record.get("restart_after_s")}
+
+
+def pause_replay(record: dict[str, Any]) -> dict[str, Any]:
+    """The `start-pause` (or `start-leader-pause`) value that stops again the targets `record` names: the same
+    member, which need not lead any more in the replay."""
+    return {"targets": list(record["targets"])}
+
+
+def client_pause_replay(record: dict[str, Any]) -> dict[str, Any]:
+    """The `start-client-pause` value that holds again the thread `record` names, for its duration (null: until
+    the stop)."""
+    return {"thread": record["thread"], "duration_s": record.get("duration_s")}
 
 
 # -- constructors -------------------------------------------------------------------

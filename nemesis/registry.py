@@ -11,10 +11,10 @@
   its placement (`needs`, held against the Target by
   `lab.sut.target.Target.fault_problem` before anything starts) and its
   builder. A new fault is its module and one row here.
-- `build(test, names, *, interval_s, seed, builders)`: the composed nemesis over
-  the running stack (`test.live.stack`), each group of names built by its
-  row's builder or the placement's own, and the nemesis lane generator
-  (`nemesis.schedule`). It also puts `ClientClocks` and `ClientPauses` in
+- `build(test, names, *, interval_s, seed, builders, schedule)`: the composed
+  nemesis over the running stack (`test.live.stack`), each group of names built
+  by its row's builder or the placement's own, and the nemesis lane generator
+  (`nemesis.schedule`: drawn, or a recorded schedule replayed). It also puts `ClientClocks` and `ClientPauses` in
   `test.live.client_clocks` / `test.live.client_pauses` for the
   workload clients to read.
 
@@ -26,7 +26,7 @@ run's event loop) and closed at teardown.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
@@ -35,7 +35,7 @@ from nemesis import clock, network, process_faults, valkey
 from nemesis.core import NemesisUnavailable, compose
 from nemesis.netns_partition import NetnsHosts, check_netns_available, netns_partition
 from nemesis.network import DIRECTIONS
-from nemesis.schedule import Fault, nemesis_generator
+from nemesis.schedule import Fault, Window, nemesis_generator, replay_generator
 from lab.stack.topology import Topology
 from lab.stack.toxiproxy_api import ToxiproxyClient
 from lab.testmap import Test
@@ -73,7 +73,9 @@ class NemesisSpec:
     """One nemesis name: what it does, its window's `f`s, what it needs, and how it is built.
 
     `needs` names abilities of the system and its placement (`lab.sut.target.ABILITIES`); the Target holds
-    them against what it has, before anything starts. `group`: the names built together by one `build`
+    them against what it has, before anything starts. `replay` turns what a start did (its completion's value)
+    into the start op's value that does it again (`nemesis.fault_schedule`); a fault without one is refused a
+    replayed schedule, by name. `group`: the names built together by one `build`
     (the Toxiproxy faults share one client); `rank`: the order members are built in (healed in reverse).
     """
 
@@ -87,6 +89,8 @@ class NemesisSpec:
     stack: dict[str, Any] = field(default_factory=dict)
     group: str = ""
     rank: int = 50
+    # a start completion's value -> the start op's value that does the same again (nemesis.fault_schedule)
+    replay: Callable[[dict[str, Any]], Any] | None = None
 
     @property
     def fault(self) -> Fault:
@@ -96,10 +100,10 @@ class NemesisSpec:
 
 def _spec(name: str, doc: str, family: str, build: Builder, needs: tuple[str, ...], rank: int,
           stack: dict[str, Any] | None = None, starts: tuple[str, ...] | None = None, stop: str | None = None,
-          group: str | None = None) -> NemesisSpec:
+          group: str | None = None, replay: Callable[[dict[str, Any]], Any] | None = None) -> NemesisSpec:
     """A spec whose window is `start-<name>` / `stop-<name>` unless given, built alone unless grouped."""
     return NemesisSpec(name, doc, starts or (f"start-{name}",), stop or f"stop-{name}", family, build,
-                       frozenset(needs), stack or {}, group or name, rank)
+                       frozenset(needs), stack or {}, group or name, rank, replay)
 
 
 # -- the builders, one per fault group ------------------------------------------------------------------------
@@ -197,38 +201,43 @@ class LeaderProbe(Protocol):
 _NET = {"toxiproxy": True}
 NEMESES: dict[str, NemesisSpec] = {s.name: s for s in (
     _spec("partition", "blackhole links a grudge picks (one server from Valkey, a server, a client, halves)",
-          "network", _build_network, ("partition",), 90, _NET, group="network"),
+          "network", _build_network, ("partition",), 90, _NET, group="network", replay=network.partition_replay),
     _spec("latency", "delay on a link, a server's links, or every link (latency +/- jitter)", "network",
-          _build_network, ("links",), 90, _NET, group="network"),
-    _spec("bandwidth", "a slow link (KB/s)", "network", _build_network, ("links",), 90, _NET, group="network"),
+          _build_network, ("links",), 90, _NET, group="network", replay=network.toxic_replay),
+    _spec("bandwidth", "a slow link (KB/s)", "network", _build_network, ("links",), 90, _NET, group="network",
+          replay=network.toxic_replay),
     _spec("reset-peer", "connections reset once data flows", "network", _build_network, ("links",), 90, _NET,
-          group="network"),
+          group="network", replay=network.toxic_replay),
     _spec("slicer", "every write cut into small delayed pieces", "network", _build_network, ("links",), 90, _NET,
-          group="network"),
+          group="network", replay=network.toxic_replay),
     _spec("netns", "kernel partitions between the servers' network namespaces and the clients (root; "
           "replaces partition)", "netns", _build_netns, ("netns",), 100, {"netns": True},
-          starts=("start-partition",), stop="stop-partition"),
+          starts=("start-partition",), stop="stop-partition", replay=network.partition_replay),
     _spec("clock", "bump or strobe the wall clocks of Valkey, lease servers and clients; reset",
           "clock", _build_clock, ("clocks",), 60, {"fake_clocks": True}, starts=("bump-clock", "strobe-clock"),
-          stop="reset-clock"),
+          stop="reset-clock", replay=clock.clock_replay),
     _spec("server-clock", "bump or strobe the wall clocks of the lease servers only (Valkey's clock, backend "
           "time, never moves); reset", "clock", _build_server_clock, ("server-clocks",), 70, {"fake_clocks": True},
-          starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
+          starts=("bump-clock", "strobe-clock"), stop="reset-clock", replay=clock.clock_replay),
     _spec("kill", "SIGKILL a lease server, Valkey or the store; restart it at the stop", "process", _build_kill,
-          ("processes",), 0, {"persistence": "always", "recovery_store": True}),
+          ("processes",), 0, {"persistence": "always", "recovery_store": True},
+          replay=process_faults.kill_replay),
     _spec("pause", "SIGSTOP a lease server, Valkey or the store; SIGCONT at the stop", "process", _build_pause,
-          ("processes",), 10),
+          ("processes",), 10, replay=process_faults.pause_replay),
     _spec("client-pause", "hold one client thread at its gates (a GC-paused lease holder)", "client",
-          _build_client_pause, ("client", "client-freeze"), 40),
+          _build_client_pause, ("client", "client-freeze"), 40, replay=process_faults.client_pause_replay),
     _spec("leader-pause", "SIGSTOP the current leader of a system that has one (etcd's raft leader); SIGCONT at "
-          "the stop", "process", _build_leader_pause, ("processes", "leader"), 50),
+          "the stop", "process", _build_leader_pause, ("processes", "leader"), 50,
+          replay=process_faults.pause_replay),
     _spec("client-clock", "bump or strobe the lab's client clocks only (no fake clocks needed; works against an "
           "external system)", "client", _build_client_clock, ("client", "client-clock"), 80,
-          starts=("bump-clock", "strobe-clock"), stop="reset-clock"),
+          starts=("bump-clock", "strobe-clock"), stop="reset-clock", replay=clock.clock_replay),
     _spec("valkey-crash", "SIGKILL Valkey, restart it from its own files (everysec: may lose ~1 s)", "valkey",
-          _build_valkey_crash, ("valkey",), 20, {"persistence": "everysec", "recovery_store": True}),
+          _build_valkey_crash, ("valkey",), 20, {"persistence": "everysec", "recovery_store": True},
+          replay=valkey.crash_replay),
     _spec("valkey-restore", "snapshot Valkey, later restart it from that older snapshot (rolls counters back)",
-          "valkey", _build_valkey_restore, ("valkey",), 30, {"persistence": "always", "recovery_store": True}),
+          "valkey", _build_valkey_restore, ("valkey",), 30, {"persistence": "always", "recovery_store": True},
+          replay=valkey.restore_replay),
 )}
 
 # When two names ask for different persistence, the one that exposes more wins:
@@ -375,13 +384,14 @@ def _rng_for(seed: int, name: str) -> random.Random:
 
 
 def build(test: Test, names: Any, *, interval_s: float, seed: int, hold_s: float | None = None,
-          builders: Mapping[str, Builder] | None = None) -> tuple[Any, Any]:
+          builders: Mapping[str, Builder] | None = None, schedule: Sequence[Window] | None = None) -> tuple[Any, Any]:
     """(the composed nemesis, the nemesis lane generator) for `names` over `test.live.stack`.
 
     Each group of names is built by its row's builder (`NEMESES`), or by the placement's own (`builders`:
     group -> builder, from the Target: SSH hosts move clocks and cut links over SSH). The generator runs for
     `test.time_limit` seconds from its first op, then stops every fault once; run it next to the clients'
-    time-limited generator (`gen.any_of(...)`), not inside a `time_limit`.
+    time-limited generator (`gen.any_of(...)`), not inside a `time_limit`. With `schedule` (a recorded one,
+    nemesis.fault_schedule) the generator replays its windows instead of drawing them.
     """
     names = validate_names(names)
     if not names:
@@ -404,6 +414,8 @@ def build(test: Test, names: Any, *, interval_s: float, seed: int, hold_s: float
     members = [own.get(g, NEMESES[group_names[0]].build)(ctx, group_names) for g, group_names in groups.items()]
     nemesis = compose(members)
     faults = [NEMESES[n].fault for n in names]
+    if schedule is not None:
+        return nemesis, replay_generator(schedule, faults)
     generator = nemesis_generator(faults, interval_s=interval_s, hold_s=hold_s, duration_s=float(test.time_limit),
                                   seed=seed)
     return nemesis, generator

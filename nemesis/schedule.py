@@ -38,10 +38,16 @@ next to (not inside) the clients' `time_limit`:
     gen.phases(gen.any_of(gen.time_limit(test.time_limit, gen.clients(workload)), nem), final_phase)
 
 Wrapping the lane in another `time_limit` could cut off the final stops.
+
+A replayed schedule (`fencelab test --fault-schedule FILE`, nemesis.fault_schedule) takes the lane's place:
+`replay_generator(windows, faults)` emits each recorded `Window`'s start op with its recorded value at its
+recorded start and its stop at its recorded end, nothing drawn, then the same final heal. Its times are the
+history's (ns since its time 0), which the interpreter's context shares, so no marker is needed to place them.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections.abc import Sequence
@@ -51,8 +57,8 @@ from typing import Any
 import lab.generator as gen
 from lab.generator.core import Generator, secs_to_nanos
 
-__all__ = ["Fault", "MIN_WINDOW_S", "final_heal", "fit", "lane", "lane_timing", "nemesis_generator", "plan",
-           "timing_problem"]
+__all__ = ["Fault", "MIN_WINDOW_S", "Window", "final_heal", "fit", "lane", "lane_timing", "nemesis_generator", "plan",
+           "replay_generator", "replay_steps", "timing_problem"]
 
 # The shortest window a scaled schedule may give a fault: below it a fault op (a Toxiproxy call, a restart) takes
 # about as long as the window itself, so a run too short for one window per fault of this length is refused.
@@ -226,3 +232,54 @@ def nemesis_generator(faults: Sequence[Fault], *, interval_s: float, hold_s: flo
     faults = _faults(faults)
     return gen.nemesis(gen.concat(lane(faults, interval_s=interval_s, hold_s=hold_s, duration_s=duration_s,
                                        seed=seed), final_heal(faults)))
+
+
+# -- a replayed schedule ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """One fault window of a schedule: nemesis `nemesis` (as given to --nemesis) opened by `start_f` with
+    `value` (what the start did, as a value that does it again: JSON, or None) at `start_s` and closed by
+    `stop_f` at `end_s`, both in seconds since the history's time 0."""
+
+    nemesis: str
+    start_f: str
+    stop_f: str
+    value: Any
+    start_s: float
+    end_s: float
+
+
+def replay_steps(windows: Sequence[Window]) -> tuple[tuple[int, str, Any], ...]:
+    """The ops of `windows` as (ns since the history's time 0, f, value), in time order (at one time a stop
+    before a start, so back-to-back windows of one fault never overlap)."""
+    events = []
+    for i, w in enumerate(windows):
+        events.append((secs_to_nanos(w.start_s), 1, i, w.start_f, w.value))
+        events.append((secs_to_nanos(w.end_s), 0, i, w.stop_f, None))
+    return tuple((t, f, value) for t, _, _, f, value in sorted(events, key=lambda e: e[:3]))
+
+
+class _Replay(Generator):
+    """The recorded ops at their recorded times; one that comes late (the op before it overran) is made at once."""
+
+    __slots__ = ("steps", "i")
+
+    def __init__(self, steps: tuple[tuple[int, str, Any], ...], i: int) -> None:
+        self.steps, self.i = steps, i
+
+    def op(self, test, ctx):
+        if self.i < 0:
+            o = gen.op(gen.log(f"nemesis lane: replaying {len(self.steps) // 2} recorded windows"), test, ctx)
+            return o if o is None or o is gen.PENDING else (o[0], _Replay(self.steps, 0))
+        if self.i >= len(self.steps):
+            return None
+        at, f, value = self.steps[self.i]
+        r = gen.op({"f": f, "value": copy.deepcopy(value)}, test, ctx)  # a copy: a nemesis may keep what it gets
+        if r is None or r is gen.PENDING:
+            return r
+        return {**r[0], "time": max(r[0]["time"], at)}, _Replay(self.steps, self.i + 1)
+
+
+def replay_generator(windows: Sequence[Window], faults: Sequence[Fault]) -> Any:
+    """The nemesis lane of a replayed schedule: `windows` as recorded, then the final heal of `faults`."""
+    return gen.nemesis(gen.concat(_Replay(replay_steps(windows), -1), final_heal(faults)))

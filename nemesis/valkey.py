@@ -58,8 +58,8 @@ from nemesis.process_faults import (RESTART_TIMEOUT_S, _seconds, heal_processes,
                              wait_ready)
 from lab.testmap import Test
 
-__all__ = ["ValkeyCrashNemesis", "ValkeyOwner", "ValkeyRestoreNemesis", "data_files", "valkey_crash",
-           "valkey_restore"]
+__all__ = ["ValkeyCrashNemesis", "ValkeyOwner", "ValkeyRestoreNemesis", "crash_replay", "data_files",
+           "restore_replay", "valkey_crash", "valkey_restore"]
 
 _snapshots = itertools.count(1)
 
@@ -377,6 +377,17 @@ def _container_restore_files(persistence: str, cfg: dict[str, str], rdb: bytes) 
     base, incr = f"{name}.1.base.rdb", f"{name}.1.incr.aof"
     return {f"{d}/{base}": rdb, f"{d}/{incr}": b"",
             f"{d}/{name}.manifest": f"file {base} seq 1 type b\nfile {incr} seq 1 type i\n".encode()}
+
+
+def crash_replay(record: dict[str, Any]) -> dict[str, Any]:
+    """The `start-valkey-crash` value that crashes Valkey again with the start completion `record`'s timed restart
+    (null: at the stop)."""
+    return {"restart_after_s": record.get("restart_after_s")}
+
+
+def restore_replay(record: dict[str, Any]) -> None:
+    """`start-valkey-restore` takes no value: it snapshots whatever Valkey holds then."""
+    return None
 
 
 def valkey_crash(valkey: ValkeyOwner, *, restart_after_s: float | None = None,

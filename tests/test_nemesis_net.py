@@ -28,7 +28,8 @@ from conftest import SESSION_PIDS
 from lab.paths import REPO_ROOT
 from lab.stack.toxiproxy import ToxiproxyProcess
 from nemesis.core import Nemesis, NemesisUnavailable, compose, heal_all, running
-from nemesis.network import bandwidth, grudge_pairs, latency, partition, reset_peer, slicer
+from nemesis.network import (DIRECTIONS, GRUDGES, SCOPES, bandwidth, grudge_pairs, latency, partition,
+                             partition_replay, reset_peer, slicer, toxic_replay)
 from lab.stack.topology import Topology, link_name, role, standard_links
 from lab.stack.toxiproxy_api import ToxiproxyClient
 from nemesis.core import invocation as op
@@ -295,6 +296,27 @@ async def test_start_while_active_and_stop_while_idle_change_nothing(tp, topo):
     assert again["value"]["phase"] == "none" and "already active" in again["error"]
     assert sum(len(t) for t in (await our_toxics(tp)).values()) == 2
     await nem.teardown(TEST)
+
+
+async def test_a_start_given_its_records_replay_value_adds_the_very_same_toxics(tp, topo):
+    """A replayed fault schedule (nemesis.fault_schedule) gives each start the value its nemesis's `replay` made
+    of the recorded start: every grudge and scope, drawn once, is done again exactly (links, streams, toxics)."""
+    nemeses = [(partition(topo, rng=4, directions=DIRECTIONS), partition_replay, 2 * len(GRUDGES)),
+               (latency(topo, rng=4, scopes=SCOPES), toxic_replay, 2 * len(SCOPES)),
+               (slicer(topo, rng=4), toxic_replay, 2 * len(SCOPES))]
+    seen = set()
+    for nem, replay, draws in nemeses:
+        for _ in range(draws):
+            drawn = (await nem.invoke(TEST, op(f"start-{nem.name}")))["value"]
+            await nem.invoke(TEST, op(f"stop-{nem.name}"))
+            again = (await nem.invoke(TEST, op(f"start-{nem.name}", replay(drawn))))["value"]
+            await nem.invoke(TEST, op(f"stop-{nem.name}"))
+            assert again == drawn
+            seen.add((nem.name, drawn.get("grudge") or drawn.get("scope")))
+        await nem.teardown(TEST)
+    assert {s for n, s in seen if n == "partition"} == set(GRUDGES), "every grudge was drawn and replayed"
+    assert {s for n, s in seen if n == "latency"} == set(SCOPES)
+    assert await our_toxics(tp) == {}
 
 
 # -- latency, bandwidth, reset-peer, slicer -------------------------------------------------------
