@@ -308,7 +308,7 @@ class _TestCommand(click.Command):
 def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
              servers, name, store_dir, sut, urls, api_key_file, scenario, store_url, mutant, proxy_urls=False,
              store_db=None, lab_owns_store=False, run_salt="new", commit_mode=None, backend="local",
-             hosts_file=None, swarm=None, sut_opts=(), after_info=None) -> None:
+             hosts_file=None, swarm=None, sut_opts=(), after_info=None, fault_schedule=None) -> None:
     """Run a workload against a fresh local stack; record, check, and store the run.
 
     Exit code (docs/cli.md#exit-codes): 0 valid, 1 invalid, 2 bad input, 3 unknown (any run), 130 interrupted.
@@ -338,7 +338,8 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
                    servers=servers if "servers" in given else None, proxy_urls=proxy_urls, store_db=store_db,
                    lab_owns_store=lab_owns_store, commit_mode=commit_mode, mutant=mutant, after_info=after_info,
                    store_url=redact_url(store_url) if store_url else None,
-                   hosts_file=str(Path(hosts_file).resolve()) if hosts_file else None, swarm=swarm)
+                   hosts_file=str(Path(hosts_file).resolve()) if hosts_file else None, swarm=swarm,
+                   fault_schedule=str(Path(fault_schedule).resolve()) if fault_schedule else None)
     tests = [Test(name=workload if name is None else name, workload=workload, time_limit=time_limit,
                   concurrency=concurrency, rate=rate, keys=keys, ttl_ms=ttl_ms, seed=seed + i, nemesis=nemeses,
                   nemesis_interval=nemesis_interval, run_salt="" if run_salt == "new" else run_salt, backend=backend,

@@ -9,6 +9,7 @@ on a stored run (also one whose lab process was killed mid-run).
 A run directory holds:
     test.json        every option, the seed, versions, the replay command
     history.jsonl    the op record (docs/history-format.md); history.edn (Jepsen's format)
+    fault-schedule.json  the fault windows the nemesis executed (`--fault-schedule` replays them)
     results.json     the checkers' verdicts
     stack/           the run's own stack: logs/ (one per process), audit/, data
 """
@@ -29,7 +30,7 @@ from typing import Any
 
 import lab.generator as gen
 from checkers.core import safe_check
-from checkers.faults import with_fault_coverage
+from checkers.faults import asked_faults, with_fault_coverage
 from lab import __version__
 from lab.history import HistoryError, HistoryWriter, read_history_report, write_edn
 from lab.history.ops import is_client_process
@@ -43,8 +44,9 @@ from lab.sut.target import BACKENDS, Kind, Target, TargetError, load_hosts as _l
 from lab.test_options import TEST_OPTIONS
 from lab.testmap import (AFTER_INFO, COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt,
                          servers_problem, sut_opt_arg, sut_options_of)
+from nemesis import fault_schedule
 from nemesis.registry import build, start_fs
-from nemesis.schedule import lane_timing, timing_problem
+from nemesis.schedule import Window, lane_timing, timing_problem
 from workloads import get_workload, needs_of
 
 
@@ -104,18 +106,45 @@ def validate(test: Test) -> Target:
         _validate_external(test, target)
     if test.mutant and test.mutant not in MUTANT_NAMES:
         raise RunError(f"--mutant: unknown mutant {test.mutant!r}; known: {', '.join(MUTANT_NAMES)}")
-    if test.nemesis:
+    nemeses = nemeses_of(test)
+    if nemeses:
         try:
-            target.check_faults(test.nemesis)
+            target.check_faults(nemeses)
         except (ValueError, SutError) as e:
             raise RunError(str(e)) from None
         if not test.nemesis_interval > 0:
             raise RunError(f"--nemesis-interval must be > 0 seconds, not {test.nemesis_interval}")
-        problem = None if test.scenario else timing_problem(len(test.nemesis), interval_s=test.nemesis_interval,
-                                                             time_limit=test.time_limit)
+        drawn = not (test.scenario or test.fault_schedule)  # a replayed schedule draws no interval
+        problem = timing_problem(len(nemeses), interval_s=test.nemesis_interval,
+                                 time_limit=test.time_limit) if drawn else None
         if problem:
             raise RunError(problem)
     return target
+
+
+def nemeses_of(test: Test) -> list[str]:
+    """The nemesis names a test runs: its `nemesis`, or those of its `--fault-schedule` (the file is read and
+    checked, its windows against the time limit); RunError, one line, for a schedule that cannot be replayed."""
+    if test.fault_schedule is None:
+        return list(test.nemesis)
+    return replayed_schedule(test)[0]
+
+
+def replayed_schedule(test: Test) -> tuple[list[str], list[Window]]:
+    """(nemesis names, windows) of the test's `--fault-schedule`, checked (nemesis.fault_schedule.load); a
+    `--nemesis` naming other nemeses, or a scenario (its faults are its script), is a RunError."""
+    if test.scenario:
+        raise RunError("--fault-schedule replays the faults a --nemesis run executed; a --scenario scripts its own: "
+                       "give one or the other")
+    try:
+        names, windows = fault_schedule.load(test.fault_schedule, time_limit=test.time_limit)
+    except fault_schedule.ScheduleError as e:
+        raise RunError(str(e)) from None
+    if test.nemesis and set(test.nemesis) != set(names):
+        raise RunError(f"--nemesis {','.join(test.nemesis)} is not what --fault-schedule {test.fault_schedule} "
+                       f"replays ({','.join(names) or 'no nemesis'}): the schedule names its nemeses, leave "
+                       "--nemesis out")
+    return names, windows
 
 
 def resolve(test: Test) -> tuple[Test, Target]:
@@ -125,7 +154,8 @@ def resolve(test: Test) -> tuple[Test, Target]:
     adds to it (a salt, a probe, its scenario's workload) makes another new spec.
     """
     target = validate(test)
-    return test.evolve(nemesis=target.check_faults(test.nemesis) if test.nemesis else []).sealed(), target
+    nemeses = nemeses_of(test)
+    return test.evolve(nemesis=target.check_faults(nemeses) if nemeses else []).sealed(), target
 
 
 def _validate_fields(test: Test) -> None:
@@ -288,11 +318,11 @@ def write_test_json(test: Test) -> None:
     (test.run_dir / "test.json").write_text(json.dumps(redact_tree(d), indent=2, default=str))
 
 
-async def _run(test: Test, wl, writer, target: Target) -> None:
+async def _run(test: Test, wl, writer, target: Target, schedule: list[Window] | None = None) -> None:
     """The main phase (clients, and the nemesis lane beside them), then the final phase, through the interpreter.
 
-    The nemesis lane runs for the time limit and then stops every fault it
-    started, so the final phase (e.g. reading every document) sees a healed system.
+    The nemesis lane runs for the time limit (or replays `schedule`, a recorded one) and then stops every fault
+    it started, so the final phase (e.g. reading every document) sees a healed system.
     """
     nemesis, main = None, gen.time_limit(test.time_limit, gen.clients(wl.generator))
     if getattr(wl, "build_nemesis", None) is not None:  # a scenario's own faults and script (lab.scenarios)
@@ -300,7 +330,7 @@ async def _run(test: Test, wl, writer, target: Target) -> None:
         main = gen.any_of(main, script)
     elif test.nemesis:
         nemesis, lane = build(test, test.nemesis, interval_s=test.nemesis_interval, seed=test.seed,
-                              builders=target.fault_builders())
+                              builders=target.fault_builders(), schedule=schedule)
         main = gen.any_of(main, lane)
     phases = [main]
     if wl.final_generator is not None:
@@ -345,6 +375,7 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     status says where the clients go.
     """
     spec, target = resolve(test)
+    schedule = replayed_schedule(spec)[1] if spec.fault_schedule else None  # read once, before anything starts
     if target.kind is Kind.URL:  # a wrong URL, key or store: refused before the run
         spec = probe_external(spec)
     spec = prepare_run(spec)
@@ -367,7 +398,7 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
         write_test_json(test)
         writer = HistoryWriter(test.run_dir / "history.jsonl")  # time 0 of the history: the workload starts now
         try:
-            asyncio.run(_run(test, wl, writer, target))
+            asyncio.run(_run(test, wl, writer, target, schedule))
         except PluginError as e:  # the system's own code raised at its first open: bad input, nothing ran
             if not writer.count:
                 raise RunError(str(e)) from None
@@ -401,7 +432,7 @@ def prepare_run(test: Test) -> Test:
     sut_import = _sut_import(test)
     if sut_import:
         extra["sut_import"] = sut_import
-    if test.nemesis and not test.scenario:  # the lane's interval as it runs (scaled down for a short run)
+    if test.nemesis and not test.scenario and not test.fault_schedule:  # the lane's interval as it runs (scaled)
         extra["nemesis_schedule"] = lane_timing(len(test.nemesis), interval_s=test.nemesis_interval,
                                                 time_limit=test.time_limit)
     salt = new_run_salt() if not test.run_salt or test.run_salt == "new" else test.run_salt
@@ -424,7 +455,7 @@ def _sut_import(test: Test) -> str | None:
 
 
 def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[str, Any]:
-    """Re-run the workload's checkers on a stored run; writes history.edn and results.json."""
+    """Re-run the workload's checkers on a stored run; writes history.edn, fault-schedule.json and results.json."""
     run_dir = Path(run_dir)
     hist_path = run_dir / "history.jsonl"
     if not hist_path.exists():
@@ -446,6 +477,8 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
         except (ValueError, TypeError, KeyError, ScenarioError) as e:
             raise RunError(f"{run_dir / 'test.json'}: cannot rebuild the test's checkers: {e}") from None
     write_edn(history, run_dir / "history.edn", overwrite=True)
+    if not test.scenario:  # what the nemesis executed, to replay (a scenario's faults are its script)
+        fault_schedule.write_for_run(run_dir, history, asked_faults(test.to_json()))
 
     # every asked fault fired, or the verdict says which did not (a scenario's own faults: its row's checker)
     results = safe_check(with_fault_coverage(claimed_checker(test, checker), start_fs()), test.to_json(), history, {})

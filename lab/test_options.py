@@ -30,6 +30,10 @@ TEST_OPTIONS: list[click.Option] = [
     click.Option(["--test-count"], default=1, show_default=True, type=int, help="Run the test this many times."),
     click.Option(["--nemesis"], default="", help="Comma-separated faults, e.g. partition,clock,kill."),
     click.Option(["--nemesis-interval"], default=5.0, show_default=True, type=float, help="Seconds between faults."),
+    click.Option(["--fault-schedule"], type=click.Path(path_type=Path), default=None, metavar="FILE",
+        help="Replay a recorded fault schedule (a run's fault-schedule.json) instead of drawing one: the same "
+             "faults on the same targets at the same times; its nemeses are the run's --nemesis "
+             "(docs/nemesis.md#replaying-a-fault-schedule)."),
     click.Option(["--servers"], default=2, show_default=True, type=int, help="Reference lease server instances."),
     click.Option(["--name"], default=None, help="Test name (the store sub-directory) [default: the workload; against another system (--sut, "
              "--url) <system>-<workload>, e.g. etcd-lease]."),

@@ -41,7 +41,8 @@ MAX_SECONDS = 7 * 24 * 3600  # the longest time_limit, nemesis_interval or deadl
 RATES = (0.001, 1_000_000.0)  # ops/s: beyond them the generator's gap (1/rate) leaves what its ns clock can hold
 # the first-class options that a test.json (or a caller) of before the typed fields kept in `extra`
 FIRST_CLASS = ("sut", "urls", "api_key_file", "servers", "store_url", "store_db", "proxy_urls", "lab_owns_store",
-               "commit_mode", "hosts_file", "swarm", "mutant", "scenario", "deadline_s", "ttl_ms", "after_info")
+               "commit_mode", "hosts_file", "swarm", "mutant", "scenario", "deadline_s", "ttl_ms", "after_info",
+               "fault_schedule")
 
 
 # what exists only while a run goes (filled in by the runner from the stack's status); every other field is the spec
@@ -136,6 +137,9 @@ class Test:
     ttl_ms: int = 2000
     nemesis: list[str] = field(default_factory=list)
     nemesis_interval: float = 5.0
+    # a recorded fault schedule (a run's fault-schedule.json) the nemesis lane replays instead of drawing one;
+    # its nemeses are the run's `nemesis` (nemesis.fault_schedule)
+    fault_schedule: str | None = None
     backend: str = "local"  # where the lab places the system under test: local processes or Docker Compose
     # -- what is tested, and how to reach it (`fencelab test` options of the same names) --
     sut: str = "reference"  # the system under test's registered name (lab.sut), or module:Factory

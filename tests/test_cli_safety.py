@@ -114,6 +114,19 @@ def test_replay_command_parses_back_into_the_same_test(monkeypatch, tmp_path, ar
     assert _options(again) == _options(first)
 
 
+def test_a_replayed_fault_schedule_is_kept_in_the_replay_by_its_absolute_path(monkeypatch, tmp_path):
+    from nemesis import fault_schedule
+
+    fault_schedule.write(tmp_path / "recorded.json", ["kill"], [])
+    monkeypatch.chdir(tmp_path)
+    (first,), _ = _captured_tests(monkeypatch, ["--fault-schedule", "recorded.json"], tmp_path / "store")
+    assert first.fault_schedule == str(tmp_path / "recorded.json")
+    replay = runner.replay_command(first)
+    assert f"--fault-schedule {tmp_path / 'recorded.json'}" in replay
+    (again,), _ = _captured_tests(monkeypatch, shlex.split(replay)[2:], None)
+    assert _options(again) == _options(first)
+
+
 def test_sut_opts_are_plugin_options_in_extra_typed_as_json_scalars(monkeypatch, tmp_path):
     (t,), _ = _captured_tests(monkeypatch, ["--sut-opt", "hold_s=1.5", "--sut-opt", 'label="7"', "--sut-opt",
                                             "mode=fast", "--sut-opt", "n=3", "--sut-opt", "n=4"], tmp_path)
