@@ -20,7 +20,7 @@ from click.testing import CliRunner
 import lab.generator as gen
 from lab.cli import main
 from lab.exitcodes import EXIT_BAD_INPUT
-from lab.runner import RunError, run_test, validate
+from lab.runner import RunError, resolve, run_test, validate
 from lab.stack.faketime import FakeClock
 from lab.testmap import Test
 from nemesis import fault_schedule, registry
@@ -246,8 +246,6 @@ def test_a_schedule_naming_a_fault_the_placement_cannot_take_gets_the_targets_re
 
 
 def test_the_schedules_nemeses_are_the_runs(tmp_path):
-    from lab.runner import resolve
-
     path = _schedule(tmp_path)
     spec, _ = resolve(Test(fault_schedule=str(path), time_limit=3.0))
     assert spec.nemesis == ["partition", "kill"] and spec.fault_schedule == str(path)
