@@ -149,6 +149,16 @@ def test_a_schedule_round_trips_through_its_file(tmp_path):
     assert load(empty) == ([], [])
 
 
+def test_a_stored_run_directory_gets_its_schedule_from_its_own_files(tmp_path):
+    history = _history((700, "start-kill", KILL), (1400, "stop-kill", {"fault": "kill", "phase": "end"}))
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps(o) + "\n" for o in history))
+    (tmp_path / "test.json").write_text(json.dumps({"nemesis": ["kill"]}))
+    assert load(fault_schedule.write_for_run(tmp_path)) == (["kill"], WINDOWS[:1])
+    (tmp_path / "test.json").write_text(json.dumps({"workload": "lease"}))  # a run without a nemesis
+    assert json.loads(fault_schedule.write_for_run(tmp_path).read_text()) == {
+        "format": 1, "time_origin": "history", "nemeses": [], "windows": []}
+
+
 def _schedule(tmp_path, windows=None, nemeses=("partition", "kill"), **top) -> Path:
     path = tmp_path / "schedule.json"
     d = fault_schedule.to_json(list(nemeses), WINDOWS)
