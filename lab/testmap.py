@@ -41,8 +41,7 @@ MAX_SECONDS = 7 * 24 * 3600  # the longest time_limit, nemesis_interval or deadl
 RATES = (0.001, 1_000_000.0)  # ops/s: beyond them the generator's gap (1/rate) leaves what its ns clock can hold
 # the first-class options that a test.json (or a caller) of before the typed fields kept in `extra`
 FIRST_CLASS = ("sut", "urls", "api_key_file", "servers", "store_url", "store_db", "proxy_urls", "lab_owns_store",
-               "commit_mode", "hosts_file", "swarm", "mutant", "scenario", "deadline_s", "ttl_ms", "after_info",
-               "fault_schedule")
+               "commit_mode", "hosts_file", "swarm", "mutant", "scenario", "deadline_s", "ttl_ms", "after_info")
 
 
 # what exists only while a run goes (filled in by the runner from the stack's status); every other field is the spec
@@ -230,8 +229,9 @@ class Test:
         return self.live.credentials
 
 
-# the option fields test.json leaves out while unset (every first-class option but ttl_ms, which always was a field)
-_UNSET_OMITTED = frozenset(FIRST_CLASS) - {"ttl_ms"}
+# the option fields test.json leaves out while unset (every first-class option but ttl_ms, which always was a field,
+# and the fields added since, which never were in `extra`)
+_UNSET_OMITTED = frozenset(FIRST_CLASS) - {"ttl_ms"} | {"fault_schedule"}
 _DEFAULTS = {f.name: (f.default_factory() if callable(f.default_factory) else f.default) for f in fields(Test)}
 
 
