@@ -296,7 +296,9 @@ def _windows(run_dir: Path) -> list[dict]:
 
 
 def test_a_replayed_schedule_reproduces_the_runs_fault_windows_on_the_local_backend(tmp_path):
-    base = dict(workload="fenced-append", time_limit=4.0, concurrency=3, rate=20.0, keys=2, seed=5)
+    # seed 1 draws partition first and kill last: a restart takes as long as it takes (1.5-2.2 s on a loaded
+    # machine), so a window right after one may come late in one run and not in the other
+    base = dict(workload="fenced-append", time_limit=4.0, concurrency=3, rate=20.0, keys=2, seed=1)
     first = run_test(Test(name="drawn", nemesis=["partition", "kill"], nemesis_interval=1.0, **base), tmp_path)
     drawn_dir = (tmp_path / "drawn" / "latest").resolve()
     drawn = _windows(drawn_dir)
