@@ -315,4 +315,5 @@ def test_a_replayed_schedule_reproduces_the_runs_fault_windows_on_the_local_back
     recorded = json.loads((replay_dir / "test.json").read_text())
     assert recorded["fault_schedule"] == str(drawn_dir / FILE) and recorded["nemesis"] == ["partition", "kill"]
     assert f"--fault-schedule {drawn_dir / FILE}" in replay["replay"], replay["replay"]
+    assert f'href="{FILE}"' in (replay_dir / "report.html").read_text(), "the report links the schedule"
     assert replay["valid"] is True, replay

@@ -40,7 +40,8 @@ __all__ = ["ReportError", "Run", "load_run", "verdict_word", "write_report"]
 FIRST_VIOLATIONS = 5  # violations listed per checker on the page
 OPS_PER_VIOLATION = 12  # ops of a violation shown in the counterexample table
 COUNTEREXAMPLE_MAX_OPS = 3_000  # ops drawn in a counterexample timeline (those nearest the failing ones)
-RUN_FILES = ("history.jsonl", "history.edn", "results.json", "test.json", "plots.json", "junit.xml")
+RUN_FILES = ("history.jsonl", "history.edn", "results.json", "test.json", "fault-schedule.json", "plots.json",
+             "junit.xml")
 HIDDEN_OPTIONS = ("replay", "argv", "versions")
 
 _ENV = template_env(Path(__file__).parent)
