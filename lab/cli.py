@@ -582,10 +582,8 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
     """
     from lab.evidence import DEFAULT_SPEC, EvidenceError, EvidenceTarget, describe_depth, load_spec, run_evidence
 
-    if spec_path is None:  # the working directory's copy, else the one shipped next to the lab's package
-        spec_path = Path(DEFAULT_SPEC)
-        if not spec_path.exists():
-            spec_path = Path(__file__).resolve().parent.parent / DEFAULT_SPEC
+    if spec_path is None:
+        spec_path = shipped_spec(DEFAULT_SPEC)
 
     if api_key_file is not None and not api_key_file.is_file():
         fail(f"--api-key-file {api_key_file}: no such file")
@@ -618,12 +616,20 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
     sys.exit(evidence.exit_code)
 
 
+def shipped_spec(default: Path | str) -> Path:
+    """A default spec path: the working directory's copy, else the one shipped next to the lab's package (so
+    `fencelab mutants` and `fencelab evidence` work from any directory)."""
+    path = Path(default)
+    return path if path.exists() else Path(__file__).resolve().parent.parent / path
+
+
 # -- planted bugs ------------------------------------------------------------------------------
 
 
 @main.command("mutants")
-@click.option("--spec", "spec_path", default="campaigns/mutants.toml", show_default=True,
-              type=click.Path(path_type=Path), help="The mutants spec: each planted bug and the run that exposes it.")
+@click.option("--spec", "spec_path", default=None, type=click.Path(path_type=Path),
+              help="The mutants spec: each planted bug and the run that exposes it [default: campaigns/mutants.toml "
+                   "here, else the one shipped with the lab].")
 @click.option("--store-dir", default="store", show_default=True, type=click.Path(path_type=Path),
               help="Where runs are stored (under STORE/<spec name>/<mutant>/).")
 @click.option("--fast", is_flag=True, help="The CI subset: the spec's [fast] table (every mutant, one short run).")
@@ -636,7 +642,7 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
               help="With --backend ssh: the hosts file (docs/ssh-backend.md); swarm: the placement "
                    "(docs/beyond-one-machine.md).")
 @click.option("--swarm", default=None, metavar="URL", help=SWARM_HELP)
-def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, ...], markdown: bool,
+def mutants_cmd(spec_path: Path | None, store_dir: Path, fast: bool, only: tuple[str, ...], markdown: bool,
                 backend: str = "local", hosts_file: Path | None = None, swarm: str | None = None) -> None:
     """Plant each bug of the reference server, run the general workloads at their defaults (and the scenario
     that scripts its race), and check the unmodified server passes the same runs.
@@ -645,7 +651,11 @@ def mutants_cmd(spec_path: Path, store_dir: Path, fast: bool, only: tuple[str, .
     checkers that caught it and the unmodified server's verdict. Exit code: 0 every mutant caught on every seed
     by a workload and the unmodified server valid everywhere, 1 otherwise, 2 bad spec or options, 130 interrupted.
     """
-    from lab.mutants import MutantsError, exit_code, load_spec, print_table, render_markdown, run_mutants, validate_spec
+    from lab.mutants import (DEFAULT_SPEC, MutantsError, exit_code, load_spec, print_table, render_markdown,
+                             run_mutants, validate_spec)
+
+    if spec_path is None:
+        spec_path = shipped_spec(DEFAULT_SPEC)
 
     hosts = str(Path(hosts_file).resolve()) if hosts_file else None
     try:

@@ -270,7 +270,8 @@ def parse_spec(data: Any, source: str = "<spec>", *, fast: bool = False, only: t
     if only:
         unknown = sorted(set(only) - {e.mutant for e in entries})  # (entries are rows: a mutant may have several)
         if unknown:
-            raise MutantsError(f"--only {unknown[0]}: not a mutant of {source} ({', '.join(e.mutant for e in entries)})")
+            names = ", ".join(dict.fromkeys(e.mutant for e in entries))  # each once, though it has several rows
+            raise MutantsError(f"--only {unknown[0]}: not a mutant of {source} ({names})")
         entries = [e for e in entries if e.mutant in only]
     return MutantsSpec(name, source, description, runs, tuple(entries), fast)
 

@@ -454,3 +454,17 @@ def test_history_clock_starts_when_the_workload_starts(monkeypatch, tmp_path):
     results = runner.run_test(Test(name="clock", workload="register", time_limit=1.0, concurrency=2), tmp_path)
     assert results["ops"] > 0
     assert events[:3] == ["stack-up-begins", "stack-up-done", "history-clock-starts"], events
+
+
+@pytest.mark.parametrize("command", ["mutants", "evidence"])
+def test_the_shipped_specs_are_found_from_any_directory(command, tmp_path):
+    """`fencelab mutants` / `evidence` outside the checkout use the specs shipped with the lab (it said
+    "campaigns/mutants.toml: no such spec file"); a bad --only still names each mutant once."""
+    args = ["--only", "nope"] if command == "mutants" else ["--depth", "nope"]
+    r = fencelab(command, *args, cwd=tmp_path, timeout=60)
+    assert r.returncode == 2 and "no such spec file" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fencelab: error:"), r.stderr
+    if command == "mutants":
+        assert "not a mutant of" in lines[0] and lines[0].count("local-clock") == 1, lines[0]
+    assert not list(tmp_path.iterdir())  # refused before anything was written
