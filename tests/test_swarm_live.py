@@ -128,6 +128,7 @@ def _audit_skews(run_dir, server: str) -> list[int]:
     return [e["observed_at_ms"] - e["backend_time_ms"] for e in events if e.get("backend_time_ms")]
 
 
+@pytest.mark.slow  # 48-57 s; `make test-slow`: the CI run stays under its 45 minutes (the records: test_swarm_file.py)
 def test_server_clock_offsets_are_written_in_each_task_and_seen_by_its_lease_server(swarm, tmp_path):
     """server-clock on Swarm: each offset is written inside its task's container through its node's engine
     (recorded: node, task, container, offset), and the lease server itself runs at that offset (its audit log
