@@ -444,3 +444,34 @@ def test_the_swarm_clock_nemesis_records_where_each_offset_went(tmp_path, monkey
     assert {n: (r["offset_s"], r["written"]) for n, r in reset["swarm_clocks"].items()} == {
         "lease-1": (0.0, True), "lease-2": (0.0, True)}
     assert api.files["c2"]["/fencelab/clocks/lease-2.rc"] == "+0\n"
+
+
+def test_a_service_log_that_never_ends_is_cut_and_does_not_block_the_teardown():
+    """The manager's log stream of a service whose task was killed can stall forever (a 60 s run's teardown
+    blocked on it for over 10 minutes, 2026-12-04): what came is kept, with a line saying where it was cut."""
+    import threading
+
+    from lab.stack.swarm import _read_log
+
+    release = threading.Event()
+
+    class Stalled:
+        name = "fencelab_store"
+
+        def logs(self, **kw):
+            yield b"2026-12-04T12:33:00Z started\n"
+            release.wait()  # the stream sends nothing more
+            yield b"never\n"
+
+    class Done:
+        name = "fencelab_valkey"
+
+        def logs(self, **kw):
+            return iter([b"a\n", b"b\n"])
+
+    try:
+        out = _read_log(Stalled(), 0.5)
+        assert out.startswith(b"2026-12-04T12:33:00Z started\n") and b"log cut" in out and b"never" not in out, out
+        assert _read_log(Done(), 5.0) == b"a\nb\n"
+    finally:
+        release.set()

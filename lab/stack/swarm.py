@@ -806,16 +806,18 @@ class SwarmStack(ComposeStack):
             self.state_file.unlink()
         return stopped
 
+    LOG_TIMEOUT_S = 30.0  # per service: the manager's log stream can stall forever (below)
+
     def _save_logs(self) -> None:
-        """logs/<service>.log: the service's log through the manager (every task's, replaced ones too)."""
+        """logs/<service>.log: the service's log through the manager (every task's, replaced ones too).
+
+        Read on a thread with a deadline: after a kill of the store's task, the manager's stream of that service's
+        log (a chunked reply) stopped sending and never ended (seen 2026-12-04: a 60 s run's teardown blocked on
+        it for over 10 minutes); the stack's removal must not wait on a log."""
         (self.dir / "logs").mkdir(parents=True, exist_ok=True)
         for svc in self.docker().services.list(filters={"label": f"{STACK_LABEL}={self.project}"}):
             service = svc.name.removeprefix(f"{self.project}_")
-            try:
-                data = b"".join(svc.logs(stdout=True, stderr=True, timestamps=True, details=True))
-            except api_errors() as e:
-                data = f"(no log: {one_line(e)})\n".encode()
-            (self.dir / "logs" / f"{service}.log").write_bytes(data)
+            (self.dir / "logs" / f"{service}.log").write_bytes(_read_log(svc, self.LOG_TIMEOUT_S))
 
     def _remove(self, timeout: float = 90.0) -> None:
         """`docker stack rm` by the SDK: services, then (once their containers are gone from every node) the
@@ -903,3 +905,27 @@ def _published_port(service: str) -> int | None:
     if service.startswith("lease-"):
         return LEASE_PUBLISHED + int(service.removeprefix("lease-"))
     return PUBLISHED.get(service)
+
+
+def _read_log(svc: Any, timeout_s: float) -> bytes:
+    """A service's whole log, or what came before `timeout_s` with a last line saying it stopped there (the reading
+    thread is a daemon: closing the client ends its socket)."""
+    chunks: list[bytes] = []
+    failed: list[str] = []
+
+    def read() -> None:
+        try:
+            for chunk in svc.logs(stdout=True, stderr=True, timestamps=True, details=True):
+                chunks.append(chunk)
+        except api_errors() as e:
+            failed.append(one_line(e))
+
+    reader = threading.Thread(target=read, daemon=True, name=f"log-{getattr(svc, 'name', '?')}")
+    reader.start()
+    reader.join(timeout_s)
+    data = b"".join(list(chunks))
+    if failed:
+        return data + f"(no log: {failed[0]})\n".encode()
+    if reader.is_alive():
+        return data + f"(log cut: the manager's stream sent nothing more within {timeout_s:g} s)\n".encode()
+    return data
