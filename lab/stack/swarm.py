@@ -917,7 +917,7 @@ def _read_log(svc: Any, timeout_s: float) -> bytes:
         try:
             for chunk in svc.logs(stdout=True, stderr=True, timestamps=True, details=True):
                 chunks.append(chunk)
-        except Exception as e:  # noqa: BLE001 - an API error, or the socket closed under a stalled read: said in the log
+        except Exception as e:  # noqa: BLE001 - an API error, or the socket closed under a stalled read
             failed.append(one_line(e))
 
     reader = threading.Thread(target=read, daemon=True, name=f"log-{getattr(svc, 'name', '?')}")
