@@ -38,6 +38,7 @@ import json
 from typing import Callable, Mapping
 
 from checkers.core import ViewCheck, Violations
+from checkers.models import replay_outcome
 from checkers.pairs import Pair, error_code, sent
 from checkers.view import LeaseView
 
@@ -143,14 +144,6 @@ def _body(p: Pair) -> str:
     return json.dumps(body, sort_keys=True, default=str)
 
 
-def _outcome(p: Pair) -> tuple:
-    """The part of an ok result a replay must repeat."""
-    r = p.result if isinstance(p.result, dict) else {}
-    if p.f == "commit":
-        return (r.get("doc"), r.get("rev"), r.get("accepted_token"))
-    return (r.get("lease_id"), r.get("fencing_token"))
-
-
 def _false_conflict(gkey: tuple, p: Pair, v: Violations) -> None:
     """An idempotency_conflict with nothing it could conflict with."""
     f, key, rid = gkey
@@ -190,10 +183,10 @@ def _check_group(gkey: tuple, ops: list[Pair], v: Violations, losses: list[int] 
     first_ok: dict[str, Pair] = {}
     for p, b in oks:
         orig = first_ok.setdefault(b, p)
-        if orig is not p and _outcome(orig) != _outcome(p) and not lost_between(orig, p):
+        was, now = replay_outcome(p.f, orig.result), replay_outcome(p.f, p.result)
+        if orig is not p and was != now and not lost_between(orig, p):
             v.add("replay-different-result", [orig.i1, p.i0, p.i1], f"{f} {rid!r} on key {key!r}: replay returned "
-                  f"{_outcome(p)}, the original returned {_outcome(orig)}", key=key, request_id=rid,
-                  original=list(_outcome(orig)), replay=list(_outcome(p)))
+                  f"{now}, the original returned {was}", key=key, request_id=rid, original=list(was), replay=list(now))
     distinct = set(bodies)
     for p, b in zip(ops, bodies):
         if p.type != "fail":

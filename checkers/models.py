@@ -1025,18 +1025,22 @@ def _answered_afresh(losses: list) -> Callable[[Any, Any], bool]:
     """`apart` for `merge_retries`: whether `b` answered its request afresh after a loss lost `a`'s record."""
 
     def apart(a: Any, b: Any) -> bool:
-        if b.ret is None or b.output.type != "ok" or _outcome(a.output.value) == _outcome(b.output.value):
+        if b.ret is None or b.output.type != "ok":
+            return False
+        if replay_outcome(a.f, a.output.value) == replay_outcome(b.f, b.output.value):
             return False
         return any(begin < b.ret and end > a.call for begin, end in losses)
 
     return apart
 
 
-def _outcome(value: Any) -> tuple:
-    """What a replay of an answered lease op repeats: the lease and token (a commit's document and accepted token)."""
-    if not isinstance(value, dict):
-        return (value,)
-    return tuple(value.get(k) for k in ("lease_id", "fencing_token", "doc", "rev", "accepted_token"))
+def replay_outcome(f: str, value: Any) -> tuple:
+    """What a replay of an answered op must repeat: a commit's document, revision and accepted token; any other
+    op's lease and token (the idempotency checker judges replays by the same tuple)."""
+    r = value if isinstance(value, dict) else {}
+    if f == "commit":
+        return (r.get("doc"), r.get("rev"), r.get("accepted_token"))
+    return (r.get("lease_id"), r.get("fencing_token"))
 
 
 def prune_lease(ops: list) -> list:
