@@ -28,9 +28,11 @@ def test_fenced_append_against_a_password_protected_store(tmp_path):
         res = subprocess.run([sys.executable, "-m", "lab", "test", "--workload", "fenced-append", "--time-limit", "3",
                               "--store-url", url, "--nemesis", "partition", "--store-dir", str(tmp_path / "st")],
                              capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stdout + res.stderr
+        # 0 valid, or 3: a 3 s run may leave a checker unknown (no retry to judge); never invalid, never an error
+        assert res.returncode in (0, 3), res.stdout + res.stderr
         run = (tmp_path / "st" / "fenced-append" / "latest").resolve()
         results = json.loads((run / "results.json").read_text())
+        assert results["valid"] in (True, "unknown"), {k: v.get("valid") for k, v in results["results"].items()}
         assert results["results"]["commits-exercised"]["accepted_commits"] > 0
         assert not (run / "stack" / "store").exists(), "no pouchdb-server is started when a store URL is given"
         leaked = [str(p) for p in run.rglob("*") if p.is_file() and "s3cret-pw" in p.read_text(errors="ignore")]
