@@ -271,13 +271,12 @@ def lab_figure(stack_info: "StackStatus", server_pids: list[int], valkey_pid: in
     """Recorded ops/s of the lease workload, and CPU per op of the lab process, the servers and Valkey."""
     import lab.generator as gen
     from lab.history import HistoryWriter
-    from lab.testmap import Test
+    from lab.testmap import RunContext, Test
     from workloads import get_workload
 
     test = Test(workload="lease", time_limit=seconds, concurrency=processes, rate=1e6, keys=50, ttl_ms=5000,
-                lease_servers=list(stack_info.lease_servers), valkey=stack_info.valkey,
-                credentials_file=stack_info.credentials)
-    test.nodes = list(stack_info.lease_servers)
+                live=RunContext(lease_servers=list(stack_info.lease_servers), valkey=stack_info.valkey,
+                                credentials_file=stack_info.credentials, nodes=list(stack_info.lease_servers)))
     from lab.client import LeaseClient
 
     wl = get_workload("lease")(test)

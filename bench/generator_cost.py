@@ -48,7 +48,7 @@ def _test_and_generator(workload: str, seconds: float, processes: int):
     from workloads import get_workload
 
     test = Test(workload=workload, time_limit=seconds, concurrency=processes, rate=1e6, keys=50, ttl_ms=5000)
-    test.nodes = ["instant"]
+    test.live.nodes = ["instant"]
     wl = get_workload(workload)(test)
     return test, gen.time_limit(seconds, gen.clients(wl.generator))
 

@@ -32,6 +32,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 import lab.generator as gen  # noqa: E402
 from figures import Figure  # noqa: E402  (bench/ is a directory of scripts, as bench/summary.py imports it)
 from lab.history import HistoryWriter  # noqa: E402
+from lab.testmap import RunContext  # noqa: E402
 
 MAX_US_PER_OP = 10.0
 MIN_RATIO = 0.85
@@ -71,7 +72,7 @@ class InstantClient:
 
 
 class _T:
-    nodes: list = []
+    live = RunContext()  # no node: the instant client runs in-process
 
 
 async def _instant(writer, ops: int, concurrency: int) -> None:
@@ -166,9 +167,9 @@ def part_b(seconds: float, processes: int, rounds: int = 2) -> None:
             # alternate the two modes and keep each one's best round: the machine's noise hits both alike
             for i, label in enumerate(("unrecorded", "recorded") * rounds):
                 test = Test(workload="lease", time_limit=seconds, concurrency=processes, rate=1e6, keys=50,
-                            ttl_ms=5000, lease_servers=list(st.lease_servers), valkey=st.valkey,
-                            credentials_file=st.credentials)
-                test.nodes = list(st.lease_servers)
+                            ttl_ms=5000)
+                test.live.take_status(stack, st)  # the stack's addresses, in the run context (as lab.runner)
+                test.live.nodes = list(st.lease_servers)
                 wl = get_workload("lease")(test)
                 writer = HistoryWriter(Path(d) / f"{label}-{i}.jsonl") if label == "recorded" else NullWriter()
                 t0 = time.perf_counter()

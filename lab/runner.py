@@ -390,11 +390,8 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     writer = None
     try:
         status = stack.up(target.stack_options(test, store=wl.needs_store))
-        test.live.stack = stack
-        test.lease_servers, test.valkey = list(status.lease_servers), status.valkey
-        test.client_nodes = list(status.client_nodes)
-        test.store, test.credentials_file = status.store, status.credentials
-        test.nodes = wl.nodes(test) or ["in-process"]  # no node to dial: the system runs inside its client
+        test.live.take_status(stack, status)  # what exists only while running: the run context, not the spec
+        test.live.nodes = wl.nodes(test) or ["in-process"]  # no node to dial: the system runs inside its client
         write_test_json(test)
         writer = HistoryWriter(test.run_dir / "history.jsonl")  # time 0 of the history: the workload starts now
         try:

@@ -1,8 +1,10 @@
 """The test: one plain value threaded through a run (Jepsen's test map).
 
-Everything a run needs to know is here: options, the system under test's
-addresses and credentials, and what the run produced. What can never be saved
-(sockets, clients, processes) lives in `live`, which `to_json` leaves out.
+The Test's fields are the spec: the options, validated once and then frozen (`sealed`), plus `run_dir`, where
+the run lands. What exists only while the run goes lives in `live`, a typed `RunContext` filled by the run's
+stack: its addresses (`live.nodes`, `live.lease_servers`, `live.valkey`, ...; test.json records them, `RUN_ADDRESSES`)
+and what can never be saved (the stack, sockets, the real store URL, keys). `test.nodes` and the other
+addresses still read, as read-only views of `test.live` (what plug-ins and the docs read).
 
 Every option the lab reads is a typed field (docs/architecture.md "The test"); `extra` holds only what a run
 records about itself (the probe, a scenario's nonce and identity, a SUT's import path) and options a plug-in
@@ -44,25 +46,37 @@ FIRST_CLASS = ("sut", "urls", "api_key_file", "servers", "store_url", "store_db"
                "commit_mode", "hosts_file", "swarm", "mutant", "scenario", "deadline_s", "ttl_ms", "after_info")
 
 
-# what exists only while a run goes (filled in by the runner from the stack's status); every other field is the spec
-RUN_FIELDS = frozenset({"run_dir", "nodes", "client_nodes", "lease_servers", "valkey", "store", "credentials_file",
-                        "live"})
+# the one field a sealed spec still takes: where the run lands (every other field is the spec; `live` is mutated, never
+# replaced)
+RUN_FIELDS = frozenset({"run_dir"})
+# the run context's addresses of the running stack, which test.json records beside the spec (in this order, after
+# run_dir) and `Test` shows as read-only views (`test.nodes` reads `test.live.nodes`)
+RUN_ADDRESSES = ("nodes", "client_nodes", "lease_servers", "valkey", "store", "credentials_file")
+# the keys of a test.json that the run filled in, not the spec
+RUN_KEYS = ("run_dir", *RUN_ADDRESSES)
 
 
 class SpecFrozen(AttributeError):
     """A spec field assigned after validation: a resolved spec is changed by making a new one (`Test.evolve`)."""
 
 
+class RunValueReadOnly(AttributeError):
+    """`test.nodes = ...` (or another address of `RUN_ADDRESSES`): the run context holds it (`test.live.nodes`)."""
+
+
 @dataclass(eq=False, repr=False)
 class RunContext(MutableMapping):
-    """What exists only while a run goes, never saved (`Test.live`): the running stack and what the run's layers
-    share through it. The lab's own entries are typed attributes; any other name is a plug-in's own state
+    """What exists only while a run goes (`Test.live`): the running stack, its addresses and what the run's layers
+    share through it. Only the addresses are saved (test.json records RUN_ADDRESSES); the rest never is. A test
+    that needs addresses without a stack sets them: `Test(live=RunContext(nodes=["n1"]))`.
+    The lab's own entries are typed attributes; any other name is a plug-in's own state
     (`plugins`), reached as a mapping, as `test.live.setdefault("my_table", Table())` always was
-    (docs/plugging-in-a-system.md). A typed entry reads absent (KeyError, `get` -> None) while it is unset.
+    (docs/plugging-in-a-system.md). A typed entry reads absent (KeyError, `get` -> None) while it is unset (None,
+    or an empty list).
     The objects of layers above this one (the stack, the client nemeses' controls) are `Any` here: naming their
     classes would import upward (.importlinter)."""
 
-    stack: Any = None  # the running stack (lab.stack; lab.runner sets it when the stack is up)
+    stack: Any = None  # the running stack (lab.stack; `take_status` sets it when the stack is up)
     store_url: str | None = None  # the system's real store URL (`Test.store_url` is its redacted form)
     client_clocks: Any = None  # nemesis.clock.ClientClocks: each client process's own clock (client-clock)
     client_pauses: Any = None  # nemesis.process_faults.ClientPauses: the client-pause gate
@@ -70,7 +84,22 @@ class RunContext(MutableMapping):
     sut_findings: Any = None  # lab.findings: the StarIntel findings log of the run
     sut_api_key: str | None = None  # the key the run's clients send (a secret: never in repr, never saved)
     credentials: list[dict[str, Any]] | None = None  # the stack's principals (secrets too)
+    # the running stack's addresses (`take_status`; RUN_ADDRESSES: test.json records them, `Test.nodes` reads them)
+    nodes: list[str] = field(default_factory=list)  # what the workload's clients talk to (thread t: nodes[t % n])
+    client_nodes: list[str] = field(default_factory=list)  # the servers as clients reach them (through proxies)
+    lease_servers: list[str] = field(default_factory=list)  # the lease servers' own URLs
+    valkey: str | None = None  # the stack's Valkey URL
+    store: str | None = None  # the store's URL without credentials (the real one: store_url)
+    credentials_file: str | None = None  # the path of the stack's demo API keys (never the keys)
     plugins: dict[str, Any] = field(default_factory=dict)  # a plug-in's own entries, by its own names
+
+    def take_status(self, stack: Any, status: Any) -> None:
+        """The one place a run's stack enters its context: the stack and the addresses of its status (a
+        lab.stack.base.StackStatus), as lists where it holds tuples. `nodes` is the workload's choice among them
+        (`Workload.nodes`), which lab.runner sets next."""
+        self.stack = stack
+        self.lease_servers, self.client_nodes = list(status.lease_servers), list(status.client_nodes)
+        self.valkey, self.store, self.credentials_file = status.valkey, status.store, status.credentials
 
     def _typed(self, key: str) -> bool:
         return key in _RUN_CONTEXT_FIELDS
@@ -78,7 +107,7 @@ class RunContext(MutableMapping):
     def __getitem__(self, key: str) -> Any:
         if self._typed(key):
             value = getattr(self, key)
-            if value is None or (key == "plugin_errors" and not value):
+            if value is None or (key in _RUN_CONTEXT_LISTS and not value):
                 raise KeyError(key)
             return value
         return self.plugins[key]
@@ -92,7 +121,7 @@ class RunContext(MutableMapping):
     def __delitem__(self, key: str) -> None:
         if self._typed(key):
             self[key]  # KeyError when unset, as a dict's del
-            setattr(self, key, [] if key == "plugin_errors" else None)
+            setattr(self, key, [] if key in _RUN_CONTEXT_LISTS else None)
         else:
             del self.plugins[key]
 
@@ -110,6 +139,22 @@ class RunContext(MutableMapping):
 
 
 _RUN_CONTEXT_FIELDS = tuple(f.name for f in fields(RunContext) if f.name != "plugins")
+_RUN_CONTEXT_LISTS = frozenset(f.name for f in fields(RunContext) if f.default_factory is list)
+
+
+class _RunAddress:
+    """`test.nodes` (and each name of RUN_ADDRESSES): a read-only view of `test.live.<name>`, for the plug-ins and
+    docs that read it from the Test; a write raises RunValueReadOnly naming `test.live`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, test: Any, owner: type | None = None) -> Any:
+        return self if test is None else getattr(test.live, self.name)
+
+    def __set__(self, test: Any, value: Any) -> None:
+        raise RunValueReadOnly(f"test.{self.name} is read-only: it is the run context's value; set "
+                               f"test.live.{self.name}")
 
 
 def new_run_salt() -> str:
@@ -157,23 +202,27 @@ class Test:
     deadline_s: float | None = None  # each client request's deadline (None: the workload's own default)
     after_info: str | None = None  # a session after its process crashed: AFTER_INFO (None: carry-on)
     run_dir: Path | None = None
-    # the system under test, filled in when the stack is up; `nodes` are what the workload's clients talk to
-    nodes: list[str] = field(default_factory=list)
-    client_nodes: list[str] = field(default_factory=list)  # the servers as clients reach them (through proxies)
-    lease_servers: list[str] = field(default_factory=list)
-    valkey: str | None = None
-    store: str | None = None
-    credentials_file: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # what a run records about itself; plug-in options
-    live: RunContext = field(default_factory=RunContext, repr=False)  # never saved: the stack, clients, sockets
+    live: RunContext = field(default_factory=RunContext, repr=False)  # only while running: the stack, its addresses
+
+    # the running stack's addresses, read-only views of the run context (not fields: `test.live.nodes` holds them)
+    nodes = _RunAddress()
+    client_nodes = _RunAddress()
+    lease_servers = _RunAddress()
+    valkey = _RunAddress()
+    store = _RunAddress()
+    credentials_file = _RunAddress()
 
     def __post_init__(self) -> None:
         self.extra = dict(self.extra or {})
         lift_legacy(self.extra, self)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # a dataclass(frozen=True) would freeze the run-only fields too; a sealed spec refuses only its spec fields
-        if name not in RUN_FIELDS and self.__dict__.get("_sealed"):
+        # a dataclass(frozen=True) would freeze run_dir too; a sealed spec refuses every other field
+        if name == "live" and self.__dict__.get("_sealed"):
+            raise SpecFrozen("test.live: a run has one context, shared by every spec it resolves to; set its "
+                             "entries (test.live.<name> = ...), never a new one")
+        if name not in RUN_FIELDS and name not in RUN_ADDRESSES and self.__dict__.get("_sealed"):
             raise SpecFrozen(f"test.{name}: the spec is validated and frozen; make a new one (Test.evolve)")
         object.__setattr__(self, name, value)
 
@@ -196,18 +245,30 @@ class Test:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Test":
-        """A Test from a test.json object (also one written before the typed fields: their keys were in `extra`)."""
+        """A Test from a test.json object (also one written before the typed fields: their keys were in `extra`);
+        the stack's addresses it recorded go back into the run context (`test.live`)."""
         known = {f.name for f in fields(cls)} - {"live"}
         test = cls(**{k: v for k, v in d.items() if k in known})
         test.run_dir = Path(test.run_dir) if test.run_dir else None
+        for name in RUN_ADDRESSES:
+            value = d.get(name)
+            if value is not None:
+                setattr(test.live, name, list(value) if name in _RUN_CONTEXT_LISTS else value)
         return test
 
     def to_json(self) -> dict[str, Any]:
-        """Everything but `live`, JSON-able (paths as strings); an option left unset (at its default) is left out,
-        as the old `extra` left it out: test.json names what the run was given (`from_json` restores the rest)."""
-        d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)
-             if f.name != "live" and not (f.name in _UNSET_OMITTED and getattr(self, f.name) == _DEFAULTS[f.name])}
-        d["run_dir"] = str(self.run_dir) if self.run_dir else None
+        """The spec and run_dir, JSON-able (paths as strings), then the run context's addresses (`RUN_ADDRESSES`,
+        as test.json always had them); the rest of `live` is never saved. An option left unset (at its default) is
+        left out, as the old `extra` left it out: test.json names what the run was given (`from_json` restores
+        the rest)."""
+        d: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "live" or (f.name in _UNSET_OMITTED and getattr(self, f.name) == _DEFAULTS[f.name]):
+                continue
+            d[f.name] = copy.deepcopy(getattr(self, f.name))
+            if f.name == "run_dir":
+                d["run_dir"] = str(self.run_dir) if self.run_dir else None
+                d.update({name: copy.deepcopy(getattr(self.live, name)) for name in RUN_ADDRESSES})
         return d
 
     def sut_name(self) -> str:
@@ -223,9 +284,9 @@ class Test:
         import json
 
         if self.live.credentials is None:
-            if not self.credentials_file:
+            if not self.live.credentials_file:
                 raise ValueError("the test has no credentials file (is the stack up?)")
-            self.live.credentials = json.loads(Path(self.credentials_file).read_text())
+            self.live.credentials = json.loads(Path(self.live.credentials_file).read_text())
         return self.live.credentials
 
 
@@ -439,7 +500,7 @@ def sut_option_problem(key: Any, value: Any) -> str | None:
     records, and a value that is a string, a number, a boolean or null."""
     if not isinstance(key, str) or not SUT_OPT_KEY.fullmatch(key):
         return f"{key!r} is not an option name (a word: letters, digits, _ . -)"
-    if key in _DEFAULTS or key in RUN_RECORDS:
+    if key in _DEFAULTS or key in RUN_RECORDS or key in RUN_ADDRESSES:
         what = "a Test field: set it with its own option" if key in _DEFAULTS else "recorded by the run itself"
         return f"{key} is {what}"
     if value is not None and not isinstance(value, (str, int, float, bool)) or (

@@ -11,7 +11,7 @@ import pytest
 import lab.generator as gen
 from lab.generator import GeneratorError
 from lab.history import HistoryWriter, pair_ops, read_history
-from lab.testmap import Test
+from lab.testmap import RunContext, Test
 
 
 class FakeClient:
@@ -65,7 +65,7 @@ class FakeNemesis:
         self.calls.append("teardown")
 
 
-TEST = Test(name="fake", nodes=["n1", "n2", "n3"])
+TEST = Test(name="fake", live=RunContext(nodes=["n1", "n2", "n3"]))
 
 
 async def run(tmp_path, g, client=None, *, name="h.jsonl", **kw):

@@ -325,7 +325,7 @@ def test_full_schedule_on_the_real_stack(tmp_path):
     try:
         stack.up(StackOptions(servers=1, store=False, client_groups=1, **registry.stack_options(names)))
         test.live["stack"] = stack
-        test.valkey = stack.info["valkey"]
+        test.live.valkey = stack.info["valkey"]
         nemesis, nemesis_gen = registry.build(test, names, interval_s=interval, hold_s=hold, seed=test.seed)
         assert nemesis.fs >= {"start-partition", "bump-clock", "strobe-clock", "reset-clock", "start-kill",
                               "stop-valkey-restore", "start-client-pause"}

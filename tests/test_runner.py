@@ -200,3 +200,29 @@ def test_the_readmes_short_line_never_says_valid_about_a_fault_it_did_not_inject
         assert results["valid"] == "unknown" and r.returncode == 3, r.stdout
     else:
         assert results["valid"] is True and r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_run_fills_its_run_context_and_test_json_and_the_report_record_the_stacks_addresses(tmp_path):
+    from lab.runner import load_test, run_test
+    from lab.testmap import RUN_ADDRESSES, RUN_KEYS, Test
+
+    test = Test(name="ctx", workload="lease", time_limit=2.0, concurrency=2, rate=40.0, keys=2)
+    given = {k: v for k, v in test.to_json().items() if k not in RUN_KEYS}
+    assert test.live.lease_servers == [] and test.live.valkey is None
+    results = run_test(test, tmp_path / "store")
+    assert results["valid"] is True, results
+    live = test.live  # the caller's context is the run's (every spec the run resolved to shares it)
+    assert len(live.lease_servers) == 2 and all(u.startswith("http://127.0.0.1:") for u in live.lease_servers)
+    assert live.nodes == live.client_nodes and len(live.nodes) == 2, "the lease workload dials the client nodes"
+    assert live.valkey.startswith("redis://127.0.0.1:") and live.store is None  # the lease workload has no store
+    assert Path(live.credentials_file) == test.run_dir / "stack" / "credentials.json"
+    assert test.nodes == live.nodes and test.lease_servers == live.lease_servers  # what plug-ins read, read through
+    assert {k: v for k, v in test.to_json().items() if k not in RUN_KEYS} == given, "no spec field was written"
+    recorded = json.loads((test.run_dir / "test.json").read_text())
+    assert list(recorded)[list(recorded).index("run_dir"):list(recorded).index("extra")] == list(RUN_KEYS)
+    assert {k: recorded[k] for k in RUN_ADDRESSES} == {k: getattr(live, k) for k in RUN_ADDRESSES}
+    assert "api_key" not in (test.run_dir / "test.json").read_text()
+    report = (test.run_dir / "report.html").read_text()
+    assert all(f"<th>{k}</th>" in report for k in RUN_ADDRESSES) and live.valkey in report
+    assert live.lease_servers[0] in report
+    assert load_test(test.run_dir).live.lease_servers == live.lease_servers, "analyze and replay read them back"

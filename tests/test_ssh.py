@@ -490,10 +490,9 @@ def test_workload_over_ssh_with_kernel_partitions(ssh_lab, tmp_path, workload):
         test = Test(name=f"ssh-{workload}", workload=workload, time_limit=12, concurrency=4, rate=25,
                     keys=2, seed=11, ttl_ms=1500, run_dir=tmp_path / "run")
         test.run_dir.mkdir()
-        test.lease_servers, test.valkey, test.store = list(st.lease_servers), st.valkey, st.store
-        test.credentials_file = st.credentials
+        test.live.take_status(stack, st)  # as lab.runner does: the stack's addresses, in the run context
         wl = get_workload(test.workload)(test)
-        test.nodes = wl.nodes(test)
+        test.live.nodes = wl.nodes(test)
         # the store lives on host lease-1, so the link lease-2 -> lease-1 is lease-2's path to the store
         nem = netns_partition(ssh_lab.hosts, rng=test.seed,
                               links=[("lease-1", "valkey"), ("lease-2", "valkey"), ("lease-2", "lease-1")])

@@ -11,7 +11,7 @@ import lab.sut as sut
 from lab.client import Identity, Lease, LeaseClient, Result
 from lab.client.starintel import StarIntelClient
 from lab.sut import SutError, get_sut, open_system, register_sut, sut_names, unregister_sut, validate_test
-from lab.testmap import Test
+from lab.testmap import RunContext, Test
 from workloads import WORKLOADS, needs_of
 from workloads.common import lease_client
 
@@ -166,27 +166,31 @@ def test_lease_client_goes_through_the_registry(tmp_path, monkeypatch):
     assert c.findings is test.live["sut_findings"], "one findings log per run"
     creds = tmp_path / "credentials.json"
     creds.write_text('[{"principal_id": "p", "api_key": "ref-key", "capabilities": ["targets:lease"], "scopes": {}}]')
-    ref = lease_client(Test(workload="lease", credentials_file=str(creds)), "http://127.0.0.1:9",
+    ref = lease_client(Test(workload="lease", live=RunContext(credentials_file=str(creds))), "http://127.0.0.1:9",
                        needs=needs_of("lease"))
     assert type(ref) is LeaseClient and ref._headers[0][1] == "Bearer ref-key"
 
 
 def test_api_keys_and_validation_before_anything_starts(tmp_path, monkeypatch):
     monkeypatch.delenv(sut.registry.API_KEY_ENV, raising=False)
-    external = dict(workload="lease", lease_servers=["http://10.0.0.1:8080"], nodes=["http://10.0.0.1:8080"])
+
+    def external(**kw):  # a test whose run context has an external server's address (each its own context)
+        return Test(workload="lease", live=RunContext(lease_servers=["http://10.0.0.1:8080"],
+                                                      nodes=["http://10.0.0.1:8080"]), **kw)
+
     with pytest.raises(SutError, match="no API key.*--api-key-file"):
-        validated(Test(**external, extra={"sut": "starintel"}))
+        validated(external(extra={"sut": "starintel"}))
     with pytest.raises(SutError, match="--api-key-file .*missing: cannot read it"):
-        validated(Test(**external, extra={"sut": "starintel", "api_key_file": str(tmp_path / "missing")}))
+        validated(external(extra={"sut": "starintel", "api_key_file": str(tmp_path / "missing")}))
     bad = tmp_path / "bad"
     bad.write_text("sk_live_secret\n")
     with pytest.raises(SutError, match="star_sk_v1_<credential-id>_<hex-secret>") as e:
-        validated(Test(**external, extra={"sut": "starintel", "api_key_file": str(bad)}))
+        validated(external(extra={"sut": "starintel", "api_key_file": str(bad)}))
     assert "sk_live_secret" not in str(e.value)
     with pytest.raises(SutError, match="--url must be an http"):
-        validated(Test(workload="lease", lease_servers=["10.0.0.1:8080"], extra={"sut": "starintel"}))
+        validated(Test(workload="lease", live=RunContext(lease_servers=["10.0.0.1:8080"]), extra={"sut": "starintel"}))
     monkeypatch.setenv(sut.registry.API_KEY_ENV, GOOD_KEY)
-    assert validated(Test(**external, extra={"sut": "starintel"})).name == "starintel"
+    assert validated(external(extra={"sut": "starintel"})).name == "starintel"
     assert validated(Test(workload="lease")).name == "reference", "a local stack provides URLs and keys later"
     with pytest.raises(SutError, match="fenced-append"):
         validated(Test(workload="fenced-append", extra={"sut": "starintel"}))

@@ -17,7 +17,7 @@ import lab.generator as gen
 from checkers.core import safe_check
 from lab.history import HistoryWriter, read_history
 from lab.sut import SutError, get_sut, load_findings, register_sut, unregister_sut
-from lab.testmap import Test
+from lab.testmap import RunContext, Test
 from test_starintel_fake import FakeCluster
 from workloads import get_workload, needs_of
 from workloads.common import lease_client
@@ -36,7 +36,7 @@ def load_example():
 async def run_workload(test: Test) -> tuple[dict, list[dict]]:
     """The test's workload through the interpreter; returns the checkers' results and the history."""
     wl = get_workload(test.workload)(test)
-    test.nodes = test.nodes or wl.nodes(test)
+    test.live.nodes = test.live.nodes or wl.nodes(test)
     writer = HistoryWriter(test.run_dir / "history.jsonl")
     try:
         await gen.run(test, gen.time_limit(test.time_limit, gen.clients(wl.generator)), wl.client,
@@ -56,7 +56,7 @@ async def test_lease_workload_against_fake_starintel_is_valid(tmp_path):
         key_file = tmp_path / "api-key"
         key_file.write_text(cluster.store.add_credential("lab-worker") + "\n")
         test = Test(name="starintel", workload="lease", time_limit=2.0, concurrency=4, rate=60.0, keys=2,
-                    ttl_ms=1000, seed=3, lease_servers=list(cluster.urls), run_dir=tmp_path,
+                    ttl_ms=1000, seed=3, live=RunContext(lease_servers=list(cluster.urls)), run_dir=tmp_path,
                     extra={"sut": "starintel", "api_key_file": str(key_file)})
         results, history = await run_workload(test)
     assert results["valid"] is True, results
@@ -78,7 +78,8 @@ async def test_inmemory_example_runs_the_lease_workload_valid(tmp_path):
     register_sut("inmemory-example", module.InMemoryLeaseSystem)
     try:
         test = Test(name="inmemory", workload="lease", time_limit=1.5, concurrency=5, rate=100.0, keys=2,
-                    ttl_ms=500, seed=11, nodes=["in-process"], run_dir=tmp_path, extra={"sut": "inmemory-example"})
+                    ttl_ms=500, seed=11, live=RunContext(nodes=["in-process"]), run_dir=tmp_path,
+                    extra={"sut": "inmemory-example"})
         results, history = await run_workload(test)
     finally:
         unregister_sut("inmemory-example")
@@ -114,7 +115,8 @@ async def test_inmemory_example_semantics():
 
 
 async def test_a_workload_needing_commit_is_refused_for_starintel(tmp_path):
-    test = Test(workload="fenced-append", lease_servers=["http://127.0.0.1:1"], extra={"sut": "starintel"})
+    test = Test(workload="fenced-append", live=RunContext(lease_servers=["http://127.0.0.1:1"]),
+                extra={"sut": "starintel"})
     with pytest.raises(SutError, match="fenced-append.*needs commit.*starintel.*lease, idempotency.*reference"):
         lease_client(test, "http://127.0.0.1:1", needs=needs_of(test.workload))
     assert get_sut("reference").capabilities >= {"commit"}

@@ -19,7 +19,7 @@ from lab.sut.processes import LinkSpec, ProcessSpec, SystemProcesses
 from lab.sut.registry import register_sut, unregister_sut
 from lab.sut.proxy import UrlStack
 from lab.sut.target import BACKENDS, Backend, Kind, target_of
-from lab.testmap import RUN_FIELDS, Test
+from lab.testmap import RUN_KEYS, Test
 from nemesis.core import completion
 from nemesis.registry import NEMESES, NemesisSpec
 
@@ -180,11 +180,11 @@ def test_a_fake_backend_and_a_fake_fault_are_one_row_each(tmp_path, monkeypatch)
         validate(Test(backend="fake", nemesis=["kill"]))
     test = Test(name="fake-backend", workload="lease", backend="fake", nemesis=["mark"], nemesis_interval=0.5,
                 time_limit=4.0, concurrency=2, keys=1, rate=20.0, ttl_ms=500)
-    given = {k: v for k, v in test.to_json().items() if k not in RUN_FIELDS}
+    given = {k: v for k, v in test.to_json().items() if k not in RUN_KEYS}
     results = run_test(test, tmp_path / "store")
     assert made == [test.run_dir / "stack"]
     # the run went on a new spec: the caller's Test is as given but for where the run landed (issue 17 item 4)
-    assert {k: v for k, v in test.to_json().items() if k not in RUN_FIELDS} == given
+    assert {k: v for k, v in test.to_json().items() if k not in RUN_KEYS} == given
     recorded = json.loads((test.run_dir / "test.json").read_text())
     assert recorded["run_salt"] and "nemesis_schedule" in recorded["extra"] and not test.run_salt
     verdicts = {name: r.get("valid") for name, r in results["results"].items()}

@@ -222,7 +222,7 @@ def test_a_url_that_is_no_url_is_named_as_such():
 
 def test_resolve_makes_a_new_sealed_spec_and_leaves_the_given_test_as_it_was():
     from lab.runner import resolve
-    from lab.testmap import RUN_FIELDS, SpecFrozen
+    from lab.testmap import SpecFrozen
 
     given = Test(nemesis=[" partition , kill"], time_limit=2.0)
     before = given.to_json()
@@ -234,12 +234,70 @@ def test_resolve_makes_a_new_sealed_spec_and_leaves_the_given_test_as_it_was():
         with pytest.raises(SpecFrozen, match=f"test.{name}: the spec is validated"):
             setattr(spec, name, value)
     assert spec.time_limit == 2.0 and spec.nemesis == ["partition", "kill"]
-    spec.run_dir = Path("/tmp/run")  # what a run fills in may still be written
-    assert "run_dir" in RUN_FIELDS and spec.run_dir == Path("/tmp/run")
+    spec.run_dir = Path("/tmp/run")  # where the run lands may still be written
+    assert spec.run_dir == Path("/tmp/run")
     changed = spec.evolve(time_limit=3.0)  # a change is a new spec, the sealed one stays
     assert changed.time_limit == 3.0 and spec.time_limit == 2.0 and not changed.is_sealed
     changed.nemesis.append("pause")
     assert spec.nemesis == ["partition", "kill"]  # the new spec's lists are its own
+
+
+def test_a_sealed_spec_refuses_a_write_to_every_field_but_run_dir():
+    from dataclasses import fields
+
+    from lab.testmap import RUN_ADDRESSES, RUN_FIELDS, RunValueReadOnly, SpecFrozen
+
+    spec = Test(name="sealed", nemesis=["partition"]).sealed()
+    before = spec.to_json()
+    assert RUN_FIELDS == {"run_dir"}, "the run's stack fills the run context, never a field of the spec"
+    refused = [f.name for f in fields(Test) if f.name != "run_dir"]
+    assert {"name", "time_limit", "nemesis", "extra", "live", "sut", "urls"} <= set(refused)
+    for name in refused:
+        with pytest.raises(SpecFrozen, match=f"^test.{name}: "):
+            setattr(spec, name, getattr(Test(), name))
+    with pytest.raises(SpecFrozen, match="^test.not_a_field: "):  # nor a new attribute
+        spec.not_a_field = 1
+    for name in RUN_ADDRESSES:  # the stack's addresses are the run context's, on a sealed spec too
+        with pytest.raises(RunValueReadOnly, match=f"set test.live.{name}$"):
+            setattr(spec, name, None)
+    assert spec.to_json() == before and spec.live is not None
+    spec.run_dir = Path("/tmp/landed")
+    assert spec.run_dir == Path("/tmp/landed")
+
+
+def test_the_stacks_addresses_read_through_the_test_and_refuse_a_write_in_one_line():
+    from lab.testmap import RUN_ADDRESSES, RunValueReadOnly
+
+    t = Test()
+    assert t.nodes == [] and t.lease_servers == [] and t.valkey is None and t.credentials_file is None
+    t.live.nodes = ["http://127.0.0.1:1"]
+    t.live.valkey = "redis://127.0.0.1:2/0"
+    assert t.nodes is t.live.nodes and t.valkey == "redis://127.0.0.1:2/0", "test.nodes reads test.live.nodes"
+    for name in RUN_ADDRESSES:
+        with pytest.raises(RunValueReadOnly) as e:
+            setattr(t, name, ["x"])
+        assert str(e.value) == f"test.{name} is read-only: it is the run context's value; set test.live.{name}"
+        assert isinstance(e.value, AttributeError)
+    assert t.nodes == ["http://127.0.0.1:1"], "a refused write changes nothing"
+    with pytest.raises(TypeError, match="nodes"):  # nor a constructor argument: Test(live=RunContext(nodes=...))
+        Test(nodes=["n1"])
+    assert Test(live=RunContext(nodes=["n1"])).nodes == ["n1"]
+
+
+def test_test_json_records_the_run_contexts_addresses_and_an_old_one_loads_them_back(tmp_path):
+    from lab.testmap import RUN_ADDRESSES
+
+    test = load_test(old_run_dir(tmp_path, OLD_TEST_JSON))  # written by the lab before the run context held them
+    assert test.live.lease_servers == ["http://127.0.0.1:1"] and test.live.nodes == ["http://127.0.0.1:1"]
+    assert test.live.valkey is None and test.live.credentials_file is None
+    d = test.to_json()
+    assert {k: d[k] for k in RUN_ADDRESSES} == {k: OLD_TEST_JSON[k] for k in RUN_ADDRESSES}
+    keys = list(d)  # the addresses sit where test.json always had them: after run_dir, before extra
+    assert keys[keys.index("run_dir") + 1:keys.index("extra")] == list(RUN_ADDRESSES)
+    fresh = Test().to_json()  # a test that never ran records them empty, as before
+    assert (fresh["nodes"], fresh["lease_servers"], fresh["valkey"], fresh["store"]) == ([], [], None, None)
+    t = Test(live=RunContext(store_url="http://admin:s3cret@127.0.0.1:5984", store="http://127.0.0.1:5984"))
+    assert t.to_json()["store"] == "http://127.0.0.1:5984" and "s3cret" not in json.dumps(t.to_json())
 
 
 def test_prepare_run_and_a_scenario_resolve_into_new_specs():

@@ -20,6 +20,8 @@ class Workload:
     generator: Any
     checker: Any
     final_generator: Any = None
-    nodes: Callable[[Any], list[str]] = field(default=lambda test: list(test.client_nodes or test.lease_servers))
+    # which of the run context's addresses its clients talk to (asked once the stack is up)
+    nodes: Callable[[Any], list[str]] = field(
+        default=lambda test: list(test.live.client_nodes or test.live.lease_servers))
     needs_store: bool = False
     doc: str = ""

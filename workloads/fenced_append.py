@@ -63,8 +63,8 @@ DB = "fencelab"
 
 
 def store_url(test) -> str:
-    """The store's URL with its credentials (kept out of test.json: `test.store` is the redacted one)."""
-    return test.live.store_url or test.store
+    """The store's URL with its credentials (kept out of test.json: `test.live.store` is the redacted one)."""
+    return test.live.store_url or test.live.store
 
 
 def doc_id(key: str) -> str:

@@ -54,7 +54,7 @@ class RegisterDriver:
         self.prefix = prefix
 
     async def open(self, test, node: str) -> "RegisterDriver":
-        return RegisterDriver(self.timeout_s, valkey_client(test.valkey, self.timeout_s), self.prefix)
+        return RegisterDriver(self.timeout_s, valkey_client(test.live.valkey, self.timeout_s), self.prefix)
 
     async def setup(self, test) -> None:
         return None
@@ -110,6 +110,6 @@ def workload(test):
         generator=gen.stagger(1.0 / test.rate, one),
         checker=compose({"linearizable": get_checker("linearizable", model="cas-register"),
                          "availability": get_checker("availability")}),
-        nodes=lambda t: [t.valkey],
+        nodes=lambda t: [t.live.valkey],
         doc=DOC,
     )

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from lab.runner import RunError, validate
 from lab.sut.target import BACKENDS
-from lab.testmap import (DEFAULT_SERVERS, OPTIONS, SUT_OPTS, OptionError, Test, check_options,
+from lab.testmap import (DEFAULT_SERVERS, OPTIONS, RUN_KEYS, SUT_OPTS, OptionError, Test, check_options,
                          merge_options as _merge_options, sut_option_problem)
 from nemesis.registry import known_names, validate_names
 from workloads import WORKLOADS, needs_of
@@ -534,10 +534,9 @@ class PlannedRun:
         return saved_options(self.to_test().to_json())
 
 
-# the Test fields campaign.json keeps per run (a run whose saved options differ is run again on resume): every
-# option; not what a run fills in (its directory, the stack's addresses, its salt)
-UNSAVED_FIELDS = ("run_dir", "nodes", "client_nodes", "lease_servers", "valkey", "store", "credentials_file",
-                  "run_salt")
+# the keys of a test.json campaign.json keeps per run (a run whose saved options differ is run again on resume):
+# every option; not what a run fills in (its directory and the stack's addresses, RUN_KEYS; its salt)
+UNSAVED_FIELDS = (*RUN_KEYS, "run_salt")
 
 
 def saved_options(test_json: Mapping[str, Any]) -> dict[str, Any]:

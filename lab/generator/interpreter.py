@@ -76,7 +76,7 @@ async def run(
     pending_poll: float = 0.01,
 ) -> None:
     """Run `gen` to exhaustion: `concurrency` client workers (plus the nemesis worker), history in
-    `history_writer`. With `lifecycle`, clients are opened and set up per node (test.nodes) and the
+    `history_writer`. With `lifecycle`, clients are opened and set up per node (test.live.nodes) and the
     nemesis set up before the run, and torn down after it, even when the run fails."""
     _require_methods("client_factory", client_factory, ("open",), "Client")
     if nemesis is not None:
@@ -91,7 +91,7 @@ async def run(
         if not callable(getattr(history_writer, name, None)):
             raise TypeError(f"history_writer must be a lab.history.HistoryWriter (it lacks {name}())")
 
-    nodes = list(test.nodes) or [None]
+    nodes = list(test.live.nodes) or [None]
     setup_clients: list = []
     errors: list[BaseException] = []
     try:

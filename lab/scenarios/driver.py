@@ -296,11 +296,11 @@ class ScenarioDriver:
 
     async def _observe_backend(self, test, op, value) -> dict[str, Any]:
         """The identity's fencing counter, high-water mark and record straight from Valkey (lab stack only)."""
-        if not test.valkey:
+        if not test.live.valkey:
             return {"type": "fail", "value": None, "error": "no_backend_access"}
 
         k = valkey_keys(self.shared.identity_for(op["key"]))
-        client = aioredis.Redis.from_url(test.valkey, socket_timeout=2.0)
+        client = aioredis.Redis.from_url(test.live.valkey, socket_timeout=2.0)
         try:
             counter, hwm, record = await asyncio.gather(client.get(k["fence"]), client.get(k["hwm"]),
                                                         client.hgetall(k["record"]))
@@ -315,10 +315,10 @@ class ScenarioDriver:
     async def _observe_audit(self, test, op, value) -> dict[str, Any]:
         """Audit events of one lease from the Valkey stream (lab stack only): durable audit, C15."""
         lease = self.shared.slots.get(value.get("slot", "A"))
-        if not test.valkey or lease is None:
+        if not test.live.valkey or lease is None:
             return {"type": "fail", "value": None, "error": "no_backend_access"}
 
-        client = aioredis.Redis.from_url(test.valkey, socket_timeout=2.0)
+        client = aioredis.Redis.from_url(test.live.valkey, socket_timeout=2.0)
         try:
             entries = await client.xrange(AUDIT_STREAM)  # the force-release event is XADDed by its own script
         except Exception as e:  # noqa: BLE001 - a read: it changed nothing
@@ -423,8 +423,8 @@ def _doc_id(test, key: str) -> str:
 
 
 def _store_url(test) -> str | None:
-    """The run's store with its credentials (test.store is the redacted form kept in test.json)."""
-    return test.live.store_url or test.store
+    """The run's store with its credentials (test.live.store is the redacted form kept in test.json)."""
+    return test.live.store_url or test.live.store
 
 
 def _api_key_of(test, principal_id: str) -> str:

@@ -65,10 +65,10 @@ class ValkeyPoke:
         self.saved: dict[str, dict[str, Any]] = {}  # key -> what to put back at repair
 
     async def setup(self, test: Test) -> None:
-        """Connect to the run's own Valkey (test.valkey)."""
-        if not test.valkey:
+        """Connect to the run's own Valkey (test.live.valkey)."""
+        if not test.live.valkey:
             raise NemesisUnavailable("the valkey-poke fault writes into the lab's own Valkey: the run has none")
-        self.client = aioredis.Redis.from_url(test.valkey, socket_timeout=3.0)
+        self.client = aioredis.Redis.from_url(test.live.valkey, socket_timeout=3.0)
 
     async def invoke(self, test: Test, op: dict) -> dict:
         """Perform one poke; the completion records exactly what was written."""

@@ -512,13 +512,13 @@ class SutStack(ProcessStack):
 
 def store_url_for(test: Test, node: str) -> str | None:
     """The store a worker bound to `node` writes into: its client group's link to the store, when the lab runs
-    the system's processes; else the run's store (`test.live.store_url`, `test.store`)."""
+    the system's processes; else the run's store (`test.live.store_url`, `test.live.store`)."""
     stack = test.live.stack
     if hasattr(stack, "store_url_for") and not test.live.store_url:  # a stack that proxies each group's store
         found = stack.store_url_for(node)
         if found:
             return found
-    return test.live.store_url or test.store
+    return test.live.store_url or test.live.store
 
 
 def _port_free_on(hosts: list[str]) -> int:

@@ -361,11 +361,11 @@ def api_key_for(test: Test, capability: str = "targets:lease") -> str:
                            "with `fencelab api-key --name STACK` (docs/cli.md#api-keys)")
         if not key or "\n" in key:
             raise SutError(f"--api-key-file {path}: it must hold exactly one API key on one line")
-    elif test.credentials_file:
+    elif test.live.credentials_file:
         try:
             key = pick_credential(test.credentials(), capability)["api_key"]
         except (ValueError, KeyError, OSError) as e:
-            raise SutError(f"no usable API key in {test.credentials_file}: {e}") from None
+            raise SutError(f"no usable API key in {test.live.credentials_file}: {e}") from None
     elif os.environ.get(API_KEY_ENV):
         key = os.environ[API_KEY_ENV].strip()
     else:
@@ -386,7 +386,7 @@ def findings_for(test: Test):
 
 def _check_urls(test: Test) -> None:
     """Every node a run's clients talk to is an http(s) URL."""
-    for url in list(test.nodes or []) + list(test.lease_servers or []):
+    for url in list(test.live.nodes) + list(test.live.lease_servers):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise SutError(f"--url must be an http(s) URL, not {url!r}")
 
@@ -394,13 +394,13 @@ def _check_urls(test: Test) -> None:
 def _check_reference(test: Test) -> None:
     """An external reference server needs URLs and a key (a local stack provides both later)."""
     _check_urls(test)
-    if test.lease_servers and not test.credentials_file:
+    if test.live.lease_servers and not test.live.credentials_file:
         api_key_for(test)
 
 
 def _check_starintel(test: Test) -> None:
     """A StarIntel server needs http(s) URLs and a well-formed `star_sk_v1_...` key."""
-    if not (test.urls or test.lease_servers):
+    if not (test.urls or test.live.lease_servers):
         raise SutError("--sut starintel needs --url: it is a client of a StarIntel service, which the lab does not run")
     _check_urls(test)
     try:

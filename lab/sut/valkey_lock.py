@@ -408,7 +408,8 @@ def _timeout_types() -> tuple[type, ...]:
 
 def _urls(test: Test, node: str) -> tuple[str, str | None]:
     """The Valkey URL a worker talks to (`node`, its client group's proxy) and the store its group writes to."""
-    valkey = node if isinstance(node, str) and node.startswith(("redis://", "rediss://", "unix://")) else test.valkey
+    node_is_valkey = isinstance(node, str) and node.startswith(("redis://", "rediss://", "unix://"))
+    valkey = node if node_is_valkey else test.live.valkey
     if not valkey:
         raise SutError("valkey-lock needs a Valkey URL (redis://host:port/0): run it on a lab stack")
 
