@@ -149,10 +149,10 @@ class _RunAddress:
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, test: Any, owner: type | None = None) -> Any:
+    def __get__(self, test: Test | None, owner: type | None = None) -> Any:
         return self if test is None else getattr(test.live, self.name)
 
-    def __set__(self, test: Any, value: Any) -> None:
+    def __set__(self, test: Test, value: Any) -> None:
         raise RunValueReadOnly(f"test.{self.name} is read-only: it is the run context's value; set "
                                f"test.live.{self.name}")
 
