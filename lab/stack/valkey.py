@@ -34,7 +34,7 @@ def valkey_argv(port: int, data_dir: Path, persistence: str, host: str = "127.0.
 
 def answers_ping(host: str, port: int) -> bool:
     """Does the Valkey at host:port answer PING (one try, half a second)? Any failure is "no"."""
-    import redis  # these three: ~0.1 s that `fencelab --help` (which loads this module) must not pay
+    import redis  # these three: ~0.07 s that `fencelab --help` (which loads this module) must not pay
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
