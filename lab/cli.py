@@ -20,6 +20,8 @@ from urllib.parse import urlsplit
 import click
 from click.core import ParameterSource
 
+from checkers.cli import check as _check, checker_lines
+from checkers.core import merge_valid
 from lab.exitcodes import EXIT_BAD_INPUT, EXIT_INTERRUPTED, sigterm_interrupts, verdict_exit
 from lab.paths import MissingTool, libfaketime
 from lab.secrets import redact_secrets, redact_url
@@ -30,8 +32,9 @@ from lab.test_options import SWARM_HELP, test_options
 from lab.testmap import Test, parse_sut_opt, set_sut_options
 
 # Each subcommand imports what it runs inside its own function, so `fencelab --help` and the quick subcommands
-# stay fast: the runner with every layer below it takes about a second to import, and paramiko (--backend ssh),
-# the docker SDK (compose), pandas (reports) load only for the commands that use them.
+# stay fast (about 0.25 s): the runner with every layer below it adds about 0.26 s (`python -X importtime`),
+# and paramiko (--backend ssh), redis with the Docker helpers (compose), pandas (reports) load only for the
+# commands that use them. Everything cheap, or already loaded by the imports above, is imported here.
 
 name_option = click.option("--name", default="default", show_default=True, help="Name of the local stack.")
 home_option = click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -131,7 +134,7 @@ def up(name: str, home: Path | None, servers: int, persistence: str, no_store: b
     opts = StackOptions(servers=servers, persistence=persistence, store=not no_store, toxiproxy=toxiproxy,
                         fake_clocks=fake_clocks, netns=netns)
     if backend == "ssh":
-        from lab.stack.ssh import SshOptions
+        from lab.stack.ssh import SshOptions  # paramiko (~0.08 s): only for --backend ssh
 
         if toxiproxy:
             fail("--toxiproxy is for the local and compose backends; on SSH nodes partitions use iptables")
@@ -153,7 +156,7 @@ def up(name: str, home: Path | None, servers: int, persistence: str, no_store: b
 
 def _new_stack(backend: str, name: str, home: Path | None):
     """A named stack object of the chosen backend (its row in the Target's one list of backends)."""
-    from lab.sut.target import BACKENDS  # the SUT layer (~0.3 s): only for the stack commands
+    from lab.sut.target import BACKENDS  # the SUT layer (~0.16 s): only for the stack commands
 
     if backend not in BACKENDS:
         fail(f"--backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
@@ -162,7 +165,7 @@ def _new_stack(backend: str, name: str, home: Path | None):
 
 def _existing_stack(name: str, home: Path | None):
     """The stack object matching what `up` recorded for `name` (local or compose)."""
-    from lab.stack.compose import stack_backend
+    from lab.stack.compose import stack_backend  # redis and the Docker helpers (~0.08 s): not for --help
 
     return _new_stack(stack_backend(name, home) or "local", name, home)
 
@@ -236,7 +239,7 @@ def _print_status(st: StackStatus, as_json: bool) -> None:
               help="Write the key to this file (mode 0600) [default: <stack dir>/api-key.txt].")
 def api_key_cmd(name: str, home: Path | None, principal: str | None, out: Path | None) -> None:
     """Write one API key of a stack to a file, for `fencelab test --url ... --api-key-file FILE`; prints its path."""
-    from workloads.common import pick_credential
+    from workloads.common import pick_credential  # the workloads and the SUT layer (~0.17 s)
 
     try:
         stack = _existing_stack(name, home)
@@ -265,15 +268,13 @@ def api_key_cmd(name: str, home: Path | None, principal: str | None, out: Path |
 @home_option
 def demo(name: str, home: Path | None) -> None:
     """Bring a stack up, drive the lease API (acquire, renew, release), check it, and shut down."""
-    from lab.demo import run_demo
+    from lab.demo import run_demo  # the workloads and checkers it drives (~0.3 s)
 
     try:
         run_demo(name=f"{name}-demo" if name == "default" else name, home=home)
     except (StackError, ProcessError, MissingTool) as e:
         fail(str(e))
 
-
-from checkers.cli import check as _check  # noqa: E402
 
 main.add_command(_check)
 
@@ -286,7 +287,7 @@ class _TestCommand(click.Command):
     """`fencelab test`: its help ends with the nemesis and scenario names (imported only when help is shown)."""
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        from lab.scenarios import PROBE_SCENARIOS, RACE_SCENARIOS
+        from lab.scenarios import PROBE_SCENARIOS, RACE_SCENARIOS  # these three: ~0.27 s, only when help is shown
         from nemesis.registry import known_names
         from workloads import WORKLOADS
 
@@ -313,7 +314,8 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
 
     Exit code (docs/cli.md#exit-codes): 0 valid, 1 invalid, 2 bad input, 3 unknown (any run), 130 interrupted.
     """
-    from lab.runner import RunError, run_test, validate
+    from lab import runner, scenarios, sut as sut_layer  # the runner and the layers below it (~0.26 s)
+
     if test_count < 1:
         fail(f"--test-count must be >= 1, not {test_count}")
     # every comma separates a name: `partition,,kill` keeps its empty one, which validate() refuses
@@ -351,26 +353,22 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
         t.live.store_url = store_url  # never saved: test.json gets the redacted form
     try:
         if scenario is not None:  # the scenario's options, except those given on the command line
-            from lab.scenarios import ScenarioError, apply_scenario
-
             try:
-                tests = [apply_scenario(t.evolve(scenario=scenario), given) for t in tests]
-            except ScenarioError as e:
-                raise RunError(str(e)) from None
+                tests = [scenarios.apply_scenario(t.evolve(scenario=scenario), given) for t in tests]
+            except scenarios.ScenarioError as e:
+                raise runner.RunError(str(e)) from None
         system = system_label(sut, urls)
         if system and "name" not in given:  # a third-party system's runs land apart from the reference server's
             tests = [t.evolve(name=f"{system}-{t.name}") for t in tests]
-        validate(tests[0])
-    except (RunError, ValueError) as e:
+        runner.validate(tests[0])
+    except (runner.RunError, ValueError) as e:
         fail(str(e))
     verdicts = []
     for t in tests:
-        from lab.sut import SutError
-
         try:
             with sigterm_interrupts():
-                results = run_test(t, store_dir)
-        except (RunError, StackError, ProcessError, MissingTool, SutError) as e:
+                results = runner.run_test(t, store_dir)
+        except (runner.RunError, StackError, ProcessError, MissingTool, sut_layer.SutError) as e:
             fail(str(e))
         except KeyboardInterrupt:
             interrupted(t.run_dir)
@@ -379,8 +377,6 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
         if results.get("report"):
             click.echo(f"  report: {results['report']}")
         click.echo(f"  replay: {results['replay']}")
-    from checkers.core import merge_valid
-
     sys.exit(verdict_exit(merge_valid(verdicts)))
 
 
@@ -402,8 +398,6 @@ def system_label(sut: str, urls: tuple[str, ...] | list[str]) -> str | None:
 
 def print_verdict(run_dir: Path, results: dict) -> None:
     """`<dir>: valid=... ops=N (M entries)`, then each checker that is not valid with its first violation."""
-    from checkers.cli import checker_lines
-
     entries = results.get("entries")
     click.echo(f"{run_dir}: valid={json.dumps(results['valid'])} ops={results['ops']}"
                + (f" ({entries} history entries)" if entries is not None else ""))
@@ -441,7 +435,7 @@ def analyze(run_dir: Path | None, store_dir: Path) -> None:
 
     Exit code (docs/cli.md#exit-codes): 0 valid, 1 invalid, 2 bad input, 3 unknown, 130 interrupted.
     """
-    from lab.runner import RunError, analyze as analyze_run
+    from lab.runner import RunError, analyze as analyze_run  # the runner and the layers below it (~0.26 s)
 
     run_dir = run_dir or store_dir / "latest"
     if not run_dir.exists():
@@ -468,7 +462,7 @@ def analyze(run_dir: Path | None, store_dir: Path) -> None:
 @click.argument("run_dir", type=click.Path(path_type=Path))
 def report_cmd(run_dir: Path) -> None:
     """Write a run's report (report.html, plots, plots.json, junit.xml) into RUN_DIR; prints its path."""
-    from lab.report import ReportError, write_report
+    from lab.report import ReportError, write_report  # matplotlib (~0.36 s; pandas when it writes)
 
     try:
         path = write_report(run_dir)
@@ -484,7 +478,7 @@ def report_cmd(run_dir: Path) -> None:
 @click.option("--port", default=8080, show_default=True, type=int, help="Port (0: any free port, printed).")
 def serve_cmd(store_dir: Path, host: str, port: int) -> None:
     """Browse the store in a browser: runs and their reports, campaigns, evidence (read-only)."""
-    from lab.report.serve import ServeError, serve_store
+    from lab.report.serve import ServeError, serve_store  # the report's matplotlib and uvicorn (~0.4 s)
 
     try:
         serve_store(store_dir, host=host, port=port, echo=click.echo)
@@ -511,8 +505,8 @@ def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool, dask_
     Exit code (docs/cli.md#exit-codes): 0 all valid, 1 any invalid, 2 bad spec, 3 any unknown or failed run,
     130 interrupted.
     """
-    from lab.campaign import CampaignError, check_store_dir, format_plan, load_spec, run_campaign, validate_plan
-    from lab.campaign.spec import check_dask_address
+    from lab.campaign import (CampaignError, check_dask_address, check_store_dir, format_plan,  # the runner (~0.37 s)
+                              load_spec, run_campaign, validate_plan)
 
     try:
         campaign = load_spec(spec)
@@ -540,11 +534,10 @@ def worker_cmd(scheduler: str, cells: int, dask_args: tuple[str, ...]) -> None:
     Needs `make install` on this machine; further options go to `dask worker` (e.g. --name w1). See
     docs/beyond-one-machine.md.
     """
-    from lab.campaign import CampaignError
-    from lab.campaign.dask_cells import worker_argv
+    from lab.campaign import CampaignError, dask_cells  # distributed and the runner (~0.56 s)
 
     try:
-        argv = worker_argv(scheduler, cells, dask_args)
+        argv = dask_cells.worker_argv(scheduler, cells, dask_args)
     except CampaignError as e:
         fail(str(e))
     os.execv(argv[0], argv)  # the worker takes this process over (its pid is the one to stop)
@@ -580,7 +573,8 @@ def evidence_cmd(spec_path: Path | None, depth: str | None, store_dir: Path, url
     Exit code (docs/cli.md#exit-codes): 0 every row passes (or is not applicable), 1 a row fails, 2 bad options,
     3 a row is inconclusive, 130 interrupted.
     """
-    from lab.evidence import DEFAULT_SPEC, EvidenceError, EvidenceTarget, describe_depth, load_spec, run_evidence
+    from lab.evidence import (DEFAULT_SPEC, EvidenceError, EvidenceTarget,  # the runner and scenarios (~0.31 s)
+                              describe_depth, load_spec, run_evidence)
 
     if spec_path is None:
         spec_path = shipped_spec(DEFAULT_SPEC)
@@ -651,8 +645,8 @@ def mutants_cmd(spec_path: Path | None, store_dir: Path, fast: bool, only: tuple
     checkers that caught it and the unmodified server's verdict. Exit code: 0 every mutant caught on every seed
     by a workload and the unmodified server valid everywhere, 1 otherwise, 2 bad spec or options, 130 interrupted.
     """
-    from lab.mutants import (DEFAULT_SPEC, MutantsError, exit_code, load_spec, print_table, render_markdown,
-                             run_mutants, validate_spec)
+    from lab.mutants import (DEFAULT_SPEC, MutantsError, exit_code, load_spec,  # the runner and campaigns (~0.37 s)
+                             print_table, render_markdown, run_mutants, validate_spec)
 
     if spec_path is None:
         spec_path = shipped_spec(DEFAULT_SPEC)

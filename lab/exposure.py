@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 import dataclasses
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -236,8 +238,6 @@ def _one_run(test: Test, store_dir: str) -> dict[str, Any]:
 
 def _child_run(source: str, where: tuple[str, str, int], store_dir: str) -> dict[str, Any]:
     """One run in a child process; its verdict (the child's last line of output, JSON)."""
-    import subprocess
-
     fault, kind, seed = where
     argv = [sys.executable, "-m", "lab.exposure", "--spec", source, "--store-dir", store_dir,
             "--one", fault, kind, str(seed)]
@@ -285,8 +285,6 @@ def run_faults(spec: FaultsSpec, store_dir: Path, *, only: tuple[str, ...] = (),
         for name, test in tests.items():
             record(name, _one_run(test, str(store_dir)))
     else:  # each run in a child `python -m lab.exposure --one ...` (its stack dies with it), `jobs` at a time
-        from concurrent.futures import ThreadPoolExecutor
-
         where = {name: key for key, name in planned.items()}
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = {name: pool.submit(_child_run, spec.source, where[name], str(store_dir)) for name in tests}

@@ -52,6 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
 from lab.campaign.spec import NAME_RE
 from lab.runner import RunError, run_test, validate
 from lab.scenarios import SCENARIOS, apply_scenario
@@ -608,14 +611,10 @@ def render_markdown(report: MutantsReport) -> str:
 
 def print_table(report: MutantsReport, echo: Callable[[str], Any] = print) -> None:
     """Rich tables on a terminal (never under CI), plain text otherwise."""
-    from rich.console import Console  # the table printed on a terminal only
-
     console = Console()
     if not console.is_terminal or os.environ.get("CI", "").lower() in ("true", "1", "yes"):
         echo(render_plain(report))
         return
-    from rich.table import Table
-
     columns, lines = _matrix(report)
     matrix = Table(title=f"mutants: {report.spec.name} (caught/seeds)")
     for c in columns:

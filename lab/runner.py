@@ -28,6 +28,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
 import lab.generator as gen
 from checkers.core import safe_check
 from checkers.faults import asked_faults, with_fault_coverage
@@ -357,8 +359,6 @@ async def _show_progress(test: Test, writer, plain_every_s: float = 10.0) -> Non
             await asyncio.sleep(plain_every_s)
             print(f"  [{test.name}] {time.monotonic() - start:5.0f}s / {test.time_limit:.0f}s  "
                   f"{writer.count} history entries", flush=True)
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # only on a terminal
-
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[ops]} ops"), transient=True) as bar:
         task = bar.add_task(f"{test.name} ({test.workload})", total=test.time_limit, ops=0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import difflib
 import functools
+import json
 import math
 import re
 import secrets
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
+
+import pydantic  # the package alone (~20 ms); its models load when the first options are checked
 
 from lab.secrets import redact_url
 
@@ -281,8 +284,6 @@ class Test:
 
     def credentials(self) -> list[dict[str, Any]]:
         """The demo principals (with API keys) of the stack under test; never written to the history."""
-        import json
-
         if self.live.credentials is None:
             if not self.live.credentials_file:
                 raise ValueError("the test has no credentials file (is the stack up?)")
@@ -348,19 +349,15 @@ OPTIONS: dict[str, str] = {name: what for name, (_t, what) in OPTION_TYPES.items
 @functools.cache
 def _options_model() -> Any:
     """The pydantic model of OPTION_TYPES: strict (no "3" for 3, no true for 1), unknown keys refused."""
-    from pydantic import ConfigDict, create_model
-
-    return create_model("Options", __config__=ConfigDict(extra="forbid", strict=True),
+    return pydantic.create_model("Options", __config__=pydantic.ConfigDict(extra="forbid", strict=True),
                         **{k: (t | None, None) for k, (t, _w) in OPTION_TYPES.items()})
 
 
 @functools.cache
 def _fields_model() -> Any:
     """The pydantic model of the Test's own fields, strict: what `lab.runner.validate` holds a Test's types to."""
-    from pydantic import ConfigDict, create_model
-
     hints = typing.get_type_hints(Test)
-    return create_model("TestFields", __config__=ConfigDict(strict=True),
+    return pydantic.create_model("TestFields", __config__=pydantic.ConfigDict(strict=True),
                         **{f.name: (hints[f.name], ...) for f in fields(Test) if f.name not in ("live", "run_dir")})
 
 
@@ -381,11 +378,9 @@ def check_options(table: Any, allowed: tuple[str, ...] | None = None) -> dict[st
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise OptionError(f"unknown key {key!r}{hint}; known Test options: {', '.join(known)}")
-    from pydantic import ValidationError
-
     try:
         _options_model().model_validate(table)
-    except ValidationError as e:
+    except pydantic.ValidationError as e:
         err = e.errors()[0]
         key = str(err["loc"][0]) if err["loc"] else "?"
         raise OptionError(f"{key} must be {OPTIONS.get(key, 'valid')}, not {table.get(key)!r}") from None
@@ -397,7 +392,7 @@ def check_options(table: Any, allowed: tuple[str, ...] | None = None) -> dict[st
             if k in known and k not in table:
                 try:
                     _options_model().model_validate({k: v})
-                except ValidationError:
+                except pydantic.ValidationError:
                     raise OptionError(f"extra.{k} must be {OPTIONS[k]}, not {v!r}") from None
                 out[k] = v
             elif k not in table:
@@ -424,12 +419,10 @@ def field_problem(test: Test) -> str | None:
     """The first Test field not of its declared type (a bool is no number, a tuple no list), a float option out of
     its range (`numbers_problem`) or a `--url` that is no URL (`urls_problem`), as one line; or None.
     `lab.runner.validate` asks it first."""
-    from pydantic import ValidationError
-
     model = _fields_model()
     try:
         model.model_validate({f: getattr(test, f) for f in model.model_fields})
-    except ValidationError as e:
+    except pydantic.ValidationError as e:
         err = e.errors()[0]
         where = str(err["loc"][0]) + "".join(f"[{p}]" for p in err["loc"][1:] if not isinstance(p, str))
         kind = _KINDS.get(err["type"], err["msg"].removeprefix("Input should be ").lower())
@@ -512,8 +505,6 @@ def sut_option_problem(key: Any, value: Any) -> str | None:
 def parse_sut_opt(text: str) -> tuple[str, Any]:
     """`KEY=VALUE` as a per-system option: VALUE as a JSON scalar when it is one (1, 2.5, true, null, "quoted"),
     else the string itself. ValueError naming what to change."""
-    import json  # only where an option is parsed (the CLI); testmap is imported everywhere
-
     key, eq, raw = text.partition("=")
     if not eq:
         raise ValueError(f"--sut-opt {text!r}: write KEY=VALUE")
@@ -536,8 +527,6 @@ def _not_a_scalar(name: str) -> Any:
 def sut_opt_arg(key: str, value: Any) -> str:
     """The `KEY=VALUE` text that `parse_sut_opt` reads back as this value (a string that would parse as another
     scalar is quoted)."""
-    import json  # see parse_sut_opt
-
     if isinstance(value, str) and parse_sut_opt(f"{key}={value}")[1] == value:
         return f"{key}={value}"
     return f"{key}={json.dumps(value)}"

@@ -1,16 +1,19 @@
-"""Count the project's imports: at module level vs inside functions (issue 14's "imports inside functions").
+"""Count the project's imports: at module level vs inside functions (issues 14 and 17).
 
     python scripts/import_counts.py            # totals
     python scripts/import_counts.py --list     # every import inside a function, file:line (--own: ours only)
 
 Counts `import` / `from ... import` statements in the packages (lab, checkers, nemesis, workloads); an import
-under `if TYPE_CHECKING:` counts as module level (it never runs). Uses only the standard library's `ast`.
+under `if TYPE_CHECKING:` counts as module level (it never runs). An import inside a function needs a comment
+saying why (`uncommented` lists those without). Uses only the standard library's `ast` and `tokenize`.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +43,26 @@ def count(root: Path = ROOT, first_party: bool = False) -> tuple[int, int, list[
     return top, inner, where
 
 
+def uncommented(root: Path = ROOT) -> list[str]:
+    """"file:line module" of each import inside a function without a comment saying why: one on its own lines, or
+    on the import right before it (one comment speaks for a run of adjacent imports)."""
+    missing: list[str] = []
+    for pkg in PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            commented = {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+                         if tok.type == tokenize.COMMENT}
+            said = {}  # end line of an import inside a function -> does it (or its run) say why
+            for node in sorted((n for n, inside in _imports(ast.parse(text, str(path))) if inside),
+                               key=lambda n: n.lineno):
+                own = any(line in commented for line in range(node.lineno, node.end_lineno + 1))
+                said[node.end_lineno] = own or said.get(node.lineno - 1, False)
+                if not said[node.end_lineno]:
+                    name = (node.module or "") if isinstance(node, ast.ImportFrom) else node.names[0].name
+                    missing.append(f"{path.relative_to(root)}:{node.lineno} {name}")
+    return missing
+
+
 def _imports(tree: ast.AST):
     """(import node, is it inside a function) for every import statement."""
     stack = [(tree, False)]
@@ -59,3 +82,5 @@ if __name__ == "__main__":
         print("\n".join(sorted(own_where if "--own" in sys.argv else where)))
     print(f"all imports: {top} at module level, {inner} inside functions")
     print(f"imports of the project's own modules: {own_top} at module level, {own_inner} inside functions")
+    silent = uncommented()
+    print(f"imports inside functions without a comment saying why: {len(silent)}", *silent, sep="\n  ")

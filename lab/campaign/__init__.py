@@ -9,7 +9,7 @@ validates the whole plan before anything runs, then runs each test with
 rendering `campaign.html` (the verdict matrix, availability and latency per
 nemesis, totals). An interrupted campaign resumes where it stopped.
 
-- `lab.campaign.spec`: `load_spec`, `parse_spec`, `expand`, `validate_plan`, `CampaignError`.
+- `lab.campaign.spec`: `load_spec`, `parse_spec`, `expand`, `validate_plan`, `check_dask_address`, `CampaignError`.
 - `lab.campaign.state`: campaign.json (atomic writes, resume semantics in `settle`).
 - `lab.campaign.execute`: `run_campaign`, the progress display, exit codes.
 - `lab.campaign.page`: campaign.html.
@@ -19,7 +19,8 @@ See docs/campaigns.md.
 
 from lab.campaign.execute import CampaignOutcome, check_store_dir, exit_code, format_plan, run_campaign
 from lab.campaign.page import write_page
-from lab.campaign.spec import CampaignError, PlannedRun, Spec, expand, load_spec, parse_spec, validate_plan
+from lab.campaign.spec import (CampaignError, PlannedRun, Spec, check_dask_address, expand, load_spec, parse_spec,
+                               validate_plan)
 
-__all__ = ["CampaignError", "CampaignOutcome", "PlannedRun", "Spec", "check_store_dir", "exit_code", "expand", "format_plan",
-           "load_spec", "parse_spec", "run_campaign", "validate_plan", "write_page"]
+__all__ = ["CampaignError", "CampaignOutcome", "PlannedRun", "Spec", "check_dask_address", "check_store_dir", "exit_code",
+           "expand", "format_plan", "load_spec", "parse_spec", "run_campaign", "validate_plan", "write_page"]

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
 from lab import runner
 from lab.campaign.page import PageData, write_page
 from lab.campaign.spec import CampaignError, PlannedRun, Spec, validate_plan
@@ -69,8 +72,6 @@ def format_plan(spec: Spec, plan: list[PlannedRun]) -> list[str]:
 
 def _fancy() -> bool:
     """A rich progress bar only on a terminal, and never under CI."""
-    from rich.console import Console  # only when printing to a terminal
-
     return Console().is_terminal and os.environ.get("CI", "").lower() not in ("true", "1", "yes")
 
 
@@ -83,9 +84,6 @@ class _Progress:
 
     def __enter__(self) -> "_Progress":
         if self.fancy:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                                       TimeElapsedColumn)
-
             self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn())
             self.bar.start()

@@ -415,7 +415,7 @@ def load_spec(path: Path | str) -> Spec:
             raise CampaignError(f"{path}: invalid TOML: {e}") from None
     elif path.suffix in (".yaml", ".yml"):
         try:
-            import yaml
+            import yaml  # optional for campaigns: a TOML spec needs no pyyaml (the error below says so)
         except ImportError:
             raise CampaignError(f"{path}: reading YAML specs needs pyyaml (pip install pyyaml); "
                                 "or write the spec as TOML") from None

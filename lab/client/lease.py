@@ -130,7 +130,7 @@ class LeaseClient:
             self._host_header = u.host_port_subcomponent  # host[:port], IPv6 in brackets, no userinfo
             self._path_prefix = u.raw_path.rstrip("/")
         if http is None and self._pool is None:  # https:// or proxied: aiohttp (a few hundred ms to import)
-            from lab.client import aio
+            from lab.client import aio  # aiohttp: see the line above
 
             self._aio = aio
         transport = getattr(http, "_transport", None)

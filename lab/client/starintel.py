@@ -36,6 +36,7 @@ from __future__ import annotations
 import builtins
 import re
 from typing import Any, Mapping
+from urllib.parse import unquote
 
 import httpx
 
@@ -461,8 +462,6 @@ def _same_identity(lease: Lease, identity: Identity) -> bool:
 
 def _lease_id_of(call: Call) -> str | None:
     """The lease id in a lease-scoped call's path."""
-    from urllib.parse import unquote
-
     rest = call.path[len(API) + 1:] if call.path.startswith(API + "/") else ""
     return unquote(rest.split("/", 1)[0]) if rest else None
 

@@ -23,8 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from lab.secrets import SECRET_FILES
-from lab.templating import template_env
+import uvicorn
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -33,6 +32,8 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainT
 from starlette.routing import Route
 
 from lab.report.report import run_time, verdict_word
+from lab.secrets import SECRET_FILES
+from lab.templating import template_env
 
 __all__ = ["ServeError", "create_app", "scan_store", "serve_store"]
 
@@ -186,8 +187,6 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve_store(store_dir: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 8080,
                 echo: Callable[[str], Any] = print) -> None:
     """Serve the store until interrupted (Ctrl-C or SIGTERM); prints the URL first (port 0 picks a free one)."""
-    import uvicorn
-
     root = Path(store_dir)
     if not root.is_dir():
         raise ServeError(f"no store directory {root} (runs land in --store-dir, default ./store; "

@@ -25,7 +25,11 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+import uvicorn
+
+from lab.server.app import create_app
 from lab.server.auth import PrincipalsError, load_principals
+from lab.server.protocol import protocol_class
 from lab.server.settings import Settings, SettingsError, load_settings
 
 _INSTANCE_RE = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
@@ -94,11 +98,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Setti
 def main(argv: list[str] | None = None) -> None:
     """Validate, then serve until SIGTERM/SIGINT."""
     args, settings = parse_args(argv)
-    import uvicorn
-
-    from lab.server.app import create_app
-    from lab.server.protocol import protocol_class
-
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(settings)
     http = protocol_class(settings.header_timeout_ms, settings.max_header_bytes, settings.max_header_fields)

@@ -162,7 +162,7 @@ class LeaseServer:
         self.settings = settings.validate()
         backend_cls, service_cls, commits_cls = Backend, LeaseService, CommitService
         if settings.mutant:  # a planted bug, lab runs only (--allow-mutants): lab/server/mutants
-            from lab.server.mutants.variants import server_parts
+            from lab.server.mutants.variants import server_parts  # the unmodified server never loads the mutants
 
             self.settings, backend_cls, service_cls, commits_cls = server_parts(self.settings)
             settings = self.settings

@@ -159,7 +159,7 @@ class Settings:
 
     def _check_named_mutant(self) -> None:
         """`mutant` names a planted bug of lab/server/mutants, and only lab runs (--allow-mutants) may plant it."""
-        from lab.server.mutants import MUTANT_NAMES
+        from lab.server.mutants import MUTANT_NAMES  # only when a mutant is named (docs/mutants.md)
 
         if self.mutant not in MUTANT_NAMES:
             raise SettingsError(f"mutant: unknown mutant {self.mutant!r}; known: {', '.join(MUTANT_NAMES)}")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import httpx
+import redis
 from starlette.applications import Starlette
 
 from lab.server.app import LeaseServer, create_app
@@ -132,8 +133,6 @@ class CommandCounter:
     """
 
     def __init__(self, url: str):
-        import redis
-
         self._client = redis.Redis.from_url(url)
         self.snapshot()
 

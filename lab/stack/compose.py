@@ -43,11 +43,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from lab import paths
+from lab.server.auth import provision_demo_principals, write_principals_file
 from lab.stack.base import ProcessRow, StackStatus, write_private_json
 from lab.stack.container import LIVE_STATUSES, ContainerProcess
 from lab.stack.docker_api import api_errors, compose_command, connect_docker, is_compose_v2, one_line
+from lab.stack.dockerd import ensure_engine
 from lab.stack.errors import StackError, stack_dir
 from lab.stack.faketime import FakeClock
 from lab.stack.images import ImageSet, ensure_images
@@ -280,8 +283,6 @@ class ComposeStack(ProcessStack):
         proxies = self.check(opts)
         engine = None
         if self.start_engine and self.docker_factory is None:
-            from lab.stack.dockerd import ensure_engine
-
             engine = ensure_engine(self.dir / "logs")
         try:
             self.docker()  # no engine: one line, before anything is written or started
@@ -332,8 +333,6 @@ class ComposeStack(ProcessStack):
 
     def _write_mutant_override(self, opts: StackOptions) -> Path:
         """A Compose file laid over the others that plants `opts.mutant` in every lease server (lab runs only)."""
-        import yaml  # the main file's lease-server commands, to append the planted-bug flags to
-
         main = yaml.safe_load(Path(self.compose_file).read_text())
         services = {}
         for name, svc in main.get("services", {}).items():
@@ -359,8 +358,6 @@ class ComposeStack(ProcessStack):
 
     def _write_inputs(self, opts: StackOptions) -> None:
         """The principals file (hashes only), the host-only credentials, the store admin, clocks and audit dirs."""
-        from lab.server.auth import provision_demo_principals, write_principals_file
-
         for sub in ("principals", "audit", "clocks", "logs"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         records, credentials = provision_demo_principals()

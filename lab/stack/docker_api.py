@@ -24,7 +24,7 @@ __all__ = ["api_errors", "compose_command", "connect_docker", "docker_module", "
 def docker_module() -> Any:
     """The `docker` package, or a StackError saying how to install it."""
     try:
-        import docker
+        import docker  # the Docker SDK: only the container backends need it, and it may be absent
     except ImportError:
         raise StackError("the compose backend needs the `docker` Python package: "
                          ".tools/venv/bin/pip install 'docker>=7.1'") from None
@@ -38,7 +38,7 @@ def one_line(text: Any) -> str:
 
 def api_errors() -> tuple[type[BaseException], ...]:
     """What a Docker SDK call raises when the engine refuses or is gone."""
-    import requests
+    import requests  # the Docker SDK's transport: present exactly when the SDK is (docker_module)
 
     return (docker_module().errors.DockerException, requests.exceptions.RequestException)
 

@@ -15,6 +15,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.stack.docker_api import docker_module
 from lab.stack.errors import StackError
 from lab.stack.process import ManagedProcess, ProcessError
 
@@ -24,9 +25,7 @@ DEFAULT_SOCKET = "/var/run/docker.sock"
 def engine_answers(timeout: float = 3.0) -> bool:
     """Does a Docker engine answer `_ping` where the Docker SDK looks (DOCKER_HOST or the default socket)?"""
     try:
-        import docker
-
-        client = docker.from_env(timeout=timeout)
+        client = docker_module().from_env(timeout=timeout)  # StackError when the SDK is missing: "no" too
         try:
             return bool(client.ping())
         finally:

@@ -21,9 +21,11 @@ second build a no-op), and says which set it used and how long each build took.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata as md
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -136,9 +138,6 @@ WHEEL_PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2
 
 def _download_wheels(into: Path) -> None:
     """The server's dependencies as wheels for the image's Python, pinned to the lab virtualenv's versions."""
-    import importlib.metadata as md
-    import sys
-
     reqs = [ln.split("#")[0].strip() for ln in (LOCAL_DIR / "server-requirements.txt").read_text().splitlines()]
     names = [re.split(r"[<>=\[ ]", r, maxsplit=1)[0] for r in reqs if r]
     pins = []

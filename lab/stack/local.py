@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from lab.secrets import redact_url
 from lab.server.auth import provision_demo_principals, write_principals_file
@@ -75,8 +76,6 @@ class StackOptions:
         if servers_problem(self.servers):  # the one range check of a server count (lab.testmap)
             raise StackError(servers_problem(self.servers))
         if self.store_url is not None:
-            from urllib.parse import urlsplit
-
             u = urlsplit(self.store_url)
             if u.scheme not in ("http", "https") or not u.hostname:
                 raise StackError(f"--store-url must be an http(s) URL of a CouchDB-API store, not {redact_url(self.store_url)!r}")

@@ -39,6 +39,7 @@ import paramiko
 
 from lab.stack.faketime import FakeClock
 from lab.stack.process import ProcessError, wait_until_healthy
+from lab.stack.valkey import answers_ping
 
 __all__ = [
     "RemoteError",
@@ -335,16 +336,7 @@ def _probe(kind: str, host: str, port: int) -> bool:
     """The health probe of a `kind` of process, sent from the lab over the network."""
     try:
         if kind == "valkey":
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-
-            c = redis.Redis(host=host, port=port, socket_timeout=0.5, socket_connect_timeout=0.5,
-                            retry=Retry(NoBackoff(), 0))
-            try:
-                return bool(c.ping())
-            finally:
-                c.close()
+            return answers_ping(host, port)
         if kind == "store":
             r = httpx.get(f"http://{host}:{port}/", timeout=0.5)
             return r.status_code == 200 and "version" in r.json()

@@ -29,6 +29,7 @@ manager, all its tasks), removes the stack's services and networks, then its vol
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tempfile
@@ -863,8 +864,6 @@ def _gone_ok(remove: Any) -> None:
 def _docker_host() -> str:
     """The manager when neither --swarm nor the placement names one: DOCKER_HOST (StackError when that is unset
     too, or not an engine URL)."""
-    import os  # only here: the one environment read of this module
-
     host = os.environ.get("DOCKER_HOST")
     if not host:
         raise StackError("--backend swarm needs the Swarm manager: --swarm URL, `manager = \"...\"` in the placement "

@@ -32,6 +32,23 @@ def valkey_argv(port: int, data_dir: Path, persistence: str, host: str = "127.0.
     return argv
 
 
+def answers_ping(host: str, port: int) -> bool:
+    """Does the Valkey at host:port answer PING (one try, half a second)? Any failure is "no"."""
+    import redis  # these three: ~0.07 s that `fencelab --help` (which loads this module) must not pay
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    try:
+        c = redis.Redis(host=host, port=port, socket_timeout=0.5, socket_connect_timeout=0.5,
+                        retry=Retry(NoBackoff(), 0))
+        try:
+            return bool(c.ping())
+        finally:
+            c.close()
+    except Exception:
+        return False
+
+
 class ValkeyProcess(ManagedProcess):
     """A valkey-server on a free loopback port with its data and log under `run_dir`."""
 
@@ -55,19 +72,7 @@ class ValkeyProcess(ManagedProcess):
 
     def healthy(self) -> bool:
         """PING answers PONG (not merely an open port: Valkey loads AOF before serving)."""
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        try:
-            c = redis.Redis(host=self.host, port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5,
-                            retry=Retry(NoBackoff(), 0))
-            try:
-                return bool(c.ping())
-            finally:
-                c.close()
-        except Exception:
-            return False
+        return answers_ping(self.host, self.port)
 
     def state(self) -> dict:
         d = super().state()
