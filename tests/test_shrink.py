@@ -23,8 +23,8 @@ SPACE = Space(spans=((1.0, 2.0), (3.0, 4.0), (5.0, 6.0), (9.0, 10.5)), servers_n
 
 
 def needs(cand: Candidate) -> bool:
-    """The fake bug: it shows with window 2 kept, at least 3 clients and 4 s."""
-    return 2 in cand.windows and cand.concurrency >= 3 and cand.time_limit >= 4
+    """The fake bug: it shows with window 2 kept for at least 0.5 s, at least 3 clients and 4 s."""
+    return 2 in cand.windows and cand.end(2, 6.0) >= 5.5 and cand.concurrency >= 3 and cand.time_limit >= 4
 
 
 class Recorder:
@@ -46,8 +46,12 @@ def test_shrinks_every_dimension_to_what_the_bug_needs():
     out = search(ORIGINAL, trial, SPACE, runs=5)
     assert out.stopped == DONE and out.original_step.rate == 1.0
     # window 2 alone; 3 clients (8 -> 4 accepted, 4 -> 2 rejected, the midpoint 3 accepted); 1 key; 3 servers
-    # (window 2 names lease-3); time 16 -> 8 -> 5.1 (window 2 is 5-6 s: it must start before the limit)
-    assert out.best == Candidate(concurrency=3, keys=1, servers=3, time_limit=5.1, rate=1.0, windows=(2,))
+    # (window 2 names lease-3); time 16 -> 8 -> 5.1 (window 2 is 5-6 s: it must start before the limit);
+    # window 2 cut from 1 s to 0.5 s (0.25 and the midpoint 0.38 do not reproduce)
+    assert out.best == Candidate(concurrency=3, keys=1, servers=3, time_limit=5.1, rate=1.0, windows=(2,),
+                                 cuts=((2, 5.5),))
+    assert [s.change for s in out.steps if s.pass_name == "cut"][:3] == [
+        "window 2 length 1 -> 0.5", "window 2 length 0.5 -> 0.25", "window 2 length 0.5 -> 0.38"]
     # the second round tries 2 again: the other dimensions shrank since (a new candidate), and it still fails
     assert [s.candidate.concurrency for s in out.steps if s.pass_name == "concurrency"] == [4, 2, 3, 2]
     assert out.best_step.rate == 1.0 and out.best.smaller_than(ORIGINAL)
@@ -63,6 +67,8 @@ def test_every_candidate_is_smaller_than_the_best_before_it():
         if step.pass_name != "original":
             assert step.candidate.smaller_than(best)
             changed = [k for k, v in step.candidate.dims().items() if v != best.dims()[k]]
+            kept_cuts = tuple(c for c in best.cuts if c[0] in step.candidate.windows)
+            changed += ["cuts"] if step.candidate.cuts != kept_cuts else []  # a dropped window takes its cut
             assert len(changed) == 1, changed  # one dimension at a time
         if step.accepted:
             best = step.candidate
@@ -160,7 +166,7 @@ def test_time_limit_never_goes_below_what_the_kept_windows_need():
     out = search(ORIGINAL, lambda c, rep: 3 in c.windows, SPACE, runs=1)
     # window 3 is 9-10.5 s: the time limit must be over 9 s (its start) and >= 8.5 s (its end less 2 s)
     assert out.best.windows == (3,) and out.best.time_limit == 9.1
-    assert all(s.candidate.time_limit >= SPACE.time_floor(s.candidate.windows) for s in out.steps)
+    assert all(s.candidate.time_limit >= SPACE.time_floor(s.candidate) for s in out.steps)
 
 
 def test_a_system_without_servers_has_no_servers_pass():
@@ -231,9 +237,15 @@ def test_shrink_run_writes_the_runs_the_log_shrink_json_and_the_page(tmp_path):
     test = next(t for t in runner.tests if t.name == m["config"]["label"])
     sched = json.loads(Path(test.fault_schedule).read_text())
     assert sched["nemeses"] == ["pause"] and len(sched["windows"]) == 1 and test.nemesis == []
+    # the kept window cut to 0.1 s (the fake needs only that it is there): its start stays, its end comes earlier
+    (fault,) = m["config"]["faults"]
+    assert sched["windows"][0]["start_s"] == fault["start_s"] and sched["windows"][0]["end_s"] == fault["end_s"]
+    assert round(fault["end_s"] - fault["start_s"], 6) == 0.1 and fault["recorded_end_s"] - fault["start_s"] == 1.0
+    assert "fault windows cut" in m["changed"]
     assert test.run_salt == "" and test.credentials_file is None and test.live is not runner.tests[0].live
     page = (tmp_path / "out" / "shrink.html").read_text()
     assert "mutual-exclusion: overlap" in page and m["report"] in page and m["replay"] in page
+    assert f"(cut; recorded {fault['recorded_end_s']})" in page
     lines = (tmp_path / "out" / LOG).read_text().splitlines()
     assert len(lines) == 1 + d["runs_used"] == 1 + len(runner.tests) and report.new_runs == len(runner.tests)
 

@@ -22,7 +22,7 @@ import os
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +140,7 @@ def test_of(origin: Origin, cand: Candidate, out: Path) -> Test:
     if origin.has_servers:
         changes["servers"] = cand.servers
     if cand.windows:
-        kept = [origin.windows[i] for i in cand.windows]
+        kept = [replace(origin.windows[i], end_s=cand.end(i, origin.windows[i].end_s)) for i in cand.windows]
         names = [n for n in origin.names if any(w.nemesis == n for w in kept)]
         path = Path(out) / "schedules" / f"{cand.label()}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -275,8 +275,8 @@ def _runs_of(log: RunLog, out: Path, cand: Candidate, n: int) -> list[dict[str, 
 
 def _config(origin: Origin, cand: Candidate) -> dict[str, Any]:
     """A candidate as shrink.json shows it: its dimensions, its faults (nemesis, times) and its label."""
-    faults = [{"window": i, "nemesis": origin.windows[i].nemesis, "start_s": origin.windows[i].start_s,
-               "end_s": origin.windows[i].end_s, "value": origin.windows[i].value} for i in cand.windows]
+    faults = [{"window": i, "nemesis": w.nemesis, "start_s": w.start_s, "end_s": cand.end(i, w.end_s),
+               "recorded_end_s": w.end_s, "value": w.value} for i in cand.windows for w in [origin.windows[i]]]
     return {**cand.to_json(), "label": cand.label(), "faults": faults}
 
 
@@ -299,6 +299,8 @@ def write_result(out: Path, origin: Origin, log: RunLog, outcome: Outcome, optio
     best_runs = _runs_of(log, out, outcome.best, n)
     shown = next((r for r in best_runs if r["convicted"]), None)
     changed = [k for k, v in outcome.best.dims().items() if v < outcome.original.dims()[k]]
+    if outcome.best.cuts:
+        changed.append("fault windows cut")
     data = {
         "format": FORMAT,
         "run_dir": str(origin.run_dir),

@@ -8,7 +8,8 @@ clients, keys, servers, seconds, rate, and which of the original run's recorded 
 1. The original is measured first: N runs, its reproduction rate. The acceptance threshold is the asked one, or
    the original's rate when that is lower (a rate-0 original stops the search: `unreproduced`).
 2. Passes in a fixed order (`PASSES`), repeated until a whole round makes no progress: `faults` (no fault at
-   all, then ddmin over the kept windows, `lab.ddmin`), `time_limit` (halving, not below what the kept windows
+   all, then ddmin over the kept windows, `lab.ddmin`), `cut` (each kept window's length halved: its start
+   stays, its end comes earlier), `time_limit` (halving, not below what the kept windows
    need), `concurrency` (halving toward 2), `keys` (toward 1), `servers` (toward 1, where the system has them),
    `rate` (halving); after a half that does not reproduce, the midpoint between it and the best is tried
    (bisection, while the gap is over a quarter of the value). Every candidate differs from the best so far in
@@ -34,7 +35,7 @@ __all__ = ["BUDGET", "DONE", "INTERRUPTED", "PASSES", "UNREPRODUCED", "Candidate
            "search"]
 
 DONE, BUDGET, INTERRUPTED, UNREPRODUCED = "done", "budget", "interrupted", "unreproduced"
-PASSES = ("faults", "time_limit", "concurrency", "keys", "servers", "rate")
+PASSES = ("faults", "cut", "time_limit", "concurrency", "keys", "servers", "rate")
 _EPS = 1e-9
 
 
@@ -49,15 +50,21 @@ class Candidate:
     time_limit: float
     rate: float
     windows: tuple[int, ...] = ()
+    cuts: tuple[tuple[int, float], ...] = ()  # (window, its new end_s): a kept window cut short, by position
+
+    def end(self, i: int, recorded: float = math.inf) -> float:
+        """Where window `i` ends in this candidate: its cut, else `recorded` (its recorded end)."""
+        return dict(self.cuts).get(i, recorded)
 
     def label(self) -> str:
         """A stable, path-safe name of this candidate (its runs' test name and its key in the log)."""
+        ends = dict(self.cuts)
         if not self.windows:
             wins = "none"
         elif len(self.windows) <= 8:
-            wins = ".".join(map(str, self.windows))
-        else:  # a long subset: its count and a digest of its positions (hash() of ints is stable across runs)
-            wins = f"{len(self.windows)}x{hash(self.windows) % 10**8:08d}"
+            wins = "_".join(f"{i}" + (f"e{ends[i]:g}" if i in ends else "") for i in self.windows)
+        else:  # a long subset: its count and a digest of its positions (hash() of ints and floats is stable)
+            wins = f"{len(self.windows)}x{hash((self.windows, self.cuts)) % 10**8:08d}"
         servers = "" if self.servers is None else f"-s{self.servers}"
         return f"c{self.concurrency}-k{self.keys}{servers}-t{self.time_limit:g}-r{self.rate:g}-w{wins}"
 
@@ -70,9 +77,10 @@ class Candidate:
         return out
 
     def no_larger_than(self, other: "Candidate") -> bool:
-        """Is every dimension at most `other`'s (its windows a subset of other's)?"""
+        """Is every dimension at most `other`'s (its windows a subset of other's, none of them longer)?"""
         mine, theirs = self.dims(), other.dims()
-        return all(mine[k] <= theirs[k] + _EPS for k in mine) and set(self.windows) <= set(other.windows)
+        return (all(mine[k] <= theirs[k] + _EPS for k in mine) and set(self.windows) <= set(other.windows)
+                and all(self.end(i) <= other.end(i) + _EPS for i in self.windows))
 
     def smaller_than(self, other: "Candidate") -> bool:
         """No larger in any dimension, and strictly smaller in one."""
@@ -81,11 +89,21 @@ class Candidate:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["windows"] = list(self.windows)
+        d["cuts"] = [list(c) for c in self.cuts]
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Candidate":
-        return cls(**{**d, "windows": tuple(d.get("windows") or ())})
+        return cls(**{**d, "windows": tuple(d.get("windows") or ()),
+                      "cuts": tuple((int(i), float(e)) for i, e in d.get("cuts") or ())})
+
+    def cut(self, i: int, end_s: float) -> "Candidate":
+        """This candidate with window `i` ending at `end_s`."""
+        return replace(self, cuts=tuple(sorted({**dict(self.cuts), i: end_s}.items())))
+
+    def keeping(self, windows: tuple[int, ...]) -> "Candidate":
+        """This candidate with only `windows` (their cuts kept)."""
+        return replace(self, windows=windows, cuts=tuple(c for c in self.cuts if c[0] in windows))
 
 
 @dataclass(frozen=True)
@@ -100,15 +118,16 @@ class Space:
     min_servers: int = 1
     min_time_limit: float = 1.0
     min_rate: float = 1.0
+    min_window_s: float = 0.1  # the shortest a window is cut to
     stop_slack_s: float = 2.0
 
-    def time_floor(self, windows: tuple[int, ...]) -> float:
-        """The shortest time limit (0.1 s steps) that still replays `windows`: each starts before it and ends by
-        it + the slack."""
+    def time_floor(self, cand: Candidate) -> float:
+        """The shortest time limit (0.1 s steps) that still replays the candidate's windows: each starts before
+        it and ends by it + the slack."""
         need = self.min_time_limit
-        for i in windows:
+        for i in cand.windows:
             start, end = self.spans[i]
-            need = max(need, start + 0.1, end - self.stop_slack_s)
+            need = max(need, start + 0.1, cand.end(i, end) - self.stop_slack_s)
         return math.ceil(need * 10 - _EPS) / 10
 
     def servers_floor(self, windows: tuple[int, ...]) -> int:
@@ -232,7 +251,7 @@ class _Search:
         windows = self.best.windows
         if not windows:
             return False
-        if self.attempt("faults", f"no fault (was {len(windows)} windows)", replace(self.best, windows=())):
+        if self.attempt("faults", f"no fault (was {len(windows)} windows)", self.best.keeping(())):
             return True
         if len(windows) < 2:
             return False
@@ -240,20 +259,25 @@ class _Search:
 
         def fails(kept: list[int]) -> bool:
             return self.attempt("faults", f"keep windows {kept} of {list(self.best.windows)}",
-                                replace(self.best, windows=tuple(kept)))
+                                self.best.keeping(tuple(kept)))
 
         result = ddmin(list(windows), fails, known_failing=True, max_tests=10**6)
         if result.stopped == "interrupted":
             raise KeyboardInterrupt
         return self.best != before
 
-    def halve(self, name: str, floor: float, *, integer: bool) -> bool:
+    def halve(self, name: str, floor: float, *, integer: bool,
+              get: Callable[[Candidate], float | None] | None = None,
+              make: Callable[[Candidate, float], Candidate] | None = None, what: str | None = None) -> bool:
         """Halve one dimension toward `floor` while the halves reproduce; after a half that does not, try the
-        midpoint between it and the best (bisection) while the gap is over a quarter of the best's value."""
+        midpoint between it and the best (bisection) while the gap is over a quarter of the best's value.
+        `get` / `make` read and set the dimension (default: the field `name`)."""
+        get = get or (lambda c: getattr(c, name))
+        make = make or (lambda c, v: replace(c, **{name: v}))
         progressed = False
         rejected: float | None = None
         while True:
-            v = getattr(self.best, name)
+            v = get(self.best)
             if v is None:
                 return progressed
             if rejected is None:
@@ -264,17 +288,30 @@ class _Search:
                     return progressed
             if nv >= v - _EPS:
                 return progressed
-            if self.attempt(name, f"{name} {v:g} -> {nv:g}", replace(self.best, **{name: nv})):
+            if self.attempt(name, f"{what or name} {v:g} -> {nv:g}", make(self.best, nv)):
                 progressed = True
             else:
                 rejected = nv
+
+    def cut_windows(self) -> bool:
+        """Halve each kept window's length (its start stays, its end comes earlier) toward `min_window_s`."""
+        progressed = False
+        for i in self.best.windows:
+            start, end = self.space.spans[i]
+            progressed = self.halve(
+                "cut", self.space.min_window_s, integer=False, what=f"window {i} length",
+                get=lambda c, i=i, start=start, end=end: round(c.end(i, end) - start, 6),
+                make=lambda c, v, i=i, start=start: c.cut(i, round(start + v, 6))) or progressed
+        return progressed
 
     def pass_(self, name: str) -> bool:
         s = self.space
         if name == "faults":
             return self.faults()
+        if name == "cut":
+            return self.cut_windows()
         if name == "time_limit":
-            return self.halve("time_limit", s.time_floor(self.best.windows), integer=False)
+            return self.halve("time_limit", s.time_floor(self.best), integer=False)
         if name == "concurrency":
             return self.halve("concurrency", s.min_concurrency, integer=True)
         if name == "keys":
