@@ -366,3 +366,19 @@ def test_cli_an_original_that_does_not_reproduce_exits_3(tmp_path, monkeypatch):
     result = shrink_cli(str(run), "--runs", "2")
     assert result.exit_code == 3, result.output
     assert "did not reproduce" in result.output
+
+
+def test_cli_json_is_the_only_thing_on_stdout(tmp_path, monkeypatch):
+    run = make_run(tmp_path)
+    fake = FakeRunner()
+
+    def noisy(test, store):  # run_test prints its progress lines on stdout (not a terminal)
+        print(f"  [{test.name}]    10s / {test.time_limit:.0f}s  40 history entries", flush=True)
+        return fake(test, store)
+
+    monkeypatch.setattr("lab.shrink.run.run_test", noisy)
+    result = CliRunner().invoke(main, ["shrink", str(run), "--runs", "2", "--json"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["minimal"]["config"]["label"] == "c2-k1-s1-t1-r1-wnone"
+    assert "history entries" in result.stderr
