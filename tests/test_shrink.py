@@ -290,6 +290,7 @@ def shrink_cli(*args: str):
     ("scenario", "a --scenario run scripts its own race"),
     ("no-schedule", "cannot re-run its faults: it has no fault-schedule.json"),
     ("unknown-sut", "cannot re-run it"),
+    ("bad-results", "results.json is not a run's results"),
 ])
 def test_cli_refuses_what_it_cannot_shrink_with_one_line(tmp_path, what, expected):
     if what == "missing":
@@ -306,6 +307,9 @@ def test_cli_refuses_what_it_cannot_shrink_with_one_line(tmp_path, what, expecte
     elif what == "no-schedule":
         run = make_run(tmp_path, nemesis=["pause"])
         (run / "fault-schedule.json").unlink()
+    elif what == "bad-results":
+        run = make_run(tmp_path)
+        (run / "results.json").write_text("[]")
     else:
         run = make_run(tmp_path, sut="no-such-system-here")
     result = shrink_cli(str(run))

@@ -39,7 +39,7 @@ from lab.testmap import RUN_RECORDS, SUT_OPTS, RunContext, Test
 from nemesis import fault_schedule
 from nemesis.schedule import Window
 
-__all__ = ["LOG", "RESULT", "Origin", "ShrinkError", "ShrinkReport", "load_origin", "shrink_run", "test_of"]
+__all__ = ["LOG", "RESULT", "Origin", "ShrinkError", "ShrinkReport", "candidate_test", "load_origin", "shrink_run"]
 
 LOG, RESULT, FORMAT = "shrink.jsonl", "shrink.json", 1
 _SERVER_NAME = re.compile(r"\blease-(\d+)\b")
@@ -89,7 +89,9 @@ def load_origin(run_dir: Path) -> Origin:
         test = load_test(run_dir)
     except (OSError, ValueError, RunError) as e:
         raise ShrinkError(f"{run_dir}: cannot read the run: {e}") from None
-    valid = results.get("valid") if isinstance(results, dict) else None
+    if not isinstance(results, dict):
+        raise ShrinkError(f"{run_dir}: results.json is not a run's results (an object with its verdict)")
+    valid = results.get("valid")
     if valid is True:
         raise ShrinkError(f"{run_dir}: the run was valid; shrink starts from an invalid run")
     if valid is not False:
@@ -128,7 +130,7 @@ def _schedule_of(run_dir: Path, test: Test) -> tuple[list[str], list[Window]]:
         raise ShrinkError(f"{run_dir}: cannot replay its faults: {e}") from None
 
 
-def test_of(origin: Origin, cand: Candidate, out: Path) -> Test:
+def candidate_test(origin: Origin, cand: Candidate, out: Path) -> Test:
     """The Test of a candidate: the original's options with the candidate's dimensions, a fresh salt and run
     context, and (when it keeps windows) the schedule file of those windows, written under `out/schedules/`."""
     t = origin.test
@@ -209,7 +211,7 @@ def shrink_run(run_dir: Path, *, runs: int = 5, threshold: float = 0.6, max_runs
     origin = load_origin(run_dir)
     out = Path(out) if out is not None else origin.run_dir / "shrink"
     try:
-        validate(test_of(origin, origin.candidate(), out))
+        validate(candidate_test(origin, origin.candidate(), out))
     except RunError as e:
         raise ShrinkError(f"{origin.run_dir}: cannot re-run it: {e}") from None
     log = RunLog(out / LOG, origin)
@@ -221,7 +223,7 @@ def shrink_run(run_dir: Path, *, runs: int = 5, threshold: float = 0.6, max_runs
     def feasible(cand: Candidate) -> bool:
         if cand not in feasible_cache:
             try:
-                validate(test_of(origin, cand, out))
+                validate(candidate_test(origin, cand, out))
                 feasible_cache[cand] = True
             except RunError as e:
                 echo(f"  skipped {cand.label()}: {e}")
@@ -234,7 +236,7 @@ def shrink_run(run_dir: Path, *, runs: int = 5, threshold: float = 0.6, max_runs
         done = log.get(label, rep)
         if done is not None:
             return bool(done["convicted"])
-        test = test_of(origin, cand, out)
+        test = candidate_test(origin, cand, out)
         started = time.monotonic()
         error = None
         try:
