@@ -517,17 +517,15 @@ def shrink_cmd(run_dir: Path, runs: int, threshold: float, max_runs: int, time_b
     kept when its rate meets --threshold. The same command again resumes (docs/shrinking.md). Exit code: 0 a
     result was written, 2 bad input, 3 the original did not reproduce, 130 interrupted (the best so far is written).
     """
-    import contextlib  # only here: no other command redirects its output
-
-    from lab.shrink import ShrinkError, shrink_run
-    from lab.shrink.run import STOPPED_WORDS, exit_code
+    from lab.shrink import STOPPED_WORDS, ShrinkError, exit_code, shrink_run  # the runner and below (~0.3 s)
 
     if max_runs < runs:
         fail(f"--max-runs {max_runs} is less than --runs {runs}: the original alone is measured with --runs runs")
     try:  # with --json, stdout is the JSON alone: the runs' progress lines go to stderr
-        with sigterm_interrupts(), contextlib.redirect_stdout(sys.stderr if as_json else sys.stdout):
+        with sigterm_interrupts():
             report = shrink_run(run_dir, runs=runs, threshold=threshold, max_runs=max_runs,
-                                time_budget_s=time_budget, out=out, echo=lambda s: None if as_json else click.echo(s))
+                                time_budget_s=time_budget, out=out, echo=lambda s: None if as_json else click.echo(s),
+                                runs_output=sys.stderr if as_json else None)
     except ShrinkError as e:
         fail(str(e))
     d, outcome = report.data, report.outcome

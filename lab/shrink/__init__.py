@@ -6,8 +6,8 @@ reproduces an invalid run's violation, with its reproduction rate.
 and the runs; `lab.shrink.page` writes shrink.html.
 """
 
-from lab.shrink.run import LOG, RESULT, ShrinkError, ShrinkReport, shrink_run
+from lab.shrink.run import LOG, RESULT, STOPPED_WORDS, ShrinkError, ShrinkReport, exit_code, shrink_run
 from lab.shrink.search import Candidate, Outcome, Space, Step, search
 
-__all__ = ["LOG", "RESULT", "Candidate", "Outcome", "ShrinkError", "ShrinkReport", "Space", "Step", "search",
-           "shrink_run"]
+__all__ = ["LOG", "RESULT", "STOPPED_WORDS", "Candidate", "Outcome", "ShrinkError", "ShrinkReport", "Space", "Step",
+           "exit_code", "search", "shrink_run"]

@@ -17,14 +17,16 @@ The out dir (default `RUN_DIR/shrink/`) holds:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from checkers.shrink import Kind, first_kind, kinds
 from lab.exitcodes import EXIT_INTERRUPTED, EXIT_UNKNOWN, EXIT_VALID
@@ -39,13 +41,11 @@ from lab.testmap import RUN_RECORDS, SUT_OPTS, RunContext, Test
 from nemesis import fault_schedule
 from nemesis.schedule import Window
 
-__all__ = ["LOG", "RESULT", "Origin", "ShrinkError", "ShrinkReport", "candidate_test", "load_origin", "shrink_run"]
+__all__ = ["LOG", "RESULT", "STOPPED_WORDS", "Origin", "ShrinkError", "ShrinkReport", "candidate_test", "exit_code",
+           "load_origin", "shrink_run"]
 
 LOG, RESULT, FORMAT = "shrink.jsonl", "shrink.json", 1
 _SERVER_NAME = re.compile(r"\blease-(\d+)\b")
-# the run-only fields a candidate starts without (the runner fills them in from its own stack)
-_RUN_ONLY = {"nodes": [], "client_nodes": [], "lease_servers": [], "valkey": None, "store": None,
-             "credentials_file": None, "run_dir": None}
 
 
 class ShrinkError(ValueError):
@@ -135,8 +135,8 @@ def candidate_test(origin: Origin, cand: Candidate, out: Path) -> Test:
     context, and (when it keeps windows) the schedule file of those windows, written under `out/schedules/`."""
     t = origin.test
     extra = {k: v for k, v in t.extra.items() if k not in RUN_RECORDS or k == SUT_OPTS}
-    changes: dict[str, Any] = dict(
-        _RUN_ONLY, name=cand.label(), concurrency=cand.concurrency, keys=cand.keys, time_limit=cand.time_limit,
+    changes: dict[str, Any] = dict(  # a fresh run context: none of the original run's stack, addresses, keys
+        run_dir=None, name=cand.label(), concurrency=cand.concurrency, keys=cand.keys, time_limit=cand.time_limit,
         rate=cand.rate, run_salt="", nemesis=[], fault_schedule=None, extra=extra, live=RunContext(),
         sut=t.extra.get("sut_import") or t.sut)
     if origin.has_servers:
@@ -204,10 +204,19 @@ class ShrinkReport:
 def shrink_run(run_dir: Path, *, runs: int = 5, threshold: float = 0.6, max_runs: int | None = 60,
                time_budget_s: float | None = None, out: Path | None = None,
                echo: Callable[[str], None] = lambda s: None,
-               runner: Callable[[Test, Path], dict[str, Any]] | None = None) -> ShrinkReport:
+               runner: Callable[[Test, Path], dict[str, Any]] | None = None,
+               runs_output: TextIO | None = None) -> ShrinkReport:
     """Shrink the run at `run_dir` (module docstring); `runner` runs one Test into a store (default
-    `lab.runner.run_test`; the tests' fake)."""
-    runner = runner or run_test
+    `lab.runner.run_test`; the tests' fake); `runs_output`: where the runs' own progress lines go (default:
+    stdout; `--json` sends them to stderr, so stdout is the JSON alone)."""
+    with contextlib.redirect_stdout(runs_output or sys.stdout):
+        return _shrink(run_dir, runs=runs, threshold=threshold, max_runs=max_runs, time_budget_s=time_budget_s,
+                       out=out, echo=echo, runner=runner or run_test)
+
+
+def _shrink(run_dir: Path, *, runs: int, threshold: float, max_runs: int | None, time_budget_s: float | None,
+            out: Path | None, echo: Callable[[str], None],
+            runner: Callable[[Test, Path], dict[str, Any]]) -> ShrinkReport:
     origin = load_origin(run_dir)
     out = Path(out) if out is not None else origin.run_dir / "shrink"
     try:
