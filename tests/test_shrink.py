@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from lab.cli import main
 from lab.shrink import Candidate, Space, search, shrink_run
-from lab.shrink.run import LOG, RESULT, ShrinkError
+from lab.shrink.run import LOG, RESULT, ShrinkError, load_origin
 from lab.shrink.search import BUDGET, DONE, INTERRUPTED, UNREPRODUCED
 from lab.testmap import Test
 
@@ -386,3 +386,17 @@ def test_cli_json_is_the_only_thing_on_stdout(tmp_path, monkeypatch):
     assert result.exit_code == 0
     assert json.loads(result.stdout)["minimal"]["config"]["label"] == "c2-k1-s1-t1-r1-wnone"
     assert "history entries" in result.stderr
+
+
+def test_clients_stay_as_many_as_the_kept_windows_name(tmp_path):
+    # a client pause of thread 3 needs 4 clients; a client-clock window naming client-1 needs 2
+    out = search(Candidate(concurrency=8, keys=1, servers=None, time_limit=4.0, rate=1.0, windows=(0,)),
+                 lambda c, rep: bool(c.windows), Space(spans=((1.0, 2.0),), clients_needed=(4,)), runs=1)
+    assert out.best.concurrency == 4 and out.best.windows == (0,)
+    assert all(s.candidate.concurrency >= 4 for s in out.steps)
+    pause = {**PAUSE, "nemesis": "client-pause", "start_f": "start-client-pause", "stop_f": "stop-client-pause",
+             "value": {"thread": 3, "duration_s": None}}
+    clock = {**PAUSE, "nemesis": "client-clock", "start_f": "bump-clock", "stop_f": "reset-clock",
+             "value": {"targets": ["client-1"], "delta_s": 1.0}, "start_s": 3.0, "end_s": 4.0}
+    run = make_run(tmp_path, nemesis=["client-pause", "client-clock"], windows=[pause, clock])
+    assert load_origin(run).space().clients_needed == (4, 2)

@@ -46,6 +46,7 @@ __all__ = ["LOG", "RESULT", "STOPPED_WORDS", "Origin", "ShrinkError", "ShrinkRep
 
 LOG, RESULT, FORMAT = "shrink.jsonl", "shrink.json", 1
 _SERVER_NAME = re.compile(r"\blease-(\d+)\b")
+_CLIENT_NAME = re.compile(r"\bclient-(\d+)\b")  # a client thread as a nemesis names it (client-clock targets)
 
 
 class ShrinkError(ValueError):
@@ -71,9 +72,19 @@ class Origin:
                          time_limit=float(t.time_limit), rate=float(t.rate), windows=tuple(range(len(self.windows))))
 
     def space(self) -> Space:
-        needed = tuple(max([0, *(int(n) for n in _SERVER_NAME.findall(json.dumps(w.value)))]) for w in self.windows)
-        return Space(spans=tuple((w.start_s, w.end_s) for w in self.windows), servers_needed=needed,
+        servers = tuple(max([0, *(int(n) for n in _SERVER_NAME.findall(json.dumps(w.value)))]) for w in self.windows)
+        return Space(spans=tuple((w.start_s, w.end_s) for w in self.windows), servers_needed=servers,
+                     clients_needed=tuple(_clients_named(w.value) for w in self.windows),
                      min_concurrency=min(2, self.test.concurrency), stop_slack_s=fault_schedule.STOP_SLACK_S)
+
+
+def _clients_named(value: Any) -> int:
+    """How many client threads a window's value needs: a client pause's `thread` t, or a `client-t` target,
+    needs t + 1 (0: it names none)."""
+    threads = [int(n) for n in _CLIENT_NAME.findall(json.dumps(value))]
+    if isinstance(value, dict) and isinstance(value.get("thread"), int) and not isinstance(value["thread"], bool):
+        threads.append(value["thread"])
+    return max(threads) + 1 if threads else 0
 
 
 def load_origin(run_dir: Path) -> Origin:

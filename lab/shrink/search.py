@@ -9,7 +9,7 @@ clients, keys, servers, seconds, rate, and which of the original run's recorded 
    the original's rate when that is lower (a rate-0 original stops the search: `unreproduced`).
 2. Passes in a fixed order (`PASSES`), repeated until a whole round makes no progress: `faults` (no fault at
    all, then ddmin over the kept windows, `lab.ddmin`), `time_limit` (halving, not below what the kept windows
-   need), `concurrency` (halving toward 2), `keys` (toward 1), `servers` (toward 1, where the system has them),
+   need), `concurrency` (halving toward 2, and the client threads the kept windows name), `keys` (toward 1), `servers` (toward 1, where the system has them),
    `rate` (halving), `cut` (each kept window's length halved: its start stays, its end comes earlier). After a
    half that does not reproduce, the midpoint between it and the best is tried (bisection, while the gap is
    over a quarter of the value). Every candidate differs from the best so far in one dimension, and is
@@ -116,6 +116,7 @@ class Space:
 
     spans: tuple[tuple[float, float], ...] = ()
     servers_needed: tuple[int, ...] = ()  # per window: the lease servers it names (`lease-3` needs 3), else 0
+    clients_needed: tuple[int, ...] = ()  # per window: the client threads it names (thread 4 needs 5), else 0
     min_concurrency: int = 2
     min_keys: int = 1
     min_servers: int = 1
@@ -132,6 +133,10 @@ class Space:
             start, end = self.spans[i]
             need = max(need, start + 0.1, cand.end(i, end) - self.stop_slack_s)
         return math.ceil(need * 10 - _EPS) / 10
+
+    def clients_floor(self, windows: tuple[int, ...]) -> int:
+        """The fewest clients that still replay `windows` (a client pause of thread 4 needs five)."""
+        return max([self.min_concurrency, *(self.clients_needed[i] for i in windows if i < len(self.clients_needed))])
 
     def servers_floor(self, windows: tuple[int, ...]) -> int:
         """The fewest lease servers that still replay `windows` (a window that names `lease-2` needs two)."""
@@ -316,7 +321,7 @@ class _Search:
         if name == "time_limit":
             return self.halve("time_limit", s.time_floor(self.best), integer=False)
         if name == "concurrency":
-            return self.halve("concurrency", s.min_concurrency, integer=True)
+            return self.halve("concurrency", s.clients_floor(self.best.windows), integer=True)
         if name == "keys":
             return self.halve("keys", s.min_keys, integer=True)
         if name == "servers":
