@@ -9,8 +9,8 @@ clients, keys, servers, seconds, rate, and which of the original run's recorded 
    the original's rate when that is lower (a rate-0 original stops the search: `unreproduced`).
 2. Passes in a fixed order (`PASSES`), repeated until a whole round makes no progress: `faults` (no fault at
    all, then ddmin over the kept windows, `lab.ddmin`), `time_limit` (halving, not below what the kept windows
-   need), `concurrency` (halving toward 2, and the client threads the kept windows name), `keys` (toward 1), `servers` (toward 1, where the system has them),
-   `rate` (halving), `cut` (each kept window's length halved: its start stays, its end comes earlier). After a
+   need), `concurrency` (halving toward 2, and the client threads the kept windows name), `keys` (toward 1),
+   `servers` (toward 1, where the system has them), `rate` (halving), `cut` (each kept window's length halved: its start stays, its end comes earlier). After a
    half that does not reproduce, the midpoint between it and the best is tried (bisection, while the gap is
    over a quarter of the value). Every candidate differs from the best so far in one dimension, and is
    smaller in it.
