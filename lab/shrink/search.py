@@ -10,10 +10,10 @@ clients, keys, servers, seconds, rate, and which of the original run's recorded 
 2. Passes in a fixed order (`PASSES`), repeated until a whole round makes no progress: `faults` (no fault at
    all, then ddmin over the kept windows, `lab.ddmin`), `time_limit` (halving, not below what the kept windows
    need), `concurrency` (halving toward 2, and the client threads the kept windows name), `keys` (toward 1),
-   `servers` (toward 1, where the system has them), `rate` (halving), `cut` (each kept window's length halved: its start stays, its end comes earlier). After a
-   half that does not reproduce, the midpoint between it and the best is tried (bisection, while the gap is
-   over a quarter of the value). Every candidate differs from the best so far in one dimension, and is
-   smaller in it.
+   `servers` (toward 1, where the system has them), `rate` (halving), `cut` (each kept window's length
+   halved: its start stays, its end comes earlier). After a half that does not reproduce, the midpoint
+   between it and the best is tried (bisection, while the gap is over a quarter of the value). Every
+   candidate differs from the best so far in one dimension, and is smaller in it.
 3. A candidate runs up to N times; it is accepted when convicted / N >= the threshold. Its runs stop early
    once the threshold is out of reach (a rejected candidate's rate is over the runs it made).
 4. Budget: `max_runs` counts every trial, also those a resumed shrink answers from its log (so the same
