@@ -486,6 +486,60 @@ def serve_cmd(store_dir: Path, host: str, port: int) -> None:
         fail(str(e))
 
 
+# -- shrinking a failed run ----------------------------------------------------------------------
+
+
+@main.command("shrink")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--runs", default=5, show_default=True, type=click.IntRange(min=1),
+              help="Runs of each candidate (its reproduction rate is convicted runs / this).")
+@click.option("--threshold", default=0.6, show_default=True, type=click.FloatRange(0, 1, min_open=True),
+              help="Accept a candidate at this rate or more (or the original's rate, when lower).")
+@click.option("--max-runs", default=60, show_default=True, type=click.IntRange(min=1),
+              help="At most this many runs in all (those a resumed shrink finds recorded count too).")
+@click.option("--time-budget", default=None, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Start no run after this many seconds of this command [default: no limit].")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the candidates' runs, shrink.jsonl, shrink.json and shrink.html go "
+                   "[default: RUN_DIR/shrink].")
+@click.option("--json", "as_json", is_flag=True, help="Print shrink.json's data at the end.")
+def shrink_cmd(run_dir: Path, runs: int, threshold: float, max_runs: int, time_budget: float | None,
+               out: Path | None, as_json: bool) -> None:
+    """Shrink an invalid run to the smallest configuration that still reproduces its first violation.
+
+    Fewer clients, keys, lease servers, faults, seconds, a lower rate: each candidate runs --runs times, and is
+    kept when its rate meets --threshold. The same command again resumes (docs/shrinking.md). Exit code: 0 a
+    result was written, 2 bad input, 3 the original did not reproduce, 130 interrupted (the best so far is written).
+    """
+    from lab.shrink import STOPPED_WORDS, ShrinkError, exit_code, shrink_run  # the runner and below (~0.3 s)
+
+    if max_runs < runs:
+        fail(f"--max-runs {max_runs} is less than --runs {runs}: the original alone is measured with --runs runs")
+    try:  # with --json, stdout is the JSON alone: the runs' progress lines go to stderr
+        with sigterm_interrupts():
+            report = shrink_run(run_dir, runs=runs, threshold=threshold, max_runs=max_runs,
+                                time_budget_s=time_budget, out=out, echo=lambda s: None if as_json else click.echo(s),
+                                runs_output=sys.stderr if as_json else None)
+    except ShrinkError as e:
+        fail(str(e))
+    d, outcome = report.data, report.outcome
+    if as_json:
+        click.echo(json.dumps(d, indent=2, default=str))
+    else:
+        o, m = d["original"], d["minimal"]
+        click.echo(f"original {o['config']['label']}: {o['convicted']}/{o['runs']} convicted")
+        click.echo(f"minimal  {m['config']['label']}: {m['convicted']}/{m['runs']} convicted"
+                   + (f" (smaller in {', '.join(m['changed'])})" if m["changed"] else " (nothing smaller reproduced)"))
+        click.echo(f"{d['runs_used']} runs ({report.new_runs} new); stopped: {STOPPED_WORDS[outcome.stopped]}")
+        if m["replay"]:
+            click.echo(f"replay: {m['replay']}")
+        if m["report"]:
+            click.echo(f"report: {report.out / m['report']}")
+        for path in report.written:
+            click.echo(f"wrote {path}")
+    sys.exit(exit_code(outcome))
+
+
 # -- campaigns --------------------------------------------------------------------------------
 
 

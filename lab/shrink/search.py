@@ -1,0 +1,370 @@
+"""The run-level shrink search: greedy passes over a configuration, each candidate re-run N times for its rate.
+
+Pure: nothing here runs a test. `search(original, trial, space, ...)` is handed `trial(candidate, rep) -> bool`
+(is repetition `rep` of this candidate convicted of the target violation?); `lab.shrink.run` hands it one that
+runs `lab.runner.run_test`, the tests hand it a fake. A `Candidate` is the part of a Test the search changes:
+clients, keys, servers, seconds, rate, and which of the original run's recorded fault windows are replayed.
+
+1. The original is measured first: N runs, its reproduction rate. The acceptance threshold is the asked one, or
+   the original's rate when that is lower (a rate-0 original stops the search: `unreproduced`).
+2. Passes in a fixed order (`PASSES`), repeated until a whole round makes no progress: `faults` (no fault at
+   all, then ddmin over the kept windows, `lab.ddmin`), `time_limit` (halving, not below what the kept windows
+   need), `concurrency` (halving toward 2, and the client threads the kept windows name), `keys` (toward 1),
+   `servers` (toward 1, where the system has them), `rate` (halving), `cut` (each kept window's length
+   halved: its start stays, its end comes earlier). After a half that does not reproduce, the midpoint
+   between it and the best is tried (bisection, while the gap is over a quarter of the value). Every
+   candidate differs from the best so far in one dimension, and is smaller in it.
+3. A candidate runs up to N times; it is accepted when convicted / N >= the threshold. Its runs stop early
+   once the threshold is out of reach (a rejected candidate's rate is over the runs it made).
+4. Budget: `max_runs` counts every trial, also those a resumed shrink answers from its log (so the same
+   command ends where it ended before); `time_budget_s` the seconds of this call. Out of budget, or Ctrl-C
+   (KeyboardInterrupt inside `trial`), the search returns the best accepted so far, saying why it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from lab.ddmin import ddmin
+
+__all__ = ["BUDGET", "DONE", "INTERRUPTED", "PASSES", "UNREPRODUCED", "Candidate", "Outcome", "Space", "Step",
+           "search"]
+
+DONE, BUDGET, INTERRUPTED, UNREPRODUCED = "done", "budget", "interrupted", "unreproduced"
+# `cut` last: a window cut near the edge of what reproduces leaves a rate at the threshold, and every later pass
+# then fails (measured: counter-from-snapshot with cut second ended at 5 clients, 2 keys, 6.2 s in 45 runs; the
+# same budget without it reached 2 clients, 1 key, 1 server, 5 s, 1 op/s)
+PASSES = ("faults", "time_limit", "concurrency", "keys", "servers", "rate", "cut")
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """The dimensions a shrink changes. `servers` is None for a system without the lab's reference servers;
+    `windows` are positions in the original run's recorded fault schedule (in order)."""
+
+    concurrency: int
+    keys: int
+    servers: int | None
+    time_limit: float
+    rate: float
+    windows: tuple[int, ...] = ()
+    cuts: tuple[tuple[int, float], ...] = ()  # (window, its new end_s): a kept window cut short, by position
+
+    def end(self, i: int, recorded: float = math.inf) -> float:
+        """Where window `i` ends in this candidate: its cut, else `recorded` (its recorded end)."""
+        return dict(self.cuts).get(i, recorded)
+
+    def label(self) -> str:
+        """A stable, path-safe name of this candidate (its runs' test name and its key in the log)."""
+        ends = dict(self.cuts)
+        if not self.windows:
+            wins = "none"
+        elif len(self.windows) <= 8:
+            wins = "_".join(f"{i}" + (f"e{ends[i]:g}" if i in ends else "") for i in self.windows)
+        else:  # a long subset: its count and a digest of its positions (hash() of ints and floats is stable)
+            wins = f"{len(self.windows)}x{hash((self.windows, self.cuts)) % 10**8:08d}"
+        servers = "" if self.servers is None else f"-s{self.servers}"
+        return f"c{self.concurrency}-k{self.keys}{servers}-t{self.time_limit:g}-r{self.rate:g}-w{wins}"
+
+    def dims(self) -> dict[str, float]:
+        """Each dimension as a number (faults: how many windows), for comparing sizes."""
+        out = {"concurrency": self.concurrency, "keys": self.keys, "time_limit": self.time_limit, "rate": self.rate,
+               "faults": len(self.windows)}
+        if self.servers is not None:
+            out["servers"] = self.servers
+        return out
+
+    def no_larger_than(self, other: "Candidate") -> bool:
+        """Is every dimension at most `other`'s (its windows a subset of other's, none of them longer)?"""
+        mine, theirs = self.dims(), other.dims()
+        return (all(mine[k] <= theirs[k] + _EPS for k in mine) and set(self.windows) <= set(other.windows)
+                and all(self.end(i) <= other.end(i) + _EPS for i in self.windows))
+
+    def smaller_than(self, other: "Candidate") -> bool:
+        """No larger in any dimension, and strictly smaller in one."""
+        return self.no_larger_than(other) and self != other
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["windows"] = list(self.windows)
+        d["cuts"] = [list(c) for c in self.cuts]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "Candidate":
+        return cls(**{**d, "windows": tuple(d.get("windows") or ()),
+                      "cuts": tuple((int(i), float(e)) for i, e in d.get("cuts") or ())})
+
+    def cut(self, i: int, end_s: float) -> "Candidate":
+        """This candidate with window `i` ending at `end_s`."""
+        return replace(self, cuts=tuple(sorted({**dict(self.cuts), i: end_s}.items())))
+
+    def keeping(self, windows: tuple[int, ...]) -> "Candidate":
+        """This candidate with only `windows` (their cuts kept)."""
+        return replace(self, windows=windows, cuts=tuple(c for c in self.cuts if c[0] in windows))
+
+
+@dataclass(frozen=True)
+class Space:
+    """What bounds the search: each recorded window's (start_s, end_s), the floors of the numeric dimensions,
+    and how far past the time limit a replayed window may end (nemesis.fault_schedule.STOP_SLACK_S)."""
+
+    spans: tuple[tuple[float, float], ...] = ()
+    servers_needed: tuple[int, ...] = ()  # per window: the lease servers it names (`lease-3` needs 3), else 0
+    clients_needed: tuple[int, ...] = ()  # per window: the client threads it names (thread 4 needs 5), else 0
+    min_concurrency: int = 2
+    min_keys: int = 1
+    min_servers: int = 1
+    min_time_limit: float = 1.0
+    min_rate: float = 1.0
+    min_window_s: float = 0.1  # the shortest a window is cut to
+    stop_slack_s: float = 2.0
+
+    def time_floor(self, cand: Candidate) -> float:
+        """The shortest time limit (0.1 s steps) that still replays the candidate's windows: each starts before
+        it and ends by it + the slack."""
+        need = self.min_time_limit
+        for i in cand.windows:
+            start, end = self.spans[i]
+            need = max(need, start + 0.1, cand.end(i, end) - self.stop_slack_s)
+        return math.ceil(need * 10 - _EPS) / 10
+
+    def clients_floor(self, windows: tuple[int, ...]) -> int:
+        """The fewest clients that still replay `windows` (a client pause of thread 4 needs five)."""
+        return max([self.min_concurrency, *(self.clients_needed[i] for i in windows if i < len(self.clients_needed))])
+
+    def servers_floor(self, windows: tuple[int, ...]) -> int:
+        """The fewest lease servers that still replay `windows` (a window that names `lease-2` needs two)."""
+        return max([self.min_servers, *(self.servers_needed[i] for i in windows if i < len(self.servers_needed))])
+
+
+@dataclass
+class Step:
+    """One measured candidate: which pass made it, what it changed, its runs and convictions, accepted or not."""
+
+    pass_name: str
+    change: str
+    candidate: Candidate
+    runs: int
+    convicted: int
+    accepted: bool
+
+    @property
+    def rate(self) -> float:
+        return self.convicted / self.runs if self.runs else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pass": self.pass_name, "change": self.change, "candidate": self.candidate.to_json(),
+                "label": self.candidate.label(), "runs": self.runs, "convicted": self.convicted,
+                "rate": round(self.rate, 4), "accepted": self.accepted}
+
+
+@dataclass
+class Outcome:
+    """Where the search ended: the original and its rate, the threshold it used, the best accepted candidate
+    and its rate, every step, the trials it made (`runs_used`) and why it stopped."""
+
+    original: Candidate
+    original_step: Step | None
+    threshold: float
+    best: Candidate
+    best_step: Step | None
+    steps: list[Step] = field(default_factory=list)
+    runs_used: int = 0
+    stopped: str = DONE
+
+    @property
+    def shrunk(self) -> bool:
+        return self.best != self.original
+
+
+class _OutOfBudget(Exception):
+    """The search has used its runs or its seconds."""
+
+
+class _Search:
+    """The state of one search (the best so far lives here, so a budget or Ctrl-C keeps it)."""
+
+    def __init__(self, original: Candidate, trial: Callable[[Candidate, int], bool], space: Space, *, runs: int,
+                 threshold: float, max_runs: int | None, time_budget_s: float | None,
+                 clock: Callable[[], float], feasible: Callable[[Candidate], bool] | None,
+                 on_step: Callable[[Step], None] | None) -> None:
+        self.trial, self.space, self.runs = trial, space, runs
+        self.threshold, self.max_runs, self.time_budget_s = threshold, max_runs, time_budget_s
+        self.clock, self.t0 = clock, clock()
+        self.feasible = feasible or (lambda c: True)
+        self.on_step = on_step or (lambda s: None)
+        self.outcome = Outcome(original, None, threshold, original, None)
+        self.seen: dict[Candidate, Step] = {}
+
+    @property
+    def best(self) -> Candidate:
+        return self.outcome.best
+
+    def _run(self, cand: Candidate, rep: int) -> bool:
+        if self.max_runs is not None and self.outcome.runs_used >= self.max_runs:
+            raise _OutOfBudget
+        if self.time_budget_s is not None and self.clock() - self.t0 >= self.time_budget_s:
+            raise _OutOfBudget
+        self.outcome.runs_used += 1
+        return bool(self.trial(cand, rep))
+
+    def measure_original(self) -> Step:
+        cand = self.outcome.original
+        convicted = sum(self._run(cand, rep) for rep in range(self.runs))
+        step = Step("original", "the original configuration", cand, self.runs, convicted, convicted > 0)
+        self.outcome.original_step = step
+        self.outcome.threshold = min(self.threshold, step.rate)
+        if step.accepted:
+            self.outcome.best_step = step
+        self.seen[cand] = step
+        self.on_step(step)
+        return step
+
+    def attempt(self, pass_name: str, change: str, cand: Candidate) -> bool:
+        """Measure `cand` (one dimension smaller than the best) and make it the best when it reproduces."""
+        assert cand.smaller_than(self.best), (cand, self.best)
+        if cand in self.seen:
+            return False  # measured already, and not accepted then (an accepted one is the best, or larger)
+        if not self.feasible(cand):
+            return False
+        need = max(1, math.ceil(self.outcome.threshold * self.runs - _EPS))
+        done = convicted = 0
+        step = Step(pass_name, change, cand, 0, 0, False)
+        try:
+            for rep in range(self.runs):
+                convicted += self._run(cand, rep)
+                done += 1
+                if convicted + (self.runs - done) < need:
+                    break  # out of reach: no need to run the rest
+        finally:  # a budget or Ctrl-C mid-candidate still records the runs it made (not accepted)
+            step.runs, step.convicted = done, convicted
+            step.accepted = done == self.runs and convicted >= need
+            if done:
+                self.seen[cand] = step
+                self.outcome.steps.append(step)
+                self.on_step(step)
+        if step.accepted:
+            self.outcome.best, self.outcome.best_step = cand, step
+        return step.accepted
+
+    # -- the passes ------------------------------------------------------------------------------------------
+
+    def faults(self) -> bool:
+        windows = self.best.windows
+        if not windows:
+            return False
+        if self.attempt("faults", f"no fault (was {len(windows)} windows)", self.best.keeping(())):
+            return True
+        if len(windows) < 2:
+            return False
+        before = self.best
+
+        def fails(kept: list[int]) -> bool:
+            return self.attempt("faults", f"keep windows {kept} of {list(self.best.windows)}",
+                                self.best.keeping(tuple(kept)))
+
+        result = ddmin(list(windows), fails, known_failing=True, max_tests=10**6)
+        if result.stopped == "interrupted":
+            raise KeyboardInterrupt
+        return self.best != before
+
+    def halve(self, name: str, floor: float, *, integer: bool,
+              get: Callable[[Candidate], float | None] | None = None,
+              make: Callable[[Candidate, float], Candidate] | None = None, what: str | None = None) -> bool:
+        """Halve one dimension toward `floor` while the halves reproduce; after a half that does not, try the
+        midpoint between it and the best (bisection) while the gap is over a quarter of the best's value.
+        `get` / `make` read and set the dimension (default: the field `name`)."""
+        get = get or (lambda c: getattr(c, name))
+        make = make or (lambda c, v: replace(c, **{name: v}))
+        progressed = False
+        rejected: float | None = None
+        while True:
+            v = get(self.best)
+            if v is None:
+                return progressed
+            if rejected is None:
+                nv: float = max(floor, v // 2) if integer else max(floor, _round2(v / 2))
+            else:
+                nv = (rejected + v) // 2 if integer else _round2((rejected + v) / 2)
+                if nv <= rejected + _EPS or v - rejected <= max(v / 4, 1 if integer else 0.1):
+                    return progressed
+            if nv >= v - _EPS:
+                return progressed
+            if self.attempt(name, f"{what or name} {v:g} -> {nv:g}", make(self.best, nv)):
+                progressed = True
+            else:
+                rejected = nv
+
+    def cut_windows(self) -> bool:
+        """Halve each kept window's length (its start stays, its end comes earlier) toward `min_window_s`."""
+        progressed = False
+        for i in self.best.windows:
+            start, end = self.space.spans[i]
+            progressed = self.halve(
+                "cut", self.space.min_window_s, integer=False, what=f"window {i} length",
+                get=lambda c, i=i, start=start, end=end: round(c.end(i, end) - start, 6),
+                make=lambda c, v, i=i, start=start: c.cut(i, round(start + v, 6))) or progressed
+        return progressed
+
+    def pass_(self, name: str) -> bool:
+        s = self.space
+        if name == "faults":
+            return self.faults()
+        if name == "cut":
+            return self.cut_windows()
+        if name == "time_limit":
+            return self.halve("time_limit", s.time_floor(self.best), integer=False)
+        if name == "concurrency":
+            return self.halve("concurrency", s.clients_floor(self.best.windows), integer=True)
+        if name == "keys":
+            return self.halve("keys", s.min_keys, integer=True)
+        if name == "servers":
+            return self.halve("servers", s.servers_floor(self.best.windows), integer=True)
+        if name == "rate":
+            return self.halve("rate", s.min_rate, integer=False)
+        raise ValueError(f"unknown pass {name!r}")
+
+
+def _round2(x: float) -> float:
+    """`x` to two significant digits (halved seconds and rates stay readable: 2.5, not 2.4999)."""
+    if x <= 0:
+        return x
+    return round(x, 1 - int(math.floor(math.log10(x))))
+
+
+def search(original: Candidate, trial: Callable[[Candidate, int], bool], space: Space, *, runs: int = 5,
+           threshold: float = 0.6, max_runs: int | None = None, time_budget_s: float | None = None,
+           clock: Callable[[], float] = time.monotonic, feasible: Callable[[Candidate], bool] | None = None,
+           on_step: Callable[[Step], None] | None = None, passes: tuple[str, ...] = PASSES) -> Outcome:
+    """The smallest candidate found that reproduces at the threshold (the module's docstring has the method).
+
+    `feasible(candidate)`, when given, says whether a candidate can be run at all (one that cannot is skipped,
+    at no cost); `on_step(step)` is told of every measured candidate, the original first.
+    """
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
+    if not 0 < threshold <= 1:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    s = _Search(original, trial, space, runs=runs, threshold=threshold, max_runs=max_runs,
+                time_budget_s=time_budget_s, clock=clock, feasible=feasible, on_step=on_step)
+    try:
+        if not s.measure_original().accepted:
+            s.outcome.stopped = UNREPRODUCED
+            return s.outcome
+        while True:
+            progressed = False
+            for name in passes:
+                progressed = s.pass_(name) or progressed
+            if not progressed:
+                break
+    except _OutOfBudget:
+        s.outcome.stopped = BUDGET
+    except KeyboardInterrupt:
+        s.outcome.stopped = INTERRUPTED
+    return s.outcome

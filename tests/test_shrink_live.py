@@ -1,0 +1,63 @@
+"""`fencelab shrink` live (issue 21): a planted bug's default run on the lab's own stack, shrunk with a small
+budget, as a user types it. `no-idempotency` under the lease workload: its sessions retry an acquire or a renew
+by request_id every few ops, and the mutant executes each retry again, so a 3 s run is convicted by the
+idempotency checker several times over (3 of 3 runs, 2-7 violations each, measured) and a 1 s run with 2
+clients and 1 key still is half the time. `--threshold 0.5` (1 of the 2 runs of a candidate) keeps the test
+from hanging on one unlucky run. Runs: 1 original + 6 shrink runs of 1-3 s (about 50 s on a loaded 2-core
+machine).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from lab.shrink import Candidate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lab(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lab", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_a_planted_bug_shrinks_to_a_smaller_run_that_still_reproduces(tmp_path):
+    store = tmp_path / "store"
+    run = lab("test", "--workload", "lease", "--mutant", "no-idempotency", "--time-limit", "3",
+              "--store-dir", str(store))
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-3000:]  # the planted bug is caught
+    run_dir = (store / "lease" / "latest").resolve()
+    out = tmp_path / "shrunk"
+    shrink = lab("shrink", str(run_dir), "--runs", "2", "--threshold", "0.5", "--max-runs", "6", "--out", str(out),
+                 "--json")
+    assert shrink.returncode == 0, shrink.stdout[-3000:] + shrink.stderr[-3000:]
+    d = json.loads(shrink.stdout)
+    assert d == json.loads((out / "shrink.json").read_text())
+    assert d["runs_used"] <= 6 and d["stopped"] in ("done", "budget")
+    assert d["original"]["runs"] == 2 and d["original"]["convicted"] >= 1
+
+    original = Candidate.from_json({k: d["original"]["config"][k] for k in ("concurrency", "keys", "servers",
+                                                                            "time_limit", "rate", "windows")})
+    minimal = Candidate.from_json({k: d["minimal"]["config"][k] for k in ("concurrency", "keys", "servers",
+                                                                          "time_limit", "rate", "windows")})
+    assert minimal.no_larger_than(original) and minimal != original, (original, minimal)
+    assert d["minimal"]["rate"] >= d["threshold"] == min(0.5, d["original"]["rate"])
+
+    # the minimal run is a normal run directory, convicted by the same checker of the same violation type
+    minimal_run = out / d["minimal"]["run_dir"]
+    results = json.loads((minimal_run / "results.json").read_text())
+    target = d["target"]
+    assert target["checker"] == "idempotency"
+    assert any(v["type"] == target["type"] for v in results["results"][target["checker"]]["violations"])
+    assert (out / d["minimal"]["report"]).is_file() and (minimal_run / "history.jsonl").is_file()
+    assert d["minimal"]["replay"].startswith("fencelab test --workload lease")
+    assert f"--time-limit {minimal.time_limit}" in d["minimal"]["replay"]
+    page = (out / "shrink.html").read_text()
+    assert d["minimal"]["report"] in page and f"{target['checker']}: {target['type']}" in page
+
+    # the same command again resumes: every run is recorded, none is made, the same minimal case
+    again = lab("shrink", str(run_dir), "--runs", "2", "--threshold", "0.5", "--max-runs", "6", "--out", str(out))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "runs (0 new)" in again.stdout and f"minimal  {minimal.label()}" in again.stdout
