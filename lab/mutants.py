@@ -56,6 +56,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lab.campaign.spec import NAME_RE
+from lab.paths import write_text_atomic
 from lab.runner import RunError, run_test, validate
 from lab.scenarios import SCENARIOS, apply_scenario
 from lab.server.mutants import MUTANT_NAMES
@@ -507,9 +508,7 @@ def run_mutants(spec: MutantsSpec, store_dir: Path | str = "store", *, echo: Cal
     report = MutantsReport(spec, rows, time.monotonic() - t0)
     path = store_dir / spec.name / ("summary-fast.json" if spec.fast else "summary.json")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report.as_json(), indent=2, default=str))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(report.as_json(), indent=2, default=str))
     report.summary_path = path
     return report
 

@@ -1,4 +1,5 @@
-"""Where the lab finds the external programs it runs (installed by scripts/install.sh).
+"""Where the lab finds the external programs it runs (installed by scripts/install.sh), and how it writes a file
+whole (`write_text_atomic`).
 
 Every lookup raises `MissingTool` with the make target that installs the tool,
 so a missing install is one clear line, never a FileNotFoundError deep inside a run.
@@ -13,6 +14,16 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOLS = Path(os.environ.get("FENCELAB_TOOLS", REPO_ROOT / ".tools"))
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write `text` to `path` whole: through a temporary file beside it and a rename, so a reader (fencelab serve,
+    a resumed command) sees the old file or the new one, never half of one. Returns `path`."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
 
 
 class MissingTool(RuntimeError):

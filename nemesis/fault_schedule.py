@@ -33,6 +33,7 @@ from typing import Any
 
 from lab.history import read_history
 from lab.history.ops import NEMESIS, pair
+from lab.paths import write_text_atomic
 from nemesis.registry import NEMESES, validate_names
 from nemesis.schedule import Window
 
@@ -86,11 +87,7 @@ def to_json(names: Sequence[str], windows: Sequence[Window]) -> dict[str, Any]:
 
 def write(path: Path, names: Sequence[str], windows: Sequence[Window]) -> Path:
     """Write the schedule to `path` (replaced whole: a reader never sees half of one)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_json(names, windows), indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    return write_text_atomic(Path(path), json.dumps(to_json(names, windows), indent=2) + "\n")
 
 
 def write_for_run(run_dir: Path, history: Sequence[dict] | None = None, names: Sequence[str] | None = None

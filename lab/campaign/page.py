@@ -31,6 +31,7 @@ import numpy as np
 
 from lab.campaign.state import counts
 from lab.history import is_client_process, read_history_report, to_frame
+from lab.paths import write_text_atomic
 from lab.templating import template_env
 
 __all__ = ["PageData", "run_stats", "write_page"]
@@ -213,8 +214,4 @@ def render_page(state: dict[str, Any], data: PageData) -> str:
 
 def write_page(state: dict[str, Any], data: PageData) -> Path:
     """Write campaign.html atomically next to campaign.json; returns its path."""
-    path = data.directory / PAGE
-    tmp = path.with_name(f".{PAGE}.{os.getpid()}.tmp")
-    tmp.write_text(render_page(state, data), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(data.directory / PAGE, render_page(state, data))

@@ -14,6 +14,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from lab.paths import write_text_atomic
 from lab.templating import template_env
 
 _ENV = template_env(Path(__file__).parent)
@@ -34,7 +35,4 @@ def _run_class(run: dict[str, Any]) -> str:
 def write_page(data: dict[str, Any], path: Path) -> Path:
     """Render evidence.html from the evidence.json data."""
     html = _ENV.get_template("evidence.html.j2").render(d=data, verdict_class=VERDICT_CLASS, run_class=_run_class)
-    tmp = Path(path).with_suffix(".html.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(path)
-    return Path(path)
+    return write_text_atomic(Path(path), html)

@@ -30,6 +30,7 @@ from checkers.windows import nemesis_windows
 from lab.evidence.page import write_page
 from lab.evidence.spec import Depth, EvidenceError, EvidenceSpec, ExtraRun, Row
 from lab.history import read_history_report
+from lab.paths import write_text_atomic
 from lab.runner import RunError, run_test, validate
 from lab.scenarios import SCENARIOS, ScenarioError, apply_scenario
 from lab.secrets import redact_url
@@ -354,8 +355,6 @@ def _write(spec: EvidenceSpec, depth: Depth, target: EvidenceTarget, evidence_di
         "runs": [asdict(x) for x in records.values()],
         "findings": [f for r in rows for f in r.findings],
     }
-    tmp = evidence_dir / "evidence.json.tmp"
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(evidence_dir / "evidence.json")
+    write_text_atomic(evidence_dir / "evidence.json", json.dumps(data, indent=2, default=str))
     write_page(data, evidence_dir / "evidence.html")
     return Evidence(evidence_dir, data, rows)

@@ -30,6 +30,7 @@ from typing import Any
 
 from checkers.render import iter_violations, render_html
 from lab.history import HistoryError, read_history_report
+from lab.paths import write_text_atomic
 from lab.report import plots as P
 from lab.report.data import MAX_KEYS, MAX_RAW_POINTS, outcome_counts, plot_data
 from lab.report.junit import checker_results, violation_summary, write_junit
@@ -233,13 +234,6 @@ def _utc_ms(ms: float | None) -> str:
         return f"{ms} ms"
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write through a temporary file and rename, so a reader (fencelab serve) never sees half a page."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_report(run_dir: str | os.PathLike, *, max_points: int = MAX_RAW_POINTS, max_keys: int = MAX_KEYS) -> Path:
     """Write report.html (and its sibling files, see the module docstring) into a run directory; returns its path."""
     run = load_run(run_dir)
@@ -247,7 +241,7 @@ def write_report(run_dir: str | os.PathLike, *, max_points: int = MAX_RAW_POINTS
     data = plot_data(run.history, max_points=max_points, max_keys=max_keys, focus_keys=_focus_keys(run, checkers))
     figures = _plots(run, data)
     data["figures"] = [{k: v for k, v in f.items() if k != "src"} for f in figures]
-    _write_atomically(run.dir / "plots.json", json.dumps(data, separators=(",", ":")))
+    write_text_atomic(run.dir / "plots.json", json.dumps(data, separators=(",", ":")))
     write_junit(run.dir / "junit.xml", run.results, run.test)
     counterexamples = _counterexamples(run, checkers)
     test = run.test
@@ -263,5 +257,5 @@ def write_report(run_dir: str | os.PathLike, *, max_points: int = MAX_RAW_POINTS
         problems=run.problems, fencing_base=_utc_ms(data["fencing"]["base_ms"]),
     )
     out = run.dir / "report.html"
-    _write_atomically(out, page)
+    write_text_atomic(out, page)
     return out

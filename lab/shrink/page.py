@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lab.paths import write_text_atomic
 from lab.templating import template_env
 
 __all__ = ["PAGE", "write_page"]
@@ -32,6 +33,4 @@ def rows(data: dict[str, Any]) -> list[dict[str, Any]]:
 def write_page(out: Path, data: dict[str, Any]) -> Path:
     """Render shrink.html into `out` from shrink.json's data; returns its path."""
     html = template_env(Path(__file__).parent).get_template("shrink.html.j2").render(d=data, rows=rows(data))
-    path = Path(out) / PAGE
-    path.write_text(html)
-    return path
+    return write_text_atomic(Path(out) / PAGE, html)

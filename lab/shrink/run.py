@@ -30,6 +30,7 @@ from typing import Any, TextIO
 
 from checkers.shrink import Kind, first_kind, kinds
 from lab.exitcodes import EXIT_INTERRUPTED, EXIT_UNKNOWN, EXIT_VALID
+from lab.paths import write_text_atomic
 from lab.runner import RunError, load_test, run_test, validate
 from lab.secrets import redact_tree
 from lab.shrink.page import write_page
@@ -346,9 +347,7 @@ def write_result(out: Path, origin: Origin, log: RunLog, outcome: Outcome, optio
         "runs_used": outcome.runs_used,
         "elapsed_s": round(elapsed_s, 1),
     }
-    tmp = out / f".{RESULT}.tmp"
-    tmp.write_text(json.dumps(redact_tree(data), indent=2, default=str) + "\n")
-    tmp.replace(out / RESULT)
+    write_text_atomic(out / RESULT, json.dumps(redact_tree(data), indent=2, default=str) + "\n")
     return data
 
 
