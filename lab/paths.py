@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +21,7 @@ def write_text_atomic(path: Path, text: str) -> Path:
     """Write `text` to `path` whole: through a temporary file beside it and a rename, so a reader (fencelab serve,
     a resumed command) sees the old file or the new one, never half of one. Returns `path`."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # this thread's own
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path

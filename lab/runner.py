@@ -23,6 +23,7 @@ import os
 import platform
 import shlex
 import sys
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -231,7 +232,9 @@ def link_latest(run_dir: Path, store_dir: Path, name: str) -> None:
     """Point `store/<name>/latest` and `store/latest` at a run that completed and was judged (never an aborted one)."""
     store_dir, stamp = Path(store_dir), Path(run_dir).name
     for link, target in ((store_dir / name / "latest", Path(stamp)), (store_dir / "latest", Path(name) / stamp)):
-        tmp = link.with_name(link.name + ".tmp")
+        # a temporary name of this thread's own: runs at once in one store (campaign jobs, Dask, the exposure
+        # table) each replace `store/latest`, and a shared `latest.tmp` let one remove or move another's
+        tmp = link.with_name(f".{link.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         if tmp.is_symlink():
             tmp.unlink()
         tmp.symlink_to(target)

@@ -346,6 +346,49 @@ def test_only_a_completed_run_takes_over_latest(tmp_path):
     assert not (store / "fenced-append" / "latest").exists()
 
 
+_LINK_MANY = """
+import sys
+from pathlib import Path
+from lab.runner import link_latest
+store, rounds, names = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+for name in names:
+    (store / name).mkdir(parents=True, exist_ok=True)
+for i in range(rounds):
+    for name in names:
+        link_latest(store / name / f"20260101T000000.{i:06d}Z", store, name)
+"""
+
+
+def test_runs_judged_at_once_in_one_store_each_move_latest_without_failing(tmp_path):
+    """Runs at once in one store (campaign jobs, Dask, the exposure table's two runs at a time) each point
+    `store/latest` at themselves when judged; one shared temporary link made one of them raise (CI, 2026-12-04)."""
+    import threading
+
+    procs = [subprocess.Popen([sys.executable, "-c", _LINK_MANY, str(tmp_path), "300", f"t{i}", "shared"], cwd=ROOT,
+                              stderr=subprocess.PIPE, text=True) for i in range(3)]
+    errors: list[BaseException] = []
+
+    def in_thread(name: str) -> None:
+        try:
+            (tmp_path / name).mkdir(parents=True, exist_ok=True)
+            for i in range(300):
+                for n in (name, "shared"):
+                    runner.link_latest(tmp_path / n / f"20260101T000001.{i:06d}Z", tmp_path, n)
+        except BaseException as e:  # noqa: BLE001 - the test asserts there was none
+            errors.append(e)
+
+    (tmp_path / "shared").mkdir(parents=True, exist_ok=True)
+    threads = [threading.Thread(target=in_thread, args=(f"u{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    failed = [p.communicate(timeout=120)[1] for p in procs if p.wait(timeout=120) != 0]
+    assert failed == [] and errors == [], (failed, errors)
+    assert (tmp_path / "latest").is_symlink() and (tmp_path / "shared" / "latest").is_symlink()
+    assert not [p for p in tmp_path.rglob("*.tmp")], "no temporary link is left behind"
+
+
 # -- bad input a newcomer meets, against a running stack ----------------------------------------------------------
 
 

@@ -170,7 +170,8 @@ def test_the_fault_exposes_its_planted_bug_on_every_seed_and_only_the_fault_does
         if os.environ.get("CI") and os.geteuid() == 0:
             pytest.fail(f"{fault}: cannot run in CI as root: {res.skipped}")
         pytest.skip(f"{fault}: {res.skipped}")
-    where = {k: [(v["valid"], v["failed"], v["run_dir"]) for v in res.runs[k]] for k in (EXPOSED, PLAIN, UNMODIFIED)}
+    where = {k: [(v["valid"], v["failed"], v["run_dir"], *([v["error"]] if "error" in v else []))
+                 for v in res.runs[k]] for k in (EXPOSED, PLAIN, UNMODIFIED)}  # a run that raised: why
     assert len(res.runs[EXPOSED]) == len(res.runs[PLAIN]) == len(res.runs[UNMODIFIED]) == SPEC.seeds
     assert all(v["valid"] is False for v in res.runs[EXPOSED]), f"not caught on every seed: {where[EXPOSED]}"
     assert all(v["failed"] for v in res.runs[EXPOSED]), where[EXPOSED]  # invalid because a checker convicted it
