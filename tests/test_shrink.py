@@ -64,7 +64,10 @@ def test_every_candidate_is_smaller_than_the_best_before_it():
     def on_step(step):
         nonlocal best
         seen.append(step)
-        if step.pass_name != "original":
+        if step.pass_name == "trade":  # a dropped window back for fewer clients: lower in the rank order
+            assert step.candidate.rank() < best.rank() and step.candidate.concurrency < best.concurrency
+            assert len(step.candidate.windows) == len(best.windows) + 1
+        elif step.pass_name != "original":
             assert step.candidate.smaller_than(best)
             changed = [k for k, v in step.candidate.dims().items() if v != best.dims()[k]]
             kept_cuts = tuple(c for c in best.cuts if c[0] in step.candidate.windows)
@@ -400,3 +403,58 @@ def test_clients_stay_as_many_as_the_kept_windows_name(tmp_path):
              "value": {"targets": ["client-1"], "delta_s": 1.0}, "start_s": 3.0, "end_s": 4.0}
     run = make_run(tmp_path, nemesis=["client-pause", "client-clock"], windows=[pause, clock])
     assert load_origin(run).space().clients_needed == (4, 2)
+
+
+# -- a fault for a client: the trade, and a client pause moved to a thread that exists ------------------------------
+CLIENT_PAUSE = {"nemesis": "client-pause", "start_f": "start-client-pause", "stop_f": "stop-client-pause",
+                "value": {"thread": 4, "duration_s": 3.0}, "start_s": 3.2, "end_s": 6.2}
+
+
+def stale_holder(cand: Candidate) -> bool:
+    """The unfenced Redis lock's shape: a stalled holder and its successor. Three clients make one without a
+    fault (the workload's own stall); with the client pause kept, two do."""
+    return (cand.concurrency >= 3 and not cand.windows) or (bool(cand.windows) and cand.concurrency >= 2)
+
+
+def test_a_dropped_pause_comes_back_when_it_lets_a_client_go():
+    orig = Candidate(concurrency=5, keys=3, servers=None, time_limit=10.0, rate=50.0, windows=(0,))
+    space = Space(spans=((3.2, 6.2),), clients_needed=(5,), client_threads=(4,))
+    without = search(orig, Recorder(stale_holder), space, runs=3, trade=False)
+    assert (without.best.concurrency, without.best.windows) == (3, ())  # the passes alone: no fault, 3 clients
+    out = search(orig, Recorder(stale_holder), space, runs=3)
+    assert out.stopped == DONE
+    trades = [s for s in out.steps if s.pass_name == "trade"]
+    assert [(s.change, s.accepted) for s in trades[:1]] == [
+        ("window 0 back, concurrency 3 -> 2 (its client pause on thread 1)", True)]
+    # the pause held thread 4 of 5; in a 2-client run it holds thread 1; the passes then shrink the rest again
+    assert (out.best.concurrency, out.best.keys, out.best.windows, out.best.threads) == (2, 1, (0,), ((0, 1),))
+    assert out.best.rank() < without.best.rank() and "t1" in out.best.label().split("-w")[1]
+    # no trade where the clients are at their floor already, or no window was dropped
+    assert not [s for s in search(orig, Recorder(lambda c: bool(c.windows)), space, runs=3).steps
+                if s.pass_name == "trade"]
+
+
+def test_the_clients_pass_moves_a_client_pause_to_a_thread_that_exists():
+    orig = Candidate(concurrency=8, keys=1, servers=None, time_limit=8.0, rate=10.0, windows=(0,))
+    space = Space(spans=((3.2, 6.2),), clients_needed=(5,), client_threads=(4,))
+    out = search(orig, Recorder(lambda c: bool(c.windows) and c.concurrency >= 2), space, runs=1, trade=False)
+    assert [(s.candidate.concurrency, s.candidate.threads) for s in out.steps if s.pass_name == "concurrency"][:1] == \
+        [(4, ((0, 3),))]  # 8 -> 4: thread 4 does not exist there, the pause moves to thread 3
+    assert (out.best.concurrency, out.best.threads) == (2, ((0, 1),))
+
+
+def test_a_moved_client_pause_is_replayed_on_its_new_thread(tmp_path):
+    run = make_run(tmp_path, nemesis=["client-pause"], windows=[CLIENT_PAUSE])
+    space = load_origin(run).space()
+    assert space.client_threads == (4,) and space.clients_floor((0,)) == 2  # movable: no floor of 5
+    runner = FakeRunner(lambda t: t.fault_schedule is not None and t.concurrency >= 2)
+    shrink_run(run, runs=1, out=tmp_path / "out", runner=runner)
+    d = json.loads((tmp_path / "out" / RESULT).read_text())
+    m = d["minimal"]["config"]
+    assert m["concurrency"] == 2 and m["threads"] == [[0, 1]]
+    assert [f["value"]["thread"] for f in m["faults"]] == [1]
+    replayed = [t for t in runner.tests if t.concurrency == 2 and t.fault_schedule]
+    assert replayed
+    for t in replayed:
+        windows = json.loads(Path(t.fault_schedule).read_text())["windows"]
+        assert [w["value"]["thread"] for w in windows] == [1], "the schedule file holds the moved thread"

@@ -76,6 +76,7 @@ class Origin:
         servers = tuple(max([0, *(int(n) for n in _SERVER_NAME.findall(json.dumps(w.value)))]) for w in self.windows)
         return Space(spans=tuple((w.start_s, w.end_s) for w in self.windows), servers_needed=servers,
                      clients_needed=tuple(_clients_named(w.value) for w in self.windows),
+                     client_threads=tuple(_paused_thread(w) for w in self.windows),
                      min_concurrency=min(2, self.test.concurrency), stop_slack_s=fault_schedule.STOP_SLACK_S)
 
 
@@ -86,6 +87,25 @@ def _clients_named(value: Any) -> int:
     if isinstance(value, dict) and isinstance(value.get("thread"), int) and not isinstance(value["thread"], bool):
         threads.append(value["thread"])
     return max(threads) + 1 if threads else 0
+
+
+def _paused_thread(w: Window) -> int | None:
+    """The thread a client-pause window holds (the one window a shrink may move to another thread), else None."""
+    value = w.value
+    if w.start_f != "start-client-pause" or not isinstance(value, dict):
+        return None
+    thread = value.get("thread")
+    return thread if isinstance(thread, int) and not isinstance(thread, bool) else None
+
+
+def _replayed(origin: Origin, cand: Candidate, i: int) -> Window:
+    """Window `i` as the candidate replays it: its cut end, and its client pause on the candidate's thread."""
+    w = origin.windows[i]
+    w = replace(w, end_s=cand.end(i, w.end_s))
+    thread = cand.thread(i)
+    if thread is not None and isinstance(w.value, dict):
+        w = replace(w, value={**w.value, "thread": thread})
+    return w
 
 
 def load_origin(run_dir: Path) -> Origin:
@@ -154,7 +174,7 @@ def candidate_test(origin: Origin, cand: Candidate, out: Path) -> Test:
     if origin.has_servers:
         changes["servers"] = cand.servers
     if cand.windows:
-        kept = [replace(origin.windows[i], end_s=cand.end(i, origin.windows[i].end_s)) for i in cand.windows]
+        kept = [_replayed(origin, cand, i) for i in cand.windows]
         names = [n for n in origin.names if any(w.nemesis == n for w in kept)]
         path = Path(out) / "schedules" / f"{cand.label()}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -298,8 +318,9 @@ def _runs_of(log: RunLog, out: Path, cand: Candidate, n: int) -> list[dict[str, 
 
 def _config(origin: Origin, cand: Candidate) -> dict[str, Any]:
     """A candidate as shrink.json shows it: its dimensions, its faults (nemesis, times) and its label."""
-    faults = [{"window": i, "nemesis": w.nemesis, "start_s": w.start_s, "end_s": cand.end(i, w.end_s),
-               "recorded_end_s": w.end_s, "value": w.value} for i in cand.windows for w in [origin.windows[i]]]
+    faults = [{"window": i, "nemesis": w.nemesis, "start_s": w.start_s, "end_s": w.end_s,
+               "recorded_end_s": origin.windows[i].end_s, "value": w.value}
+              for i in cand.windows for w in [_replayed(origin, cand, i)]]
     return {**cand.to_json(), "label": cand.label(), "faults": faults}
 
 

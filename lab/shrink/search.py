@@ -54,6 +54,11 @@ class Candidate:
     rate: float
     windows: tuple[int, ...] = ()
     cuts: tuple[tuple[int, float], ...] = ()  # (window, its new end_s): a kept window cut short, by position
+    threads: tuple[tuple[int, int], ...] = ()  # (window, client thread): a client pause replayed on another thread
+
+    def thread(self, i: int, recorded: int | None = None) -> int | None:
+        """The client thread window `i` holds in this candidate: its new one, else `recorded`."""
+        return dict(self.threads).get(i, recorded)
 
     def end(self, i: int, recorded: float = math.inf) -> float:
         """Where window `i` ends in this candidate: its cut, else `recorded` (its recorded end)."""
@@ -65,9 +70,11 @@ class Candidate:
         if not self.windows:
             wins = "none"
         elif len(self.windows) <= 8:
-            wins = "_".join(f"{i}" + (f"e{ends[i]:g}" if i in ends else "") for i in self.windows)
+            moved = dict(self.threads)
+            wins = "_".join(f"{i}" + (f"e{ends[i]:g}" if i in ends else "") + (f"t{moved[i]}" if i in moved else "")
+                            for i in self.windows)
         else:  # a long subset: its count and a digest of its positions (hash() of ints and floats is stable)
-            wins = f"{len(self.windows)}x{hash((self.windows, self.cuts)) % 10**8:08d}"
+            wins = f"{len(self.windows)}x{hash((self.windows, self.cuts, self.threads)) % 10**8:08d}"
         servers = "" if self.servers is None else f"-s{self.servers}"
         return f"c{self.concurrency}-k{self.keys}{servers}-t{self.time_limit:g}-r{self.rate:g}-w{wins}"
 
@@ -89,24 +96,33 @@ class Candidate:
         """No larger in any dimension, and strictly smaller in one."""
         return self.no_larger_than(other) and self != other
 
+    def rank(self) -> tuple[float, ...]:
+        """The order a trade is judged by (`_Search.trade`), most telling first: clients, keys, servers, faults,
+        seconds, rate. A reader of the minimal case's timeline counts clients and keys first: two clients and
+        one pause tell a shorter story than three clients and none."""
+        return (self.concurrency, self.keys, self.servers or 0, len(self.windows), self.time_limit, self.rate)
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["windows"] = list(self.windows)
         d["cuts"] = [list(c) for c in self.cuts]
+        d["threads"] = [list(t) for t in self.threads]
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Candidate":
         return cls(**{**d, "windows": tuple(d.get("windows") or ()),
-                      "cuts": tuple((int(i), float(e)) for i, e in d.get("cuts") or ())})
+                      "cuts": tuple((int(i), float(e)) for i, e in d.get("cuts") or ()),
+                      "threads": tuple((int(i), int(t)) for i, t in d.get("threads") or ())})
 
     def cut(self, i: int, end_s: float) -> "Candidate":
         """This candidate with window `i` ending at `end_s`."""
         return replace(self, cuts=tuple(sorted({**dict(self.cuts), i: end_s}.items())))
 
     def keeping(self, windows: tuple[int, ...]) -> "Candidate":
-        """This candidate with only `windows` (their cuts kept)."""
-        return replace(self, windows=windows, cuts=tuple(c for c in self.cuts if c[0] in windows))
+        """This candidate with only `windows` (their cuts and moved threads kept)."""
+        return replace(self, windows=windows, cuts=tuple(c for c in self.cuts if c[0] in windows),
+                       threads=tuple(t for t in self.threads if t[0] in windows))
 
 
 @dataclass(frozen=True)
@@ -117,6 +133,7 @@ class Space:
     spans: tuple[tuple[float, float], ...] = ()
     servers_needed: tuple[int, ...] = ()  # per window: the lease servers it names (`lease-3` needs 3), else 0
     clients_needed: tuple[int, ...] = ()  # per window: the client threads it names (thread 4 needs 5), else 0
+    client_threads: tuple[int | None, ...] = ()  # per window: the one thread a client pause holds (it may move)
     min_concurrency: int = 2
     min_keys: int = 1
     min_servers: int = 1
@@ -134,9 +151,23 @@ class Space:
             need = max(need, start + 0.1, cand.end(i, end) - self.stop_slack_s)
         return math.ceil(need * 10 - _EPS) / 10
 
+    def movable(self, i: int) -> bool:
+        """Can window `i` be replayed on another client thread (a client pause: it names one thread only)?"""
+        return i < len(self.client_threads) and self.client_threads[i] is not None
+
     def clients_floor(self, windows: tuple[int, ...]) -> int:
-        """The fewest clients that still replay `windows` (a client pause of thread 4 needs five)."""
-        return max([self.min_concurrency, *(self.clients_needed[i] for i in windows if i < len(self.clients_needed))])
+        """The fewest clients that still replay `windows` (a client-clock window naming client-4 needs five; a
+        client pause moves to a thread that exists, `with_clients`)."""
+        return max([self.min_concurrency, *(self.clients_needed[i] for i in windows
+                                            if i < len(self.clients_needed) and not self.movable(i))])
+
+    def with_clients(self, cand: Candidate, n: int) -> Candidate:
+        """`cand` with `n` clients; a kept client pause on a thread that would not exist moves to the last one."""
+        moved = dict(cand.threads)
+        for i in cand.windows:
+            if self.movable(i) and cand.thread(i, self.client_threads[i]) >= n:
+                moved[i] = n - 1
+        return replace(cand, concurrency=n, threads=tuple(sorted(moved.items())))
 
     def servers_floor(self, windows: tuple[int, ...]) -> int:
         """The fewest lease servers that still replay `windows` (a window that names `lease-2` needs two)."""
@@ -227,8 +258,10 @@ class _Search:
         return step
 
     def attempt(self, pass_name: str, change: str, cand: Candidate) -> bool:
-        """Measure `cand` (one dimension smaller than the best) and make it the best when it reproduces."""
-        assert cand.smaller_than(self.best), (cand, self.best)
+        """Measure `cand` (one dimension smaller than the best, or a trade: lower in `rank`) and make it the best
+        when it reproduces."""
+        assert cand.smaller_than(self.best) or (pass_name == "trade" and cand.rank() < self.best.rank()), \
+            (cand, self.best)
         if cand in self.seen:
             return False  # measured already, and not accepted then (an accepted one is the best, or larger)
         if not self.feasible(cand):
@@ -312,6 +345,33 @@ class _Search:
                 make=lambda c, v, i=i, start=start: c.cut(i, round(start + v, 6))) or progressed
         return progressed
 
+    def trade(self) -> bool:
+        """At a fixpoint with clients above their floor: each fault window the search dropped, back, with the
+        clients at their floor (a client pause moved to a thread that exists). A fault can stand in for a
+        client: a workload's third client can make the stale holder that a pause of the second makes, and the
+        passes, dropping faults first, never try that. Accepted on the rank order (`Candidate.rank`)."""
+        best, s = self.best, self.space
+        dropped = [i for i in range(len(s.spans)) if i not in best.windows]
+        dropped.sort(key=lambda i: not s.movable(i))  # client pauses first: they stand in for a client
+        for i in dropped:
+            windows = tuple(sorted((*best.windows, i)))
+            floor = s.clients_floor(windows)
+            if floor >= best.concurrency:
+                continue
+            # at the original's rate (a held lock is what a pause must meet: the busier, the likelier) and with
+            # time for the window to replay; the passes shrink both again from there
+            cand = s.with_clients(replace(best, windows=windows, rate=self.outcome.original.rate), floor)
+            cand = replace(cand, time_limit=max(best.time_limit, s.time_floor(cand)))
+            if not cand.rank() < best.rank():
+                continue
+            change = f"window {i} back, concurrency {best.concurrency} -> {floor}"
+            moved = cand.thread(i)
+            if moved is not None:
+                change += f" (its client pause on thread {moved})"
+            if self.attempt("trade", change, cand):
+                return True
+        return False
+
     def pass_(self, name: str) -> bool:
         s = self.space
         if name == "faults":
@@ -321,7 +381,8 @@ class _Search:
         if name == "time_limit":
             return self.halve("time_limit", s.time_floor(self.best), integer=False)
         if name == "concurrency":
-            return self.halve("concurrency", s.clients_floor(self.best.windows), integer=True)
+            return self.halve("concurrency", s.clients_floor(self.best.windows), integer=True,
+                              make=lambda c, v: s.with_clients(c, int(v)))
         if name == "keys":
             return self.halve("keys", s.min_keys, integer=True)
         if name == "servers":
@@ -341,7 +402,8 @@ def _round2(x: float) -> float:
 def search(original: Candidate, trial: Callable[[Candidate, int], bool], space: Space, *, runs: int = 5,
            threshold: float = 0.6, max_runs: int | None = None, time_budget_s: float | None = None,
            clock: Callable[[], float] = time.monotonic, feasible: Callable[[Candidate], bool] | None = None,
-           on_step: Callable[[Step], None] | None = None, passes: tuple[str, ...] = PASSES) -> Outcome:
+           on_step: Callable[[Step], None] | None = None, passes: tuple[str, ...] = PASSES,
+           trade: bool = True) -> Outcome:
     """The smallest candidate found that reproduces at the threshold (the module's docstring has the method).
 
     `feasible(candidate)`, when given, says whether a candidate can be run at all (one that cannot is skipped,
@@ -361,7 +423,7 @@ def search(original: Candidate, trial: Callable[[Candidate, int], bool], space: 
             progressed = False
             for name in passes:
                 progressed = s.pass_(name) or progressed
-            if not progressed:
+            if not progressed and not (trade and s.trade()):
                 break
     except _OutOfBudget:
         s.outcome.stopped = BUDGET
