@@ -47,9 +47,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry  # the asyncio one: a sync Retry is converted, with a warning each time
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.retry import Retry
 
 from lab.stack.process import ProcessError
 from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess

@@ -21,8 +21,8 @@ import httpx
 import pytest
 import redis
 import redis.asyncio as aredis
+from redis.asyncio.retry import Retry  # the asyncio one: a sync Retry is converted, with a warning each time
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from conftest import SESSION_PIDS
 from lab.paths import REPO_ROOT

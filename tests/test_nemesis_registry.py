@@ -17,9 +17,9 @@ import os
 import pytest
 import redis.asyncio as aioredis
 from hypothesis import given, settings, strategies as st
+from redis.asyncio.retry import Retry  # the asyncio one: a sync Retry is converted, with a warning each time
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.retry import Retry
 
 import lab.generator as gen
 from lab.history import HistoryWriter

@@ -173,6 +173,9 @@ def test_retries_are_off():
         retry = s.redis.connection_pool.connection_kwargs.get("retry") or s.redis.get_retry()
         assert retry is not None and retry.get_retries() == 0
         assert not s.redis.connection_pool.connection_kwargs.get("retry_on_timeout")
+        from redis.asyncio.retry import Retry as AsyncRetry  # a sync Retry works too, converted with a warning
+
+        assert isinstance(retry, AsyncRetry)
     finally:
         run(s.aclose())
 

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import redis
 import redis.asyncio as aredis
+from redis.asyncio.retry import Retry  # the asyncio one: a sync Retry is converted, with a warning each time
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from lab.stack.process import free_port, port_open
 from lab.stack.toxiproxy import ToxiproxyProcess

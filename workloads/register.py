@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry  # the asyncio one: a sync Retry is converted, with a warning each time
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.retry import Retry
 
 import lab.generator as gen
 from checkers.core import compose, get_checker

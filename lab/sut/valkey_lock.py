@@ -55,9 +55,9 @@ from urllib.parse import quote
 import httpx
 import redis.asyncio as aredis
 from redis.asyncio.lock import Lock
+from redis.asyncio.retry import Retry  # the asyncio one: a sync Retry is converted, with a warning each time
 from redis.backoff import NoBackoff
 from redis.exceptions import BusyLoadingError, ConnectionError, LockError, ResponseError, TimeoutError
-from redis.retry import Retry
 
 from lab import paths
 from lab.client.results import CONNECT_ERROR, CONNECTION_LOST, TIMEOUT, Identity, Lease, Result
