@@ -358,10 +358,12 @@ class _Search:
             floor = s.clients_floor(windows)
             if floor >= best.concurrency:
                 continue
-            # at the original's rate (a held lock is what a pause must meet: the busier, the likelier) and with
-            # time for the window to replay; the passes shrink both again from there
-            cand = s.with_clients(replace(best, windows=windows, rate=self.outcome.original.rate), floor)
-            cand = replace(cand, time_limit=max(best.time_limit, s.time_floor(cand)))
+            # at the original's rate and time limit: a pause must meet a held lock (the busier, the likelier) and
+            # the run must go on past it (a successor acquires after the TTL, the holder resumes and commits; a
+            # limit just long enough to replay the window measured 0/2 on the Redis lock); the passes shrink both
+            # again from there
+            orig = self.outcome.original
+            cand = s.with_clients(replace(best, windows=windows, rate=orig.rate, time_limit=orig.time_limit), floor)
             if not cand.rank() < best.rank():
                 continue
             change = f"window {i} back, concurrency {best.concurrency} -> {floor}"
