@@ -458,3 +458,18 @@ def test_a_moved_client_pause_is_replayed_on_its_new_thread(tmp_path):
     for t in replayed:
         windows = json.loads(Path(t.fault_schedule).read_text())["windows"]
         assert [w["value"]["thread"] for w in windows] == [1], "the schedule file holds the moved thread"
+
+
+def test_a_traded_pause_is_tried_on_each_thread_of_the_smaller_run():
+    # the pause makes a stale holder only on the thread that holds the lock when it begins: here thread 0
+    orig = Candidate(concurrency=5, keys=1, servers=None, time_limit=10.0, rate=50.0, windows=(0,))
+    space = Space(spans=((3.2, 6.2),), clients_needed=(5,), client_threads=(4,))
+
+    def holder_paused(c: Candidate) -> bool:
+        return (c.concurrency >= 3 and not c.windows) or (bool(c.windows) and c.thread(0, 4) in (0, 4))
+
+    out = search(orig, Recorder(holder_paused), space, runs=3)
+    trades = [(s.change, s.accepted) for s in out.steps if s.pass_name == "trade"]
+    assert trades[:2] == [("window 0 back, concurrency 3 -> 2 (its client pause on thread 1)", False),
+                          ("window 0 back, concurrency 3 -> 2 (its client pause on thread 0)", True)]
+    assert (out.best.concurrency, out.best.windows, out.best.threads) == (2, (0,), ((0, 0),))

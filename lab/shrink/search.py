@@ -366,12 +366,19 @@ class _Search:
             cand = s.with_clients(replace(best, windows=windows, rate=orig.rate, time_limit=orig.time_limit), floor)
             if not cand.rank() < best.rank():
                 continue
-            change = f"window {i} back, concurrency {best.concurrency} -> {floor}"
             moved = cand.thread(i)
-            if moved is not None:
-                change += f" (its client pause on thread {moved})"
-            if self.attempt("trade", change, cand):
-                return True
+            # a moved pause on each thread of the smaller run (the last first): which thread holds the lock when
+            # the pause begins decides whether it makes a stale holder (measured on the Redis lock: thread 1 of 2
+            # was paused waiting in an acquire, while thread 0 held)
+            threads = [moved, *(t for t in range(floor) if t != moved)] if moved is not None else [None]
+            for t in threads:
+                one = cand if t is None or t == moved else \
+                    replace(cand, threads=tuple(sorted({**dict(cand.threads), i: t}.items())))
+                change = f"window {i} back, concurrency {best.concurrency} -> {floor}"
+                if t is not None:
+                    change += f" (its client pause on thread {t})"
+                if self.attempt("trade", change, one):
+                    return True
         return False
 
     def pass_(self, name: str) -> bool:
