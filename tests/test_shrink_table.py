@@ -1,8 +1,8 @@
 """The per-mutant shrink table (issue 21): every planted bug of `fencelab mutants`, a default-run failure shrunk
 within the default budget to at most 3 clients, 2 keys and 2 faults reproducing at >= 0.6 (lab.shrink_table).
 
-The whole table is slow (a default run and up to 60 shrink runs per mutant: 4-9 minutes each on 2 cores, 68 minutes for the ten, measured):
-`make test-slow`. The bounds and the table's text are checked here on rows made by hand.
+The whole table is slow (a default run and up to 60 shrink runs per mutant: 4-9 minutes each on 2 cores, 68
+minutes for the ten, measured): `make test-slow`. The bounds and the table's text are checked here on rows made by hand.
 """
 
 from __future__ import annotations
