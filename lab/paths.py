@@ -17,11 +17,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 TOOLS = Path(os.environ.get("FENCELAB_TOOLS", REPO_ROOT / ".tools"))
 
 
+def temp_beside(path: Path) -> Path:
+    """A temporary name beside `path`, of this process's and thread's own: writers at once in one store (campaign
+    jobs, Dask, the exposure table) never remove or move each other's."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
 def write_text_atomic(path: Path, text: str) -> Path:
     """Write `text` to `path` whole: through a temporary file beside it and a rename, so a reader (fencelab serve,
     a resumed command) sees the old file or the new one, never half of one. Returns `path`."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # this thread's own
+    tmp = temp_beside(path)
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path

@@ -23,7 +23,6 @@ import os
 import platform
 import shlex
 import sys
-import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -37,6 +36,7 @@ from checkers.faults import asked_faults, with_fault_coverage
 from lab import __version__
 from lab.history import HistoryError, HistoryWriter, read_history_report, write_edn
 from lab.history.ops import is_client_process
+from lab.paths import temp_beside
 from lab.scenarios import SCENARIOS, ScenarioError, scenario_workload, validate_scenario
 from lab.secrets import redact_secrets, redact_tree, redact_url
 from lab.server.mutants import MUTANT_NAMES
@@ -232,9 +232,7 @@ def link_latest(run_dir: Path, store_dir: Path, name: str) -> None:
     """Point `store/<name>/latest` and `store/latest` at a run that completed and was judged (never an aborted one)."""
     store_dir, stamp = Path(store_dir), Path(run_dir).name
     for link, target in ((store_dir / name / "latest", Path(stamp)), (store_dir / "latest", Path(name) / stamp)):
-        # a temporary name of this thread's own: runs at once in one store (campaign jobs, Dask, the exposure
-        # table) each replace `store/latest`, and a shared `latest.tmp` let one remove or move another's
-        tmp = link.with_name(f".{link.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp = temp_beside(link)  # runs at once in one store each replace `store/latest`
         if tmp.is_symlink():
             tmp.unlink()
         tmp.symlink_to(target)

@@ -119,6 +119,10 @@ class Candidate:
         """This candidate with window `i` ending at `end_s`."""
         return replace(self, cuts=tuple(sorted({**dict(self.cuts), i: end_s}.items())))
 
+    def moving(self, i: int, thread: int) -> "Candidate":
+        """This candidate with window `i` (a client pause) replayed on client `thread`."""
+        return replace(self, threads=tuple(sorted({**dict(self.threads), i: thread}.items())))
+
     def keeping(self, windows: tuple[int, ...]) -> "Candidate":
         """This candidate with only `windows` (their cuts and moved threads kept)."""
         return replace(self, windows=windows, cuts=tuple(c for c in self.cuts if c[0] in windows),
@@ -163,11 +167,11 @@ class Space:
 
     def with_clients(self, cand: Candidate, n: int) -> Candidate:
         """`cand` with `n` clients; a kept client pause on a thread that would not exist moves to the last one."""
-        moved = dict(cand.threads)
+        cand = replace(cand, concurrency=n)
         for i in cand.windows:
             if self.movable(i) and cand.thread(i, self.client_threads[i]) >= n:
-                moved[i] = n - 1
-        return replace(cand, concurrency=n, threads=tuple(sorted(moved.items())))
+                cand = cand.moving(i, n - 1)
+        return cand
 
     def servers_floor(self, windows: tuple[int, ...]) -> int:
         """The fewest lease servers that still replay `windows` (a window that names `lease-2` needs two)."""
@@ -372,12 +376,10 @@ class _Search:
             # was paused waiting in an acquire, while thread 0 held)
             threads = [moved, *(t for t in range(floor) if t != moved)] if moved is not None else [None]
             for t in threads:
-                one = cand if t is None or t == moved else \
-                    replace(cand, threads=tuple(sorted({**dict(cand.threads), i: t}.items())))
                 change = f"window {i} back, concurrency {best.concurrency} -> {floor}"
                 if t is not None:
                     change += f" (its client pause on thread {t})"
-                if self.attempt("trade", change, one):
+                if self.attempt("trade", change, cand if t is None else cand.moving(i, t)):
                     return True
         return False
 
