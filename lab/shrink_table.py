@@ -133,9 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     table_path = store / TABLE
     try:
         spec = load_spec(args.spec, only=tuple(args.only))
-        done = json.loads(table_path.read_text()) if table_path.is_file() else {}
-    except (MutantsError, ValueError, OSError) as e:
+    except MutantsError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        done = json.loads(table_path.read_text()) if table_path.is_file() else {}
+    except (ValueError, OSError) as e:
+        print(f"error: {table_path}: cannot read the finished rows ({e}); move it aside to start over",
+              file=sys.stderr)
         return 2
     mutants = list(dict.fromkeys(e.mutant for e in spec.entries))
     try:

@@ -59,3 +59,10 @@ def test_every_planted_bug_shrinks_to_a_small_reproduction_within_the_default_bu
     table = json.loads((tmp_path / TABLE).read_text())
     missed = {m: row_problems(r) for m, r in table.items() if row_problems(r)}
     assert code == 0 and not missed, (missed, capsys.readouterr().out)
+
+
+def test_an_unreadable_table_is_one_line_naming_it(tmp_path, capsys):
+    (tmp_path / TABLE).write_text("{")
+    assert main(["--store-dir", str(tmp_path), "--only", "volatile-counter"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(tmp_path / TABLE) in err and "Traceback" not in err
