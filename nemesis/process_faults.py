@@ -74,6 +74,9 @@ __all__ = [
 TARGET_ROLES = ("valkey", "store", "lease server")
 RESTART_TIMEOUT_S = 15.0
 MAX_CLIENT_PAUSE_S = 600.0
+# how long an armed client pause (`"holding": true`) waits for a thread to act on a held lease: a busy workload
+# has one within milliseconds; a run where none comes says so instead of pausing nobody in silence
+HOLDING_WAIT_S = 5.0
 
 
 class ProcessHealError(RuntimeError):
@@ -510,6 +513,7 @@ class ClientPauses:
         self._systems: dict[int, tuple[Any, ...]] = {}  # thread -> the systems its worker has open
         self._frozen: dict[int, list[Any]] = {}  # thread -> the systems frozen by its current pause
         self._late_errors: dict[int, list[str]] = {}  # hooks that raised outside a nemesis op (gate, timer)
+        self._armed: tuple[frozenset[int], asyncio.Future] | None = None  # a pause waiting for a holder (`arm`)
 
     def _thread(self, thread: Any) -> int:
         """A valid thread index, or ValueError."""
@@ -517,19 +521,46 @@ class ClientPauses:
             raise ValueError(f"client thread must be an int in [0, {self.concurrency}), got {thread!r}")
         return thread
 
-    async def wait(self, process: Any, *systems: Any) -> None:
+    async def wait(self, process: Any, *systems: Any, holding: bool = False) -> None:
         """Return at once unless `process`'s thread is paused; then block until it is resumed.
 
         `systems`: the systems the worker has open now (they replace the ones it named before); one opened
-        while its thread is paused is frozen here before the gate holds it."""
+        while its thread is paused is frozen here before the gate holds it. `holding`: the request about to go
+        acts on a lease the worker believes it holds (a commit, renew or release); an armed pause (`arm`) closes
+        this thread's gate here, before that request is sent."""
         thread = client_thread(process, self.concurrency)
         if systems:
             self._systems[thread] = systems
+        if holding and self._armed is not None and thread in self._armed[0]:
+            waiter = self._armed[1]
+            self._armed = None
+            if not waiter.done():
+                self.pause(thread)  # closed before this request goes: the holder stops with its lease in hand
+                waiter.set_result(thread)
         gate = self._gates.get(thread)
         if gate is not None:
             if systems:
                 self._late_errors.setdefault(thread, []).extend(await self.freeze(thread))
             await gate.wait()
+
+    def arm(self, threads: Iterable[int]) -> "asyncio.Future[int]":
+        """Pause the first of `threads` to reach a gate while acting on a lease it holds (`wait(..., holding=True)`):
+        the future is that thread, its gate already closed. Jepsen's nemeses target a role (the primary); this
+        targets the holder, which a pause drawn at a random moment meets only by chance. `disarm` cancels it."""
+        if self._armed is not None:
+            raise ValueError("a client pause is already armed")
+        chosen = frozenset(self._thread(t) for t in threads)
+        if not chosen:
+            raise ValueError("arm needs at least one client thread")
+        waiter: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._armed = (chosen, waiter)
+        return waiter
+
+    def disarm(self) -> None:
+        """Cancel an armed pause that no holder has met yet."""
+        if self._armed is not None:
+            self._armed[1].cancel()
+            self._armed = None
 
     def is_paused(self, process: Any) -> bool:
         """Is `process`'s thread paused?"""
@@ -641,6 +672,7 @@ class ClientPauseNemesis:
 
     async def teardown(self, test: Test) -> None:
         """Resume every client thread (thawing its systems); raise if a thaw hook raised."""
+        self.pauses.disarm()
         await self._cancel_timer()
         errors = await self.pauses.thaw_all()
         self.pauses.resume_all()
@@ -650,29 +682,56 @@ class ClientPauseNemesis:
 
     async def _start(self, op: dict, value: Any) -> dict:
         """Close one thread's gate (given as `thread`, or drawn) and freeze its systems; auto-resume after the
-        duration. A freeze hook that raised is in the value (`freeze_errors`)."""
+        duration. A freeze hook that raised is in the value (`freeze_errors`).
+
+        With `"holding": true` the pause is armed instead (`ClientPauses.arm`): it closes the gate of the first
+        thread (`thread`, else any) to send a request on a lease it holds, and this op completes then; none
+        within `wait_s` (default HOLDING_WAIT_S) completes it with phase `none`, saying so."""
         if value is None:
             value = {}
-        if not isinstance(value, dict) or set(value) - {"thread", "duration_s"}:
-            raise ValueError(f"start-client-pause value must be null or an object with thread, duration_s; got {value!r}")
+        if not isinstance(value, dict) or set(value) - {"thread", "duration_s", "holding", "wait_s"}:
+            raise ValueError("start-client-pause value must be null or an object with thread, duration_s, holding, "
+                             f"wait_s; got {value!r}")
         if self._active is not None:
             return completion(op, {"fault": self.fault, "phase": "none", "active": client_target(self._active)},
                               error=f"client-pause is already active on {client_target(self._active)}; stop it first")
+        holding = value.get("holding", False)
+        if not isinstance(holding, bool):
+            raise ValueError(f"start-client-pause: holding must be true or false, got {holding!r}")
         if "thread" in value:
             thread = value["thread"]
             if thread not in self.threads:
                 raise ValueError(f"start-client-pause: thread must be one of {self.threads}, got {thread!r}")
         else:
-            thread = self.rounds.pick("thread", self.threads)
+            thread = None if holding else self.rounds.pick("thread", self.threads)
         duration = _seconds("duration_s", value.get("duration_s", self.duration_s), allow_none=True,
                             maximum=self.max_duration_s)
-        self.pauses.pause(thread)
+        extra: dict[str, Any] = {}
+        if holding:
+            armed = [thread] if thread is not None else list(self.threads)
+            wait_s = _seconds("wait_s", value.get("wait_s", HOLDING_WAIT_S), maximum=MAX_CLIENT_PAUSE_S)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            waiter = self.pauses.arm(armed)
+            try:
+                thread = await asyncio.wait_for(waiter, wait_s)
+            except asyncio.TimeoutError:
+                self.pauses.disarm()
+                return completion(op, {"fault": self.fault, "phase": "none", "holding": True, "armed": armed,
+                                       "wait_s": wait_s},
+                                  error=f"no client thread of {armed} sent a request on a lease it holds within "
+                                        f"{wait_s:g} s; nothing was paused")
+            finally:
+                self.pauses.disarm()
+            extra = {"holding": True, "armed": armed, "waited_s": round(loop.time() - t0, 6)}
+        else:
+            self.pauses.pause(thread)
         self._active = thread
         errors = await self.pauses.freeze(thread)
         until = duration if duration is not None else self.max_duration_s
         self._timer = asyncio.create_task(self._resume_later(thread, until), name="client-pause timer")
         value = {"fault": self.fault, "phase": "start", "target": client_target(thread), "thread": thread,
-                 "duration_s": duration, "max_duration_s": self.max_duration_s}
+                 "duration_s": duration, "max_duration_s": self.max_duration_s, **extra}
         if errors:
             value["freeze_errors"] = errors
         return completion(op, value)
@@ -723,7 +782,13 @@ def pause_replay(record: dict[str, Any]) -> dict[str, Any]:
 
 def client_pause_replay(record: dict[str, Any]) -> dict[str, Any]:
     """The `start-client-pause` value that holds again the thread `record` names, for its duration (null: until
-    the stop)."""
+    the stop); a pause armed for a holder is armed again on the threads it was (the holder may differ)."""
+    if record.get("holding"):
+        armed = record.get("armed") or []
+        out: dict[str, Any] = {"holding": True, "duration_s": record.get("duration_s")}
+        if len(armed) == 1:
+            out["thread"] = armed[0]
+        return out
     return {"thread": record["thread"], "duration_s": record.get("duration_s")}
 
 

@@ -253,6 +253,59 @@ async def test_client_pause_ends_by_itself_after_its_duration_and_teardown_opens
     assert pauses.paused == []
 
 
+async def test_a_pause_armed_for_a_holder_closes_the_gate_of_the_first_thread_to_act_on_a_held_lease():
+    # Kleppmann's paused holder: a pause drawn at a random moment may meet a thread waiting in an acquire, which
+    # makes no stale holder; armed, it waits for a request on a held lease and stops that thread before it goes
+    pauses = ClientPauses(concurrency=2)
+    nem = client_pause(pauses, rng=5, duration_s=30)
+    start = asyncio.create_task(nem.invoke(None, op("start-client-pause", {"holding": True})))
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(pauses.wait(0), 1)  # an acquire (not holding) passes its gate
+    await asyncio.wait_for(pauses.wait(1, holding=False), 1)
+    assert not start.done() and pauses.paused == [], "nothing is paused until a holder acts"
+    held = asyncio.create_task(pauses.wait(3, holding=True))  # process 3 is thread 1, about to commit
+    started = await asyncio.wait_for(start, 1)
+    assert started["value"]["phase"] == "start" and started["value"]["thread"] == 1
+    assert started["value"]["holding"] is True and started["value"]["armed"] == [0, 1]
+    await asyncio.sleep(0.05)
+    assert not held.done(), "the holder is stopped before its request is sent"
+    await asyncio.wait_for(pauses.wait(0, holding=True), 1)  # disarmed once it fired: thread 0 goes on
+    stopped = await nem.invoke(None, op("stop-client-pause"))
+    assert stopped["value"]["resumed_by"] == "stop"
+    await asyncio.wait_for(held, 1)
+    await nem.teardown(None)
+
+
+async def test_a_pause_armed_for_a_holder_that_none_meets_says_so_and_pauses_nobody():
+    pauses = ClientPauses(concurrency=3)
+    nem = client_pause(pauses, rng=5)
+    done = await nem.invoke(None, op("start-client-pause", {"holding": True, "thread": 2, "wait_s": 0.1}))
+    assert done["value"]["phase"] == "none" and done["value"]["armed"] == [2]
+    assert "no client thread of [2] sent a request on a lease it holds within 0.1 s" in done["error"]
+    await asyncio.wait_for(pauses.wait(2, holding=True), 1)  # disarmed: a later holder is not paused
+    assert pauses.paused == []
+    # only the armed thread is paused: thread 0 acting as a holder is not
+    start = asyncio.create_task(nem.invoke(None, op("start-client-pause", {"holding": True, "thread": 2})))
+    await asyncio.sleep(0.05)
+    await asyncio.wait_for(pauses.wait(0, holding=True), 1)
+    assert not start.done()
+    held = asyncio.create_task(pauses.wait(5, holding=True))
+    assert (await asyncio.wait_for(start, 1))["value"]["thread"] == 2
+    await nem.teardown(None)
+    await asyncio.wait_for(held, 1)
+    with pytest.raises(ValueError, match="holding must be true or false"):
+        await nem.invoke(None, op("start-client-pause", {"holding": "yes"}))
+
+
+def test_an_armed_pause_replays_armed_on_the_threads_it_was():
+    from nemesis.process_faults import client_pause_replay
+    rec = {"fault": "client-pause", "phase": "start", "thread": 1, "duration_s": 2.5, "holding": True,
+           "armed": [0, 1, 2]}
+    assert client_pause_replay(rec) == {"holding": True, "duration_s": 2.5}
+    assert client_pause_replay({**rec, "armed": [1]}) == {"holding": True, "duration_s": 2.5, "thread": 1}
+    assert client_pause_replay({"thread": 1, "duration_s": None}) == {"thread": 1, "duration_s": None}
+
+
 def test_client_pauses_validate():
     with pytest.raises(ValueError, match="concurrency must be an int >= 1"):
         ClientPauses(0)

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from lab.cli import main
 from lab.shrink import Candidate, Space, search, shrink_run
-from lab.shrink.run import LOG, RESULT, ShrinkError, load_origin
-from lab.shrink.search import BUDGET, DONE, INTERRUPTED, UNREPRODUCED
+from lab.shrink.run import LOG, RESULT, ShrinkError, candidate_test, load_origin
+from lab.shrink.search import BUDGET, DONE, HOLDER, INTERRUPTED, UNREPRODUCED
 from lab.testmap import Test
 
 ORIGINAL = Candidate(concurrency=8, keys=4, servers=3, time_limit=16.0, rate=40.0, windows=(0, 1, 2, 3))
@@ -425,10 +425,11 @@ def test_a_dropped_pause_comes_back_when_it_lets_a_client_go():
     assert out.stopped == DONE
     trades = [s for s in out.steps if s.pass_name == "trade"]
     assert [(s.change, s.accepted) for s in trades[:1]] == [
-        ("window 0 back, concurrency 3 -> 2 (its client pause on thread 1)", True)]
-    # the pause held thread 4 of 5; in a 2-client run it holds thread 1; the passes then shrink the rest again
-    assert (out.best.concurrency, out.best.keys, out.best.windows, out.best.threads) == (2, 1, (0,), ((0, 1),))
-    assert out.best.rank() < without.best.rank() and "t1" in out.best.label().split("-w")[1]
+        ("window 0 back, concurrency 3 -> 2 (its client pause armed for the next holder)", True)]
+    # the pause held thread 4 of 5; in a 2-client run it is armed for whichever thread next acts on a held lease;
+    # the passes then shrink the rest again
+    assert (out.best.concurrency, out.best.keys, out.best.windows, out.best.threads) == (2, 1, (0,), ((0, HOLDER),))
+    assert out.best.rank() < without.best.rank() and out.best.label().endswith("h")
     # no trade where the clients are at their floor already, or no window was dropped
     assert not [s for s in search(orig, Recorder(lambda c: bool(c.windows)), space, runs=3).steps
                 if s.pass_name == "trade"]
@@ -470,6 +471,18 @@ def test_a_traded_pause_is_tried_on_each_thread_of_the_smaller_run():
 
     out = search(orig, Recorder(holder_paused), space, runs=3)
     trades = [(s.change, s.accepted) for s in out.steps if s.pass_name == "trade"]
-    assert trades[:2] == [("window 0 back, concurrency 3 -> 2 (its client pause on thread 1)", False),
+    assert trades[:3] == [("window 0 back, concurrency 3 -> 2 (its client pause armed for the next holder)", False),
+                          ("window 0 back, concurrency 3 -> 2 (its client pause on thread 1)", False),
                           ("window 0 back, concurrency 3 -> 2 (its client pause on thread 0)", True)]
     assert (out.best.concurrency, out.best.windows, out.best.threads) == (2, (0,), ((0, 0),))
+
+
+def test_a_pause_armed_for_the_holder_is_replayed_armed_on_any_thread(tmp_path):
+    run = make_run(tmp_path, nemesis=["client-pause"], windows=[CLIENT_PAUSE])
+    origin = load_origin(run)
+    cand = origin.candidate()
+    cand = origin.space().with_clients(cand, 2).moving(0, HOLDER)
+    assert cand.label().endswith("-w0h")
+    t = candidate_test(origin, cand, tmp_path / "out")
+    windows = json.loads(Path(t.fault_schedule).read_text())["windows"]
+    assert [w["value"] for w in windows] == [{"duration_s": 3.0, "holding": True}], "no thread named: any holder"

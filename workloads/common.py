@@ -87,6 +87,7 @@ def sent(request_id: str, lease: Any = None) -> dict[str, Any]:
 TAKEOVER_STALL = (1.15, 1.6)  # x TTL: past expiry, long enough for a successor to acquire and act
 SOLO_STALL = (1.05, 1.5)      # x TTL: on a key nobody else uses: the renews after it land after the expiry
 BURST_EVERY_S = 1.0           # seconds of sessions between two bursts
+SMALL_RUN_WINDOW_TTLS = 3.0   # with 1 or 2 threads, TTLs of sessions between two bursts (a takeover fits in one)
 
 
 def pick_kind(test: Test, ctx: Any) -> str:
@@ -214,7 +215,9 @@ def exercise(test: Test, session: Any, burst: Any, *, burst_every_s: float = BUR
       holder's successor is the other thread, which has been polling for the key since before it expired;
     - the solo lane (1 thread): solo sessions, each on a key of its own.
     With 3 or 4 threads the takeover lane's threads also run solo sessions (every third one); with fewer, every
-    thread does everything (sessions of a kind drawn from the rng) and a burst waits for the stalled threads.
+    thread does everything (sessions of a kind drawn from the rng) and a burst waits for the stalled threads, so
+    the sessions between two bursts last 3 TTLs (SMALL_RUN_WINDOW_TTLS): a stalled or paused holder's key can
+    expire and pass to the other thread in between.
     `session(test, ctx, kind, end_ns)` returns one session's ops (kind: plain, stalled, solo, or None: draw
     one; end_ns: when the main phase ends, on the generator's clock).
     """
@@ -237,13 +240,16 @@ def _lanes(test: Test, session: Any, burst: Any, burst_every_s: float, end_ns: i
         """`g` on `threads` threads at their share of the rate."""
         return gen.stagger(test.concurrency / (test.rate * threads), g)
 
-    def bursts(threads: int, between: Any) -> Any:
+    def bursts(threads: int, between: Any, every_s: float = burst_every_s) -> Any:
         return gen.cycle([gen.synchronize(gen.bind(one_burst)),
-                          gen.time_limit(burst_every_s, paced(threads, gen.each_thread(between)))])
+                          gen.time_limit(every_s, paced(threads, gen.each_thread(between)))])
 
     c = int(test.concurrency)
     if c < 3:
-        return bursts(c, sessions(None))
+        # every thread's sessions run between bursts, and a burst waits for every thread: a stalled (or paused)
+        # holder's lease must expire and be taken by the other thread before that, so the sessions between two
+        # bursts last SMALL_RUN_WINDOW_TTLS TTLs (with 1 s at a 1 s TTL a successor never took over)
+        return bursts(c, sessions(None), max(burst_every_s, SMALL_RUN_WINDOW_TTLS * int(test.ttl_ms) / 1000))
     if c < 5:
         takeover = gen.each_thread(sessions("stalled", "stalled", "solo"))
         return gen.reserve(c - 2, bursts(c - 2, sessions("plain")), paced(2, takeover))

@@ -50,6 +50,7 @@ from workloads.common import (Session, Sessions, acquire_until_held, completion,
 
 DOC = __doc__
 NEEDS = WorkloadNeeds("lease")  # the core operations only: any system under test
+HOLDER_FS = frozenset({"renew", "release", "commit"})  # requests a worker sends on a lease it believes it holds
 
 
 class LeaseDriver:
@@ -100,8 +101,20 @@ class LeaseDriver:
             if self.api is not None and hasattr(self.api, "pause_gate"):  # a system that stops mid-op too (etcd)
                 process = op["process"]
                 self.api.pause_gate = lambda: pauses.wait(process)
-            # naming its system lets the pause freeze it whole (its own background activity too)
-            await pauses.wait(op["process"], *([self.api] if self.api is not None else []))
+            # naming its system lets the pause freeze it whole (its own background activity too); `holding`: this
+            # request acts on a lease the worker holds, where a pause armed for a holder closes
+            await pauses.wait(op["process"], *([self.api] if self.api is not None else []),
+                              holding=self.holds(op))
+
+    def holds(self, op: dict[str, Any]) -> bool:
+        """Is `op` a request on a lease its session believes it holds (a commit, renew or release with a lease in
+        hand; not one its session sends after a refused acquire)? Read only: no session is made here."""
+        if op.get("f") not in HOLDER_FS:
+            return False
+        value = op.get("value") or {}
+        sid = value.get("session") if isinstance(value, dict) else None
+        sess = self.sessions.get(sid) if sid is not None else self.own.get(op.get("key"))
+        return sess is not None and sess.lease is not None
 
     def session_for(self, test: Test | None, op: dict[str, Any]) -> Session:
         """The op's session (its `value.session`), acting as that session's service instance."""

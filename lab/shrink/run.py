@@ -34,7 +34,7 @@ from lab.paths import write_text_atomic
 from lab.runner import RunError, load_test, run_test, validate
 from lab.secrets import redact_tree
 from lab.shrink.page import write_page
-from lab.shrink.search import (BUDGET, DONE, INTERRUPTED, UNREPRODUCED, Candidate, Outcome, Space, Step,
+from lab.shrink.search import (BUDGET, DONE, HOLDER, INTERRUPTED, UNREPRODUCED, Candidate, Outcome, Space, Step,
                                search)
 from lab.sut import SutError
 from lab.sut.target import Kind as SystemKind, target_of
@@ -103,7 +103,9 @@ def _replayed(origin: Origin, cand: Candidate, i: int) -> Window:
     w = origin.windows[i]
     w = replace(w, end_s=cand.end(i, w.end_s))
     thread = cand.thread(i)
-    if thread is not None and isinstance(w.value, dict):
+    if thread == HOLDER and isinstance(w.value, dict):  # armed: whichever thread next acts on a held lease
+        w = replace(w, value={**{k: v for k, v in w.value.items() if k != "thread"}, "holding": True})
+    elif thread is not None and isinstance(w.value, dict):
         w = replace(w, value={**w.value, "thread": thread})
     return w
 

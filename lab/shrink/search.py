@@ -9,7 +9,7 @@ clients, keys, servers, seconds, rate, and which of the original run's recorded 
    the original's rate when that is lower (a rate-0 original stops the search: `unreproduced`).
 2. Passes in a fixed order (`PASSES`), repeated until a whole round makes no progress: `faults` (no fault at
    all, then ddmin over the kept windows, `lab.ddmin`), `time_limit` (halving, not below what the kept windows
-   need), `concurrency` (halving toward 2, and the client threads the kept windows name), `keys` (toward 1),
+   need), `keys` (toward 1), `concurrency` (halving toward 2, and the client threads the kept windows name),
    `servers` (toward 1, where the system has them), `rate` (halving), `cut` (each kept window's length
    halved: its start stays, its end comes earlier). After a half that does not reproduce, the midpoint
    between it and the best is tried (bisection, while the gap is over a quarter of the value). Every
@@ -31,14 +31,19 @@ from typing import Any
 
 from lab.ddmin import ddmin
 
-__all__ = ["BUDGET", "DONE", "INTERRUPTED", "PASSES", "UNREPRODUCED", "Candidate", "Outcome", "Space", "Step",
+__all__ = ["BUDGET", "DONE", "HOLDER", "INTERRUPTED", "PASSES", "UNREPRODUCED", "Candidate", "Outcome", "Space", "Step",
            "search"]
 
 DONE, BUDGET, INTERRUPTED, UNREPRODUCED = "done", "budget", "interrupted", "unreproduced"
+# a client pause "moved" to HOLDER is replayed armed (`"holding": true`): it stops whichever thread next acts on a
+# lease it holds (nemesis.process_faults.ClientPauses.arm), not a thread named in advance
+HOLDER = -1
 # `cut` last: a window cut near the edge of what reproduces leaves a rate at the threshold, and every later pass
 # then fails (measured: counter-from-snapshot with cut second ended at 5 clients, 2 keys, 6.2 s in 45 runs; the
 # same budget without it reached 2 clients, 1 key, 1 server, 5 s, 1 op/s)
-PASSES = ("faults", "time_limit", "concurrency", "keys", "servers", "rate", "cut")
+# `keys` before `concurrency`: one key makes every client contend, so fewer clients still collide (measured:
+# stale-cleanup-deletes-successor with clients first rejected 3 clients on 3 keys and ended at 4 on the budget)
+PASSES = ("faults", "time_limit", "keys", "concurrency", "servers", "rate", "cut")
 _EPS = 1e-9
 
 
@@ -71,7 +76,7 @@ class Candidate:
             wins = "none"
         elif len(self.windows) <= 8:
             moved = dict(self.threads)
-            wins = "_".join(f"{i}" + (f"e{ends[i]:g}" if i in ends else "") + (f"t{moved[i]}" if i in moved else "")
+            wins = "_".join(f"{i}" + (f"e{ends[i]:g}" if i in ends else "") + _moved_label(moved.get(i))
                             for i in self.windows)
         else:  # a long subset: its count and a digest of its positions (hash() of ints and floats is stable)
             wins = f"{len(self.windows)}x{hash((self.windows, self.cuts, self.threads)) % 10**8:08d}"
@@ -371,13 +376,16 @@ class _Search:
             if not cand.rank() < best.rank():
                 continue
             moved = cand.thread(i)
-            # a moved pause on each thread of the smaller run (the last first): which thread holds the lock when
-            # the pause begins decides whether it makes a stale holder (measured on the Redis lock: thread 1 of 2
-            # was paused waiting in an acquire, while thread 0 held)
-            threads = [moved, *(t for t in range(floor) if t != moved)] if moved is not None else [None]
+            # which thread holds the lock when a pause begins decides whether it makes a stale holder (measured on
+            # the Redis lock: thread 1 of 2 was paused waiting in an acquire, while thread 0 held, 0/2 on either
+            # thread): first the pause armed for the next holder, then on each thread of the smaller run
+            threads = ([HOLDER, moved, *(t for t in range(floor) if t != moved)] if moved is not None
+                       else [None])
             for t in threads:
                 change = f"window {i} back, concurrency {best.concurrency} -> {floor}"
-                if t is not None:
+                if t == HOLDER:
+                    change += " (its client pause armed for the next holder)"
+                elif t is not None:
                     change += f" (its client pause on thread {t})"
                 if self.attempt("trade", change, cand if t is None else cand.moving(i, t)):
                     return True
@@ -401,6 +409,13 @@ class _Search:
         if name == "rate":
             return self.halve("rate", s.min_rate, integer=False)
         raise ValueError(f"unknown pass {name!r}")
+
+
+def _moved_label(thread: int | None) -> str:
+    """A moved client pause in a label: `t1` on thread 1, `h` armed for the next holder, nothing if not moved."""
+    if thread is None:
+        return ""
+    return "h" if thread == HOLDER else f"t{thread}"
 
 
 def _round2(x: float) -> float:
