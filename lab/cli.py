@@ -309,7 +309,7 @@ class _TestCommand(click.Command):
 def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_count, nemesis, nemesis_interval,
              servers, name, store_dir, sut, urls, api_key_file, scenario, store_url, mutant, proxy_urls=False,
              store_db=None, lab_owns_store=False, run_salt="new", commit_mode=None, backend="local",
-             hosts_file=None, swarm=None, sut_opts=(), after_info=None, fault_schedule=None) -> None:
+             hosts_file=None, swarm=None, sut_opts=(), after_info=None, stalls=None, fault_schedule=None) -> None:
     """Run a workload against a fresh local stack; record, check, and store the run.
 
     Exit code (docs/cli.md#exit-codes): 0 valid, 1 invalid, 2 bad input, 3 unknown (any run), 130 interrupted.
@@ -339,6 +339,7 @@ def test_cmd(workload, time_limit, concurrency, rate, keys, ttl_ms, seed, test_c
     options = dict(sut=sut, urls=list(urls), api_key_file=str(api_key_file) if api_key_file is not None else None,
                    servers=servers if "servers" in given else None, proxy_urls=proxy_urls, store_db=store_db,
                    lab_owns_store=lab_owns_store, commit_mode=commit_mode, mutant=mutant, after_info=after_info,
+                   stalls=stalls,
                    store_url=redact_url(store_url) if store_url else None,
                    hosts_file=str(Path(hosts_file).resolve()) if hosts_file else None, swarm=swarm,
                    fault_schedule=str(Path(fault_schedule).resolve()) if fault_schedule else None)

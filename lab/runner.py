@@ -45,7 +45,7 @@ from lab.sut.probe import ProbeError, probe_external as probe, store_db
 from lab.sut.registry import claimed_checker
 from lab.sut.target import BACKENDS, Kind, Target, TargetError, load_hosts as _load_hosts, target_of
 from lab.test_options import TEST_OPTIONS
-from lab.testmap import (AFTER_INFO, COMMIT_MODES, FIRST_CLASS, RUN_SALT, Test, field_problem, new_run_salt,
+from lab.testmap import (AFTER_INFO, COMMIT_MODES, FIRST_CLASS, RUN_SALT, STALLS, Test, field_problem, new_run_salt,
                          servers_problem, sut_opt_arg, sut_options_of)
 from nemesis import fault_schedule
 from nemesis.registry import build, start_fs
@@ -83,6 +83,7 @@ def validate(test: Test) -> Target:
          f"--commit-mode must be one of {', '.join(COMMIT_MODES)}, not {test.commit_mode!r}"),
         (test.after_info in (None, *AFTER_INFO),
          f"--after-info must be one of {', '.join(AFTER_INFO)}, not {test.after_info!r}"),
+        (test.stalls in (None, *STALLS), f"--stalls must be one of {', '.join(STALLS)}, not {test.stalls!r}"),
     ]
     for ok, msg in checks:
         if not ok:

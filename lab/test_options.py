@@ -79,6 +79,10 @@ TEST_OPTIONS: list[click.Option] = [
              "on with the lease it still believes it holds (the default: a stale holder the lab made, "
              "'crash-and-carry-on'), or abandon it and acquire afresh in its next session "
              "(docs/plugging-in-a-system.md#client-lifecycle-after-info)."),
+    click.Option(["--stalls"], type=click.Choice(["on", "off"]), default=None,
+        help="Whether the workload's own sessions stall past their TTL (on, the default: stalled and solo "
+             "sessions make stale holders by themselves) or not (off: only a fault makes one, so a shrink keeps "
+             "the fault that does; docs/workloads.md#stalls)."),
     click.Option(["--sut-opt", "sut_opts"], multiple=True, metavar="KEY=VALUE",
         help="A per-system option the plug-in reads from test.extra[KEY] (repeatable; kept in the replay): VALUE "
              "is a JSON scalar when it parses as one (1, 2.5, true, null, \"quoted\"), else the string as given. "

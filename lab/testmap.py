@@ -42,11 +42,15 @@ COMMIT_MODES = ("fenced", "unfenced")
 # (docs/plugging-in-a-system.md#client-lifecycle-after-info): carry on with the lease it still believes it holds
 # (the default), or abandon that lease (its remaining ops fail `not_held`; the thread's next session acquires anew)
 AFTER_INFO = ("carry-on", "abandon")
+# whether a workload's own sessions stall past their TTL (stalled and solo sessions, the expiry-edge commits): on
+# (the default), or off, so that only a fault makes a stale holder (docs/workloads.md#stalls)
+STALLS = ("on", "off")
 MAX_SECONDS = 7 * 24 * 3600  # the longest time_limit, nemesis_interval or deadline_s a run takes (a week)
 RATES = (0.001, 1_000_000.0)  # ops/s: beyond them the generator's gap (1/rate) leaves what its ns clock can hold
 # the first-class options that a test.json (or a caller) of before the typed fields kept in `extra`
 FIRST_CLASS = ("sut", "urls", "api_key_file", "servers", "store_url", "store_db", "proxy_urls", "lab_owns_store",
-               "commit_mode", "hosts_file", "swarm", "mutant", "scenario", "deadline_s", "ttl_ms", "after_info")
+               "commit_mode", "hosts_file", "swarm", "mutant", "scenario", "deadline_s", "ttl_ms", "after_info",
+               "stalls")
 
 
 # the one field a sealed spec still takes: where the run lands (every other field is the spec; `live` is mutated, never
@@ -204,6 +208,7 @@ class Test:
     scenario: str | None = None  # a named race scenario (lab.scenarios): it replaces the workload
     deadline_s: float | None = None  # each client request's deadline (None: the workload's own default)
     after_info: str | None = None  # a session after its process crashed: AFTER_INFO (None: carry-on)
+    stalls: str | None = None  # the workload's own stalls past the TTL: STALLS (None: on)
     run_dir: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # what a run records about itself; plug-in options
     live: RunContext = field(default_factory=RunContext, repr=False)  # only while running: the stack, its addresses
@@ -339,6 +344,8 @@ OPTION_TYPES: dict[str, tuple[Any, str]] = {
     "commit_mode": (Literal["fenced", "unfenced"], "\"fenced\" or \"unfenced\""),
     "after_info": (Literal["carry-on", "abandon"], "\"carry-on\" or \"abandon\" (a session after its process "
                                                    "crashed: docs/plugging-in-a-system.md)"),
+    "stalls": (Literal["on", "off"], "\"on\" or \"off\" (the workload's own stalls past the TTL: "
+                                      "docs/workloads.md#stalls)"),
     "store_db": (str, "a database name (a string)"),
     "mutant": (str, "the name of a planted bug (docs/mutants.md)"),
     "extra": (dict[str, Any], "a table of extra test options (e.g. hold_s = 1.0)"),

@@ -101,7 +101,8 @@ def _options(t: Test) -> dict:
     ["--sut-opt", "hold_s=1.5", "--sut-opt", "mode=fast", "--sut-opt", 'label="7"', "--sut-opt", "on=true",
      "--sut-opt", "none=null", "--sut-opt", "list=[1, 2]", "--sut-opt", "empty="],
     ["--workload", "fenced-append", "--after-info", "abandon"],
-], ids=["defaults", "options", "scenario", "mutant", "salt", "store-url", "sut-opt", "after-info"])
+    ["--workload", "fenced-append", "--stalls", "off"],
+], ids=["defaults", "options", "scenario", "mutant", "salt", "store-url", "sut-opt", "after-info", "stalls"])
 def test_replay_command_parses_back_into_the_same_test(monkeypatch, tmp_path, args):
     store = tmp_path / "somewhere" / "store"
     (first,), res = _captured_tests(monkeypatch, args, store)

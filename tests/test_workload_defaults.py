@@ -238,3 +238,41 @@ def test_live_idempotency_defaults_retry_across_stalls_and_bursts_and_stay_valid
         by_rid[inv["value"]["request_id"]].add(comp["value"]["lease_id"])
     assert by_rid and all(len(v) == 1 for v in by_rid.values())
     assert any(inv["f"] in ("renew", "release") for inv, _ in stale_ops(ps))  # a stalled holder acted after a takeover
+
+
+# -- --stalls off: only a fault makes a stale holder (issue 21: a shrink keeps the pause that does) ------------------
+@pytest.mark.parametrize("workload", ["lease", "fenced-append", "idempotency"])
+def test_stalls_off_leaves_no_sleep_past_the_ttl(workload):
+    def longest_gap(history):  # the longest a thread waits between its completion and its next invocation
+        last, gap = {}, 0
+        for o in history:
+            t = o["process"] % 5
+            if o["type"] == "invoke" and t in last:
+                gap = max(gap, o["time"] - last[t])
+            if o["type"] != "invoke":
+                last[t] = o["time"]
+        return gap / 1e9
+
+    on = simulate(workload, 2)[1]
+    off_test, off = simulate(workload, 2, stalls="off")
+    ttl_s = off_test.ttl_ms / 1000
+    assert longest_gap(on) >= 0.75 * ttl_s, longest_gap(on)  # the default sleeps most of a TTL (its stall)
+    assert longest_gap(off) < 0.5 * ttl_s, longest_gap(off)
+    assert len(invokes(off)) > 0.5 * len(invokes(on))  # the same run otherwise: bursts, sessions, retries
+
+
+def test_stalls_is_checked_at_every_edge_and_kept_in_the_replay(tmp_path):
+    from lab.runner import RunError, replay_command, validate
+    from lab.testmap import OptionError, check_options
+    r = subprocess.run([sys.executable, "-m", "lab", "test", "--stalls", "never", "--store-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("fencelab: error:") and "--stalls" in r.stderr
+    with pytest.raises(RunError, match="--stalls must be one of on, off, not 'never'"):
+        validate(Test(stalls="never"))
+    with pytest.raises(OptionError, match="stalls"):
+        check_options({"stalls": "never"})  # a campaign's [defaults], a mutants row
+    assert check_options({"stalls": "off"}) == {"stalls": "off"}
+    assert "--stalls off" in replay_command(Test(stalls="off"))
+    assert "--stalls" not in replay_command(Test())
+    assert "stalls" not in Test().to_json()

@@ -161,11 +161,16 @@ def session_start(test: Test, ctx: Any, keys: list[str], kind: str | None = None
     def v(**kw: Any) -> dict[str, Any]:
         return {"request_id": request_id(test, ctx), "session": sid, **kw}
 
-    kind = kind or pick_kind(test, ctx)
+    kind = unstalled(test, kind or pick_kind(test, ctx))
     span = TAKEOVER_STALL if kind == "stalled" else SOLO_STALL
     if kind != "plain" and not time_for(test, ctx, span, end_ns):
         kind = "plain"
     return session_key(test, ctx, kind, keys), kind, span, v
+
+
+def unstalled(test: Test, kind: str) -> str:
+    """`kind`, or `plain` under `--stalls off` (the kind is still drawn, so the rest of the run draws the same)."""
+    return "plain" if getattr(test, "stalls", None) == "off" else kind
 
 
 def solo_key(test: Test, ctx: Any) -> str:

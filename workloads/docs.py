@@ -11,11 +11,26 @@ from workloads import WORKLOADS
 OUT = Path(__file__).resolve().parent.parent / "docs" / "workloads.md"
 
 
+STALLS_DOC = """## Stalls
+
+The lease workloads (`lease`, `fenced-append`, `idempotency`) make stale holders by themselves: a stalled
+session sleeps 1.15-1.6 x the TTL on the takeover key while another thread polls for it, then acts on its
+old lease; a solo session sleeps 1.05-1.5 x the TTL on a key of its own (`workloads/common.py`). That is
+Kleppmann's paused holder without a fault, and it is on by default, so a default run exercises every row.
+
+`--stalls off` (campaigns and mutants rows: `stalls = "off"`; kept in the replay) makes every session a
+plain one: no sleep past the TTL, no expiry-edge commits, and so no stale holder unless a fault (a
+`client-pause`, a partition, a clock step) or a crash-and-carry-on (`--after-info abandon` turns that off
+too) makes one. Use it to ask whether a fault alone breaks a system, and to shrink a failure to the fault
+that causes it: with stalls on, `fencelab shrink` drops a client pause whenever the workload's own stall
+reproduces the violation (docs/shrinking.md)."""
+
+
 def render() -> str:
     """The Markdown page: one section per registered workload, from its module docstring."""
     lines = ["# Workloads", "",
              "Generated from the registry in `workloads/__init__.py` by `python -m workloads.docs`; do not edit.",
-             "Run one with `fencelab test --workload NAME`.", ""]
+             "Run one with `fencelab test --workload NAME`.", "", STALLS_DOC, ""]
     for name in sorted(WORKLOADS):
         mod = WORKLOADS[name]
         lines += [f"## `{name}`", "", inspect.cleandoc(mod.__doc__ or "(undocumented)"), "",

@@ -24,7 +24,7 @@ from checkers.core import compose, get_checker
 from lab.sut import WorkloadNeeds
 from workloads.base import Workload
 from workloads.common import (SOLO_STALL, TAKEOVER_STALL, acquire_until_held, exercise, key_names, pick_kind,
-                              seeded_request_id, session_key, stall, time_for)
+                              seeded_request_id, session_key, stall, time_for, unstalled)
 from workloads.lease import LeaseDriver
 
 DOC = __doc__
@@ -55,7 +55,7 @@ def session(keys: list[str]):
     """One retry session as a function generator: plain, stalled or solo (see the module docstring)."""
 
     def make(test, ctx, kind: str | None = None, end_ns: int | None = None):
-        kind = kind or pick_kind(test, ctx)
+        kind = unstalled(test, kind or pick_kind(test, ctx))
         span = TAKEOVER_STALL if kind == "stalled" else SOLO_STALL
         if kind != "plain" and not time_for(test, ctx, span, end_ns):
             kind = "plain"  # no time left to act after a stall
