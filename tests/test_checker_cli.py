@@ -163,7 +163,7 @@ def test_torn_last_line_is_reported_and_skipped(tmp_path):
     ("bad-format", "Invalid value for '--format'"),
     ("not-a-number", "Invalid value for '--time-limit'"),
 ])
-def test_bad_input_exits_3_with_one_line(tmp_path, case, expected):
+def test_bad_input_exits_2_with_one_line(tmp_path, case, expected):
     ops = lease_ops(duplicate=False)
     good = write_jsonl(tmp_path / "good.jsonl", ops)
     args = {
