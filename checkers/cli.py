@@ -94,8 +94,8 @@ def load(path: Path, fmt: str | None) -> tuple[list[dict], list[str]]:
     """Read one history through lab.history; every problem it cannot recover from is BadInput."""
     if not path.is_file():
         raise BadInput(f"{path}: no such history file")
-    try:
-        return read_history_report(path, fmt)
+    try:  # need_an_op: a file whose only line is bad is refused, not judged as an empty history cut short
+        return read_history_report(path, fmt, need_an_op=True)
     except HistoryError as e:
         raise BadInput(str(e)) from None
     except Exception as e:  # noqa: BLE001 - whatever a reader trips on, the user gets one line, not a traceback

@@ -567,7 +567,7 @@ def campaign_cmd(spec: Path, store_dir: Path, resume: bool, dry_run: bool, dask_
         campaign = load_spec(spec)
         dask_address = check_dask_address(dask_address) if dask_address is not None else None
         plan = validate_plan(campaign)
-        check_store_dir(store_dir)  # the dry run checks what the real run checks before its first run
+        check_store_dir(store_dir, campaign.name)  # the dry run checks what the real run checks first
         if dry_run:
             for line in format_plan(campaign, plan):
                 click.echo(line)

@@ -548,11 +548,25 @@ def test_a_store_dir_that_cannot_be_made_is_one_line_in_the_dry_run_and_the_run(
         assert needle.format(tmp=tmp_path) in res.output and "Traceback" not in res.output
 
 
-def test_a_store_dir_the_os_refuses_to_make_is_one_line(tmp_path):
-    """What no check before the run can see (e.g. /proc refuses new directories, even to root): one line."""
-    res = invoke(str(spec_file(tmp_path, GOOD)), "--store-dir", "/proc/fencelab-no-such/store")
-    assert res.exit_code == 2 and res.output.startswith("fencelab: error: --store-dir /proc/fencelab-no-such/store")
-    assert len(res.output.splitlines()) == 1
+def test_a_store_dir_the_os_refuses_to_make_is_one_line_in_the_dry_run_and_the_run(tmp_path):
+    """/proc refuses new directories, even to root, whatever its mode bits say: once --dry-run said the plan and
+    exit 0 where the run said this line and exit 2; now both try to make a directory there first."""
+    spec = str(spec_file(tmp_path, GOOD))
+    dry, real = (invoke(spec, "--store-dir", "/proc/fencelab-no-such/store", *dry) for dry in (["--dry-run"], []))
+    assert (dry.exit_code, dry.output) == (real.exit_code, real.output) == (2, (
+        "fencelab: error: --store-dir /proc/fencelab-no-such/store: cannot create "
+        "/proc/fencelab-no-such/store/campaigns/c1 (No such file or directory)\n"))
+
+
+def test_the_dry_runs_trial_directory_leaves_nothing_behind(tmp_path):
+    """The trial is made in the nearest existing parent of the campaign's directory and removed at once."""
+    spec = spec_file(tmp_path, GOOD)
+    (tmp_path / "store" / "campaigns" / "c1").mkdir(parents=True)
+    for store in ("store", "new-store"):
+        res = invoke(str(spec), "--store-dir", str(tmp_path / store), "--dry-run")
+        assert res.exit_code == 0 and res.output.startswith("campaign c1: 1 runs"), res.output
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "spec.toml", "store", "store/campaigns", "store/campaigns/c1"]
 
 
 def test_the_complete_example_of_the_docs_is_a_valid_campaign(tmp_path, monkeypatch):

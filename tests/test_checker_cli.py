@@ -163,7 +163,7 @@ def test_torn_last_line_is_reported_and_skipped(tmp_path):
     ("bad-format", "Invalid value for '--format'"),
     ("not-a-number", "Invalid value for '--time-limit'"),
 ])
-def test_bad_input_exits_3_with_one_line(tmp_path, case, expected):
+def test_bad_input_exits_2_with_one_line(tmp_path, case, expected):
     ops = lease_ops(duplicate=False)
     good = write_jsonl(tmp_path / "good.jsonl", ops)
     args = {
@@ -222,14 +222,31 @@ def test_without_a_model_only_the_checkers_whose_operations_appear_run(tmp_path)
 # -- every file read before any is judged; hints, not parser internals -------------------------------------------
 
 
-def test_every_file_is_read_before_any_is_judged(tmp_path):
+@pytest.mark.parametrize("name, text, needle", [
+    ("garbage.jsonl", "garbage\nmore garbage\n", ":1: malformed line"),
+    # Once: one line of garbage was taken for a torn last line, so the good file was judged, then this one
+    # "unknown" with 0 ops, exit 3. A file with no whole op is no history cut short.
+    ("one-line.jsonl", "not json at all\n", ":1: malformed line (not JSON: "),
+    ("one-line.edn", "{:type :invoke, :f\n", ":1: malformed EDN line (EDNDecodeError: "),
+])
+@pytest.mark.parametrize("model", [["--model", "register"], []])
+def test_every_file_is_read_before_any_is_judged(tmp_path, name, text, needle, model):
     """Once the first file was judged and printed, then the second refused with exit 2 ("nothing was judged")."""
     good = write_jsonl(tmp_path / "good.jsonl", register_ops(stale=False))
-    garbage = tmp_path / "garbage.jsonl"
-    garbage.write_text("garbage\nmore garbage\n")
-    res = invoke(good, str(garbage), "--model", "register")
-    assert res.exit_code == 2 and res.stdout == "", res.stdout
-    assert res.stderr.startswith(f"fencelab: error: {garbage}:1: malformed line")
+    garbage = tmp_path / name
+    garbage.write_text(text)
+    for files in ([good, str(garbage)], [str(garbage)]):
+        res = invoke(*files, *model)
+        assert (res.exit_code, res.stdout) == (2, ""), res.output
+        assert res.stderr.startswith(f"fencelab: error: {garbage}{needle}") and res.stderr.count("\n") == 1
+
+
+def test_a_torn_last_line_after_a_whole_op_is_still_skipped(tmp_path):
+    """The tolerance the one-line refusal keeps: a run killed mid-write has its whole ops judged."""
+    f = write_jsonl(tmp_path / "h.jsonl", register_ops(stale=False)[:2], tail='{"index": 2, "ti')
+    res = invoke(f, "--model", "register", "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["ops"] == 2, res.output
+    assert "h.jsonl:3: torn last line skipped" in res.stderr
 
 
 @pytest.mark.parametrize("name, text, needle", [

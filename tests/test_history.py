@@ -374,6 +374,19 @@ def test_torn_last_line_is_skipped_and_reported(tmp_path):
         assert list(iter_jsonl(path)) == ops
 
 
+def test_a_lone_bad_line_is_torn_for_the_lab_and_malformed_when_an_op_is_needed(tmp_path):
+    """The lab reads its own history while it is written (one torn line is no error there); `fencelab check`
+    passes need_an_op=True, so one line of garbage is refused, not judged as an empty history."""
+    path = tmp_path / "h.jsonl"
+    path.write_text('{"index":0,"time":0,"type":"inv')
+    ops, problems = read_history_report(path)
+    assert ops == [] and f"{path}:1: torn last line" in problems[0]
+    with pytest.raises(HistoryError, match=r"h\.jsonl:1: malformed line \(not JSON"):
+        read_history_report(path, need_an_op=True)
+    path.write_text(_lines(_op(0)) + '{"index":1,"ti')
+    assert len(read_history_report(path, need_an_op=True)[0]) == 1  # a whole op before it: torn
+
+
 def test_torn_last_line_inside_a_multibyte_character(tmp_path):
     path = tmp_path / "h.jsonl"
     full = json.dumps(_op(1, "ok", value="lease é"), ensure_ascii=False).encode()

@@ -64,6 +64,10 @@ def test_declared_processes_are_owned_and_proxied(kv_stack):
     assert sorted(status.topology) == ["c1_kv-1", "c1_kv-2", "c1_store", "c2_kv-1", "c2_kv-2", "c2_store",
                                           "peers_kv-2"]
     assert len(status.client_nodes) == 4 and all(_ping(u) for u in status.client_nodes)
+    # group 1's node for each member, then group 2's: docs/plugging-in-a-system.md slices a group's members out
+    # of this order for a client that takes a list of them
+    assert list(status.client_nodes) == [f"redis://{status.topology[link]['listen']}/0"
+                                         for link in ("c1_kv-1", "c1_kv-2", "c2_kv-1", "c2_kv-2")]
     real = {p.name: p.ports["client"] for p in kv_stack.processes if p.name.startswith("kv-")}
     for node in status.client_nodes:
         assert not any(str(port) in node for port in real.values())  # nodes are proxied addresses

@@ -15,6 +15,7 @@ import pytest
 
 import lab.generator as gen
 from checkers.core import safe_check
+from lab.couch import FENCE_VALIDATE
 from lab.history import HistoryWriter, read_history
 from lab.sut import SutError, get_sut, load_findings, register_sut, unregister_sut
 from lab.testmap import RunContext, Test
@@ -128,3 +129,11 @@ def test_the_doc_shows_the_example_file_verbatim():
     assert marker in doc
     shown = doc.split(marker, 1)[1].split("```\n", 1)[0]
     assert shown == EXAMPLE.read_text(), "docs/plugging-in-a-system.md must show examples/inmemory_sut.py as it is"
+
+
+def test_the_doc_shows_the_labs_own_store_guard():
+    """The store guard a plug-in is shown is the one the built-in systems install (issue 18 item 8)."""
+    doc = (EXAMPLE.parents[1] / "docs" / "plugging-in-a-system.md").read_text()
+    marker = "<!-- the store guard: lab.couch.FENCE_VALIDATE -->\n```js\n"
+    assert marker in doc
+    assert doc.split(marker, 1)[1].split("```\n", 1)[0] == FENCE_VALIDATE + "\n"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,19 +186,26 @@ def _prepare_state(spec: Spec, plan: list[PlannedRun], store_dir: Path, path: Pa
     return state
 
 
-def check_store_dir(store_dir: Path | str) -> None:
-    """The store can hold the campaign: a directory, or a path whose nearest existing parent is a directory this
-    process may write into; CampaignError in one line otherwise. It writes nothing (`--dry-run` calls it too)."""
+def check_store_dir(store_dir: Path | str, name: str) -> None:
+    """The store can hold campaign `name`: its directory's nearest existing parent is a directory in which this
+    process can make a directory; CampaignError in one line otherwise. It leaves nothing behind (`--dry-run` calls
+    it too): the trial directory it makes is removed at once."""
     store_dir = Path(store_dir)
     if store_dir.exists() and not store_dir.is_dir():
         raise CampaignError(f"--store-dir {store_dir} exists and is not a directory")
-    nearest = store_dir.absolute()
+    cdir = campaign_dir(store_dir, name)
+    nearest = cdir.absolute()
     while not nearest.exists() and nearest != nearest.parent:
         nearest = nearest.parent
     if not nearest.is_dir():
         raise CampaignError(f"--store-dir {store_dir}: cannot create it, {nearest} is a file")
     if not os.access(nearest, os.W_OK | os.X_OK):
         raise CampaignError(f"--store-dir {store_dir}: cannot create it, {nearest} is not writable")
+    try:  # the mode bits are not the whole answer (/proc refuses new directories, even to root): ask the OS
+        trial = tempfile.mkdtemp(prefix=".fencelab-trial-", dir=nearest)
+    except OSError as e:  # the run's own mkdir would fail the same way: say it as the run would
+        raise CampaignError(f"--store-dir {store_dir}: cannot create {cdir} ({e.strerror or e})") from None
+    os.rmdir(trial)
 
 
 def run_campaign(spec: Spec, store_dir: Path | str = "store", *, resume: bool = True,
@@ -209,7 +217,7 @@ def run_campaign(spec: Spec, store_dir: Path | str = "store", *, resume: bool = 
     Dask scheduler whose workers run the cells (lab.campaign.dask_cells); it is checked before anything is written.
     """
     store_dir = Path(store_dir)
-    check_store_dir(store_dir)
+    check_store_dir(store_dir, spec.name)
     plan = validate_plan(spec) if plan is None else plan
     dask = dask or spec.dask
     if dask is None:
@@ -232,7 +240,7 @@ def _run_campaign(spec: Spec, store_dir: Path, resume: bool, echo: Callable[[str
     cdir = campaign_dir(store_dir, spec.name)
     try:
         cdir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # what check_store_dir cannot see without writing (e.g. /proc, a full or read-only disk)
+    except OSError as e:  # what changed since check_store_dir's trial (a disk filled up, a mount went read-only)
         raise CampaignError(f"--store-dir {store_dir}: cannot create {cdir} ({e.strerror or e})") from None
     path = cdir / STATE_FILE
     with CampaignLock(cdir), sigterm_interrupts():

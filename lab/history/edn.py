@@ -76,8 +76,10 @@ def read_edn(path: str | os.PathLike, *, independent: bool | None = None) -> lis
     return ops
 
 
-def read_edn_report(path: str | os.PathLike, *, independent: bool | None = None) -> tuple[list[dict], list[str]]:
-    """Read a Jepsen EDN history (a vector of maps or one map per line); return (ops, problems)."""
+def read_edn_report(path: str | os.PathLike, *, independent: bool | None = None,
+                    need_an_op: bool = False) -> tuple[list[dict], list[str]]:
+    """Read a Jepsen EDN history (a vector of maps or one map per line); return (ops, problems).
+    `need_an_op`: a bad last line with no whole form before it is a HistoryError, not a torn write."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -86,7 +88,7 @@ def read_edn_report(path: str | os.PathLike, *, independent: bool | None = None)
     except UnicodeDecodeError as e:
         raise HistoryError(f"{p}: not UTF-8 text ({e})") from None
     problems: list[str] = []
-    forms = _parse_forms(p, text, problems)
+    forms = _parse_forms(p, text, problems, need_an_op)
     maps = _op_maps(p, forms)
     lines = _form_lines(text, len(maps))
     ops = [_from_edn_op(p, m, i, lines) for i, m in enumerate(maps)]
@@ -103,8 +105,9 @@ def _parse(text: str) -> list:
     return edn_format.loads_all(text, write_ply_tables=False)
 
 
-def _parse_forms(path: Path, text: str, problems: list[str]) -> list:
-    """Parse all top-level forms; a torn last line is skipped (and reported), other errors name the line."""
+def _parse_forms(path: Path, text: str, problems: list[str], need_an_op: bool = False) -> list:
+    """Parse all top-level forms; a torn last line is skipped (and reported), other errors name the line
+    (a bad only line too, when `need_an_op`: one line of garbage is no history cut short)."""
     try:
         return _parse(text)
     except Exception as whole_error:  # edn_format raises EDNDecodeError, NotImplementedError (tags), ply errors
@@ -130,8 +133,9 @@ def _parse_forms(path: Path, text: str, problems: list[str]) -> list:
             forms = _parse("".join(lines[:good]))
         except Exception as e:
             raise HistoryError(f"{path}: malformed EDN history ({_describe(e)})") from None
-        problems.append(f"{path}:{bad}: torn last line skipped ({_describe(error)}: {excerpt!r})")
-        return forms
+        if forms or not need_an_op:
+            problems.append(f"{path}:{bad}: torn last line skipped ({_describe(error)}: {excerpt!r})")
+            return forms
     raise HistoryError(f"{path}:{bad}: malformed EDN line ({_describe(error)}): {excerpt!r}")
 
 

@@ -3,7 +3,11 @@
 Readers are strict about the middle of a file and forgiving about its end: a
 torn LAST line (the lab was killed mid-write) is skipped and reported as a
 problem, while a malformed line anywhere else is a HistoryError naming the
-file and line. `iter_jsonl` streams (constant memory) for big runs.
+file and line. With `need_an_op=True` (files the lab did not write: `fencelab
+check`) a bad line with no whole op before it is an error too: one line of
+garbage is no history cut short. The lab's own readers keep the default: its
+history, read while it is written or killed in its first op, may be one torn
+line. `iter_jsonl` streams (constant memory) for big runs.
 """
 
 from __future__ import annotations
@@ -62,13 +66,16 @@ def iter_jsonl(
     *,
     validate: bool = True,
     on_problem: Callable[[str], None] | None = None,
+    need_an_op: bool = False,
 ) -> Iterator[dict]:
     """Stream the ops of a JSONL history. A torn last line is skipped and passed to
-    `on_problem` (default: a HistoryWarning); any other bad line raises HistoryError."""
+    `on_problem` (default: a HistoryWarning); any other bad line raises HistoryError, as does a bad
+    last line with no whole op before it when `need_an_op` (the module docstring says why)."""
     report = on_problem or _warn
     p = Path(path)
     expected_index = 0
     last_time = 0
+    read_one = False  # a whole op came before the last line
     pending: tuple[int, bytes] | None = None  # one line of lookahead: is the bad line the last one?
     with open(p, "rb") as f:
         for lineno, raw in enumerate(f, 1):
@@ -78,10 +85,11 @@ def iter_jsonl(
                 op = _parse_line(p, *pending, last=False, report=report)
                 if validate:
                     expected_index, last_time = _check(p, pending[0], op, expected_index, last_time)
+                read_one = True
                 yield op
             pending = (lineno, raw)
         if pending is not None:
-            op = _parse_line(p, *pending, last=True, report=report)
+            op = _parse_line(p, *pending, last=read_one or not need_an_op, report=report)
             if op is not None:
                 if validate:
                     _check(p, pending[0], op, expected_index, last_time)
@@ -113,14 +121,16 @@ def _check(path: Path, lineno: int, op: dict, expected_index: int, last_time: in
     return expected_index + 1, op["time"]
 
 
-def read_history_report(path: str | os.PathLike, format: str | None = None) -> tuple[list[dict], list[str]]:
-    """Read a whole history (JSONL or EDN); return (ops, problems), problems being recoverable ones."""
+def read_history_report(path: str | os.PathLike, format: str | None = None, *,
+                        need_an_op: bool = False) -> tuple[list[dict], list[str]]:
+    """Read a whole history (JSONL or EDN); return (ops, problems), problems being recoverable ones.
+    `need_an_op`: a bad last line with no whole op before it is a HistoryError, not a torn write."""
     fmt = _resolve_format(path, format)
     problems: list[str] = []
     if fmt == "jsonl":
-        ops = list(iter_jsonl(path, on_problem=problems.append))
+        ops = list(iter_jsonl(path, on_problem=problems.append, need_an_op=need_an_op))
     else:
-        ops, problems = read_edn_report(path)
+        ops, problems = read_edn_report(path, need_an_op=need_an_op)
     return ops, problems
 
 
