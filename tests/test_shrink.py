@@ -435,30 +435,38 @@ def test_a_dropped_pause_comes_back_when_it_lets_a_client_go():
                 if s.pass_name == "trade"]
 
 
-def test_the_clients_pass_moves_a_client_pause_to_a_thread_that_exists():
+def test_the_clients_pass_arms_a_client_pause_whose_thread_would_not_exist():
     orig = Candidate(concurrency=8, keys=1, servers=None, time_limit=8.0, rate=10.0, windows=(0,))
     space = Space(spans=((3.2, 6.2),), clients_needed=(5,), client_threads=(4,))
     out = search(orig, Recorder(lambda c: bool(c.windows) and c.concurrency >= 2), space, runs=1, trade=False)
+    # 8 -> 4: thread 4 does not exist there; the pause is armed for whichever thread next holds a lease
     assert [(s.candidate.concurrency, s.candidate.threads) for s in out.steps if s.pass_name == "concurrency"][:1] == \
-        [(4, ((0, 3),))]  # 8 -> 4: thread 4 does not exist there, the pause moves to thread 3
-    assert (out.best.concurrency, out.best.threads) == (2, ((0, 1),))
+        [(4, ((0, HOLDER),))]
+    assert (out.best.concurrency, out.best.threads) == (2, ((0, HOLDER),))
+    # a pause on a thread that still exists stays where it was
+    kept = Space(spans=((3.2, 6.2),), clients_needed=(2,), client_threads=(1,)).with_clients(orig, 4)
+    assert kept.threads == () and kept.thread(0, 1) == 1
 
 
-def test_a_moved_client_pause_is_replayed_on_its_new_thread(tmp_path):
+def test_a_client_pause_of_a_smaller_run_is_replayed_armed_or_on_its_new_thread(tmp_path):
     run = make_run(tmp_path, nemesis=["client-pause"], windows=[CLIENT_PAUSE])
-    space = load_origin(run).space()
+    origin = load_origin(run)
+    space = origin.space()
     assert space.client_threads == (4,) and space.clients_floor((0,)) == 2  # movable: no floor of 5
     runner = FakeRunner(lambda t: t.fault_schedule is not None and t.concurrency >= 2)
     shrink_run(run, runs=1, out=tmp_path / "out", runner=runner)
     d = json.loads((tmp_path / "out" / RESULT).read_text())
     m = d["minimal"]["config"]
-    assert m["concurrency"] == 2 and m["threads"] == [[0, 1]]
-    assert [f["value"]["thread"] for f in m["faults"]] == [1]
+    assert m["concurrency"] == 2 and m["threads"] == [[0, HOLDER]]
+    assert [f["value"] for f in m["faults"]] == [{"duration_s": 3.0, "holding": True}]
     replayed = [t for t in runner.tests if t.concurrency == 2 and t.fault_schedule]
     assert replayed
     for t in replayed:
         windows = json.loads(Path(t.fault_schedule).read_text())["windows"]
-        assert [w["value"]["thread"] for w in windows] == [1], "the schedule file holds the moved thread"
+        assert [w["value"] for w in windows] == [{"duration_s": 3.0, "holding": True}], "armed, no thread named"
+    # a trade's pause on a named thread is replayed on that thread
+    t = candidate_test(origin, space.with_clients(origin.candidate(), 2).moving(0, 1), tmp_path / "out2")
+    assert [w["value"]["thread"] for w in json.loads(Path(t.fault_schedule).read_text())["windows"]] == [1]
 
 
 def test_a_traded_pause_is_tried_on_each_thread_of_the_smaller_run():

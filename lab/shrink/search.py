@@ -171,11 +171,14 @@ class Space:
                                             if i < len(self.clients_needed) and not self.movable(i))])
 
     def with_clients(self, cand: Candidate, n: int) -> Candidate:
-        """`cand` with `n` clients; a kept client pause on a thread that would not exist moves to the last one."""
+        """`cand` with `n` clients; a kept client pause on a thread that would not exist is armed for the next
+        holder instead (HOLDER): what made the original's stale holder is a thread paused with a lease in hand,
+        and which thread of a smaller run holds one at that moment is chance (measured on the Redis lock: moved
+        to the last thread, 3 -> 2 clients reproduced in 0 of 3 runs, twice)."""
         cand = replace(cand, concurrency=n)
         for i in cand.windows:
             if self.movable(i) and cand.thread(i, self.client_threads[i]) >= n:
-                cand = cand.moving(i, n - 1)
+                cand = cand.moving(i, HOLDER)
         return cand
 
     def servers_floor(self, windows: tuple[int, ...]) -> int:
@@ -375,12 +378,11 @@ class _Search:
             cand = s.with_clients(replace(best, windows=windows, rate=orig.rate, time_limit=orig.time_limit), floor)
             if not cand.rank() < best.rank():
                 continue
-            moved = cand.thread(i)
             # which thread holds the lock when a pause begins decides whether it makes a stale holder (measured on
             # the Redis lock: thread 1 of 2 was paused waiting in an acquire, while thread 0 held, 0/2 on either
-            # thread): first the pause armed for the next holder, then on each thread of the smaller run
-            threads = ([HOLDER, moved, *(t for t in range(floor) if t != moved)] if moved is not None
-                       else [None])
+            # thread): first the pause armed for the next holder, then on each thread of the smaller run (the last
+            # first)
+            threads = [HOLDER, *range(floor - 1, -1, -1)] if s.movable(i) else [None]
             for t in threads:
                 change = f"window {i} back, concurrency {best.concurrency} -> {floor}"
                 if t == HOLDER:
