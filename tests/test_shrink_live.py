@@ -61,3 +61,31 @@ def test_a_planted_bug_shrinks_to_a_smaller_run_that_still_reproduces(tmp_path):
     again = lab("shrink", str(run_dir), "--runs", "2", "--threshold", "0.5", "--max-runs", "6", "--out", str(out))
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "runs (0 new)" in again.stdout and f"minimal  {minimal.label()}" in again.stdout
+
+
+def test_the_redis_locks_minimal_case_two_clients_one_key_one_pause_armed_for_the_holder(tmp_path):
+    # issue 21: what `fencelab shrink` made of the unfenced Redis lock under client-pause with the workload's stalls
+    # off (docs/shrinking.md: c2-k1-t4.8-r1.6, 3/3 then 10/10). The pause is armed, so it stops thread 0 or 1
+    # whichever next commits on its lock; the lock expires, the other takes it and commits, the paused one wakes
+    # and commits on its old lock. redis-py's Lock has no token: the final read shows the stale write. The same
+    # schedule against the fenced variant (the store checks the token) is valid. Each run is ~5 s of 25 ops.
+    schedule = tmp_path / "pause.json"
+    schedule.write_text(json.dumps({
+        "format": 1, "time_origin": "history", "nemeses": ["client-pause"],
+        "windows": [{"nemesis": "client-pause", "start_f": "start-client-pause", "stop_f": "stop-client-pause",
+                     "value": {"duration_s": None, "holding": True}, "start_s": 3.15, "end_s": 4.55}]}))
+    common = ["--workload", "fenced-append", "--time-limit", "4.8", "--concurrency", "2", "--rate", "1.6", "--keys",
+              "1", "--ttl-ms", "1000", "--fault-schedule", str(schedule), "--stalls", "off", "--after-info",
+              "abandon", "--store-dir", str(tmp_path / "store")]
+    for sut, code in (("valkey-lock", 1), ("valkey-lock-fenced", 0)):
+        r = lab("test", "--sut", sut, *common)
+        assert r.returncode == code, r.stdout[-3000:] + r.stderr[-3000:]
+        run_dir = (tmp_path / "store" / f"{sut}-fenced-append" / "latest").resolve()
+        history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+        starts = [o["value"] for o in history if o["f"] == "start-client-pause" and o["value"].get("phase")]
+        assert [(s["phase"], s["holding"]) for s in starts] == [("start", True)], starts  # the pause fired
+        assert sum(o["type"] == "invoke" and o["process"] != "nemesis" for o in history) < 60  # a short story
+        results = json.loads((run_dir / "results.json").read_text())
+        if code == 1:
+            found = results["results"]["stale-write"]["violations"]
+            assert found and all("stale holder made by: client-pause" in v["msg"] for v in found), found
