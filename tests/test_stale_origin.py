@@ -203,18 +203,22 @@ def fencelab(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lab", *args], capture_output=True, text=True, timeout=300)
 
 
-def test_after_info_is_checked_at_every_edge_and_kept_in_the_replay(tmp_path):
-    r = fencelab("test", "--after-info", "sometimes", "--store-dir", str(tmp_path))
+@pytest.mark.parametrize("field, flag, bad, good, allowed", [
+    ("after_info", "--after-info", "sometimes", "abandon", "carry-on, abandon"),
+    ("stalls", "--stalls", "never", "off", "on, off"),  # issue 21: only a fault makes a stale holder
+])
+def test_a_workload_option_is_checked_at_every_edge_and_kept_in_the_replay(tmp_path, field, flag, bad, good, allowed):
+    r = fencelab("test", flag, bad, "--store-dir", str(tmp_path))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert r.stderr.startswith("fencelab: error:") and "--after-info" in r.stderr
-    with pytest.raises(RunError, match="--after-info must be one of carry-on, abandon, not 'sometimes'"):
-        validate(Test(after_info="sometimes"))
-    with pytest.raises(OptionError, match="after_info"):
-        check_options({"after_info": "sometimes"})  # a campaign's [defaults], a mutants row
-    assert check_options({"after_info": "abandon"}) == {"after_info": "abandon"}
-    assert "--after-info abandon" in replay_command(Test(after_info="abandon"))
-    assert "--after-info" not in replay_command(Test())  # the default (carry-on) is not written out
-    assert "after_info" not in Test().to_json()
+    assert r.stderr.startswith("fencelab: error:") and flag in r.stderr
+    with pytest.raises(RunError, match=f"{flag} must be one of {allowed}, not '{bad}'"):
+        validate(Test(**{field: bad}))
+    with pytest.raises(OptionError, match=field):
+        check_options({field: bad})  # a campaign's [defaults], a mutants row
+    assert check_options({field: good}) == {field: good}
+    assert f"{flag} {good}" in replay_command(Test(**{field: good}))
+    assert flag not in replay_command(Test())  # the default is not written out
+    assert field not in Test().to_json()
 
 
 def test_a_live_stale_commit_made_by_a_stall_is_labelled_stall(tmp_path):

@@ -259,20 +259,3 @@ def test_stalls_off_leaves_no_sleep_past_the_ttl(workload):
     assert longest_gap(on) >= 0.75 * ttl_s, longest_gap(on)  # the default sleeps most of a TTL (its stall)
     assert longest_gap(off) < 0.5 * ttl_s, longest_gap(off)
     assert len(invokes(off)) > 0.5 * len(invokes(on))  # the same run otherwise: bursts, sessions, retries
-
-
-def test_stalls_is_checked_at_every_edge_and_kept_in_the_replay(tmp_path):
-    from lab.runner import RunError, replay_command, validate
-    from lab.testmap import OptionError, check_options
-    r = subprocess.run([sys.executable, "-m", "lab", "test", "--stalls", "never", "--store-dir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert r.stderr.startswith("fencelab: error:") and "--stalls" in r.stderr
-    with pytest.raises(RunError, match="--stalls must be one of on, off, not 'never'"):
-        validate(Test(stalls="never"))
-    with pytest.raises(OptionError, match="stalls"):
-        check_options({"stalls": "never"})  # a campaign's [defaults], a mutants row
-    assert check_options({"stalls": "off"}) == {"stalls": "off"}
-    assert "--stalls off" in replay_command(Test(stalls="off"))
-    assert "--stalls" not in replay_command(Test())
-    assert "stalls" not in Test().to_json()
