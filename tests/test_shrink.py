@@ -38,7 +38,7 @@ class Recorder:
         if self.stop_at is not None and len(self.calls) == self.stop_at:
             raise KeyboardInterrupt
         self.calls.append((cand, rep))
-        return rep < self.rate_of(cand) * self.runs // 5
+        return rep % self.runs < self.rate_of(cand) * self.runs // 5  # a re-measured edge candidate: reps N..2N-1
 
 
 def test_shrinks_every_dimension_to_what_the_bug_needs():
@@ -89,13 +89,29 @@ def test_acceptance_is_the_rate_against_the_threshold_and_a_hopeless_candidate_s
     out = search(ORIGINAL, trial, SPACE, runs=5, threshold=0.6, passes=("faults", "concurrency"))
     steps = {s.change: s for s in out.steps}
     nofault = steps["no fault (was 4 windows)"]
-    assert nofault.accepted and (nofault.convicted, nofault.runs) == (3, 5) and nofault.rate == 0.6
+    # 3/5 is the edge (the fewest that pass) below the original's 5/5: measured again, 6/10
+    assert nofault.accepted and (nofault.convicted, nofault.runs) == (6, 10) and nofault.rate == 0.6
     halved = steps["concurrency 8 -> 4"]
     assert halved.accepted
     two = steps["concurrency 4 -> 2"]
     # convicted, missed, missed, missed: 3 out of 5 is out of reach after 4 runs, the 5th is not made
     assert not two.accepted and (two.convicted, two.runs) == (1, 4) and two.rate == 0.25
     assert out.best.concurrency == 4 and out.best.windows == ()
+
+
+def test_a_candidate_that_drops_to_the_edge_is_measured_again_and_judged_on_all_its_runs():
+    # local-clock's miss: a window subset passed at 3/5 (exactly 0.6) where two windows had reproduced 5/5, and
+    # every candidate after it failed; its true rate was below the threshold
+    lucky = Recorder(lambda c: 0 if c.concurrency < 8 else 5)
+    lucky_first = lambda c, rep: (rep < 3) if not c.windows else lucky(c, rep)  # 3 of its first 5, none after
+    out = search(ORIGINAL, lucky_first, SPACE, runs=5, threshold=0.6, passes=("faults",))
+    first = out.steps[0]
+    assert first.change == "no fault (was 4 windows)" and (first.convicted, first.runs, first.accepted) == (3, 8, False)
+    assert out.best.windows != ()  # rejected: after 3 of 8, 6 of 10 is out of reach
+    # 4/5 (above the edge) and a candidate at the best's own rate are judged on their 5 runs as before
+    for rate_of, runs in ((lambda c: 4 if not c.windows else 5, 5), (lambda c: 3, 5)):
+        out = search(ORIGINAL, Recorder(rate_of), SPACE, runs=5, threshold=0.6, passes=("faults",))
+        assert out.steps[0].runs == runs and out.steps[0].accepted
 
 
 def test_a_lower_original_rate_is_the_threshold():
