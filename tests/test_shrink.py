@@ -108,6 +108,9 @@ def test_a_candidate_that_drops_to_the_edge_is_measured_again_and_judged_on_all_
     first = out.steps[0]
     assert first.change == "no fault (was 4 windows)" and (first.convicted, first.runs, first.accepted) == (3, 8, False)
     assert out.best.windows != ()  # rejected: after 3 of 8, 6 of 10 is out of reach
+    # without the runs for another candidate after it, an edge candidate is judged on its 5 runs as before
+    out = search(ORIGINAL, lucky_first, SPACE, runs=5, threshold=0.6, passes=("faults",), max_runs=14)
+    assert (out.steps[0].runs, out.steps[0].accepted) == (5, True)
     # 4/5 (above the edge) and a candidate at the best's own rate are judged on their 5 runs as before
     for rate_of, runs in ((lambda c: 4 if not c.windows else 5, 5), (lambda c: 3, 5)):
         out = search(ORIGINAL, Recorder(rate_of), SPACE, runs=5, threshold=0.6, passes=("faults",))

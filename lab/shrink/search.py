@@ -17,7 +17,7 @@ clients, keys, servers, seconds, rate, and which of the original run's recorded 
 3. A candidate runs up to N times; it is accepted when convicted / N >= the threshold. Its runs stop early
    once the threshold is out of reach (a rejected candidate's rate is over the runs it made). One that
    passes with the fewest convictions that pass, below the best's rate (a drop to the edge), runs N more
-   times and is judged on all 2N (`_Search._at_the_edge`).
+   times and is judged on all 2N, when the budget has room for one more candidate after (`_Search._at_the_edge`).
 4. Budget: `max_runs` counts every trial, also those a resumed shrink answers from its log (so the same
    command ends where it ended before); `time_budget_s` the seconds of this call. Out of budget, or Ctrl-C
    (KeyboardInterrupt inside `trial`), the search returns the best accepted so far, saying why it stopped.
@@ -315,7 +315,9 @@ class _Search:
         one window at 3/5 where two had reproduced 5/5, every pass after it failed, and the budget ran out at
         4 clients and 3 keys)."""
         best = self.outcome.best_step
-        return (convicted == self._need(self.runs) < self.runs and best is not None
+        # with no runs left for a candidate after it, measuring again could only lose the shrink it made
+        room = self.max_runs is None or self.max_runs - self.outcome.runs_used >= 2 * self.runs
+        return (room and convicted == self._need(self.runs) < self.runs and best is not None
                 and convicted / self.runs < best.rate - _EPS)
 
     # -- the passes ------------------------------------------------------------------------------------------
