@@ -716,7 +716,6 @@ class ClientPauseNemesis:
             try:
                 thread = await asyncio.wait_for(waiter, wait_s)
             except asyncio.TimeoutError:
-                self.pauses.disarm()
                 return completion(op, {"fault": self.fault, "phase": "none", "holding": True, "armed": armed,
                                        "wait_s": wait_s},
                                   error=f"no client thread of {armed} sent a request on a lease it holds within "

@@ -53,6 +53,12 @@ NEEDS = WorkloadNeeds("lease")  # the core operations only: any system under tes
 HOLDER_FS = frozenset({"renew", "release", "commit"})  # requests a worker sends on a lease it believes it holds
 
 
+def _session_id(op: dict[str, Any]) -> Any:
+    """The session an op belongs to (`value.session`), or None: the client's own holder of its key."""
+    value = op.get("value") or {}
+    return value.get("session") if isinstance(value, dict) else None
+
+
 class LeaseDriver:
     """A worker's driver of the lease workload (over a lab.sut system); a session's lease and service instance are
     shared by every opened driver."""
@@ -111,15 +117,13 @@ class LeaseDriver:
         hand; not one its session sends after a refused acquire)? Read only: no session is made here."""
         if op.get("f") not in HOLDER_FS:
             return False
-        value = op.get("value") or {}
-        sid = value.get("session") if isinstance(value, dict) else None
+        sid = _session_id(op)
         sess = self.sessions.get(sid) if sid is not None else self.own.get(op.get("key"))
         return sess is not None and sess.lease is not None
 
     def session_for(self, test: Test | None, op: dict[str, Any]) -> Session:
         """The op's session (its `value.session`), acting as that session's service instance."""
-        value = op.get("value") or {}
-        sid = value.get("session") if isinstance(value, dict) else None
+        sid = _session_id(op)
         if sid is None:
             key = op.get("key")
             if key not in self.own:

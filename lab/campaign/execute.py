@@ -186,6 +186,11 @@ def _prepare_state(spec: Spec, plan: list[PlannedRun], store_dir: Path, path: Pa
     return state
 
 
+def _cannot_create(store_dir: Path, cdir: Path, e: OSError) -> CampaignError:
+    """The one line for a campaign directory the OS would not make (the dry run's trial and the run say the same)."""
+    return CampaignError(f"--store-dir {store_dir}: cannot create {cdir} ({e.strerror or e})")
+
+
 def check_store_dir(store_dir: Path | str, name: str) -> None:
     """The store can hold campaign `name`: its directory's nearest existing parent is a directory in which this
     process can make a directory; CampaignError in one line otherwise. It leaves nothing behind (`--dry-run` calls
@@ -204,7 +209,7 @@ def check_store_dir(store_dir: Path | str, name: str) -> None:
     try:  # the mode bits are not the whole answer (/proc refuses new directories, even to root): ask the OS
         trial = tempfile.mkdtemp(prefix=".fencelab-trial-", dir=nearest)
     except OSError as e:  # the run's own mkdir would fail the same way: say it as the run would
-        raise CampaignError(f"--store-dir {store_dir}: cannot create {cdir} ({e.strerror or e})") from None
+        raise _cannot_create(store_dir, cdir, e) from None
     os.rmdir(trial)
 
 
@@ -241,7 +246,7 @@ def _run_campaign(spec: Spec, store_dir: Path, resume: bool, echo: Callable[[str
     try:
         cdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # what changed since check_store_dir's trial (a disk filled up, a mount went read-only)
-        raise CampaignError(f"--store-dir {store_dir}: cannot create {cdir} ({e.strerror or e})") from None
+        raise _cannot_create(store_dir, cdir, e) from None
     path = cdir / STATE_FILE
     with CampaignLock(cdir), sigterm_interrupts():
         state = _prepare_state(spec, plan, store_dir, path, resume, echo)
