@@ -34,6 +34,7 @@ from typing import Any
 from lab.history import read_history
 from lab.history.ops import NEMESIS, pair
 from lab.paths import write_text_atomic
+from nemesis import clock, network, process_faults
 from nemesis.registry import NEMESES, validate_names
 from nemesis.schedule import Window
 
@@ -155,6 +156,77 @@ def _read(path: Any) -> tuple[list[str], list[Window]]:
     return names, windows
 
 
+def check_start_value(name: str, start_f: str, value: dict[str, Any] | None) -> None:
+    """ValueError naming the problem unless `value` is a start value nemesis `name`'s `start_f` can take: its
+    keys and the type and range of each, what can be judged before a stack exists (the nemesis checks again at
+    the start, with the names only the stack knows: targets, links, threads, grudges that apply)."""
+    v = value or {}
+    if name in ("partition", "netns"):
+        _keys(v, network.PartitionNemesis.choice_keys, start_f)
+        if "grudge" in v and v["grudge"] not in network.GRUDGES:
+            raise ValueError(f"grudge must be one of {', '.join(network.GRUDGES)}, got {v['grudge']!r}")
+        if "sides" in v and not (isinstance(v["sides"], list) and len(v["sides"]) == 2
+                                 and all(_names(s) for s in v["sides"])):
+            raise ValueError(f"sides must be two lists of endpoints, got {v['sides']!r}")
+    elif name in network.TOXIC_PARAMS:
+        params = network.TOXIC_PARAMS[name]
+        _keys(v, network.ToxicNemesis.choice_keys | set(params), start_f)
+        for k in set(v) & set(params):
+            network._int_param(k, v[k], params[k])
+        if "scope" in v and v["scope"] not in network.SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(network.SCOPES)}, got {v['scope']!r}")
+    elif start_f in ("bump-clock", "strobe-clock"):
+        strobe = start_f == "strobe-clock"
+        _keys(v, {"targets", "delta_s"} | ({"period_ms", "duration_s"} if strobe else set()), start_f)
+        if "delta_s" in v:
+            clock._delta("delta_s", v["delta_s"])
+        if "period_ms" in v:
+            clock._number("period_ms", v["period_ms"], clock.MIN_STROBE_PERIOD_MS, 3_600_000)
+        if "duration_s" in v:
+            clock._number("duration_s", v["duration_s"], 0.0, 3600.0, lo_open=True)
+    elif name in ("kill", "pause", "leader-pause"):
+        keys = (process_faults.KillNemesis if name == "kill" else process_faults.PauseNemesis).value_keys
+        _keys(v, keys, start_f)
+        if "restart_after_s" in v:
+            process_faults._seconds("restart_after_s", v["restart_after_s"], allow_none=True)
+    elif name == "client-pause":
+        _keys(v, {"thread", "duration_s", "holding", "wait_s"}, start_f)
+        if not isinstance(v.get("holding", False), bool):
+            raise ValueError(f"holding must be true or false, got {v['holding']!r}")
+        if "thread" in v and (isinstance(v["thread"], bool) or not isinstance(v["thread"], int) or v["thread"] < 0):
+            raise ValueError(f"thread must be a client thread number (an int >= 0), got {v['thread']!r}")
+        for k in ("duration_s", "wait_s"):
+            if k in v:
+                process_faults._seconds(k, v[k], allow_none=k == "duration_s",
+                                        maximum=process_faults.MAX_CLIENT_PAUSE_S)
+    elif name == "valkey-crash":
+        _keys(v, {"restart_after_s"}, start_f)
+        if "restart_after_s" in v:
+            process_faults._seconds("restart_after_s", v["restart_after_s"], allow_none=True)
+    elif name == "valkey-restore" and v:
+        raise ValueError(f"{start_f} takes no value (it snapshots whatever Valkey holds then), got {value!r}")
+    if v.get("target") is not None and not isinstance(v["target"], str):
+        raise ValueError(f"target must be a name or null, got {v['target']!r}")
+    if "targets" in v and not _names(v["targets"]):
+        raise ValueError(f"targets must be a non-empty list of names, got {v['targets']!r}")
+    if "links" in v and not _names(v["links"]):
+        raise ValueError(f"links must be a non-empty list of link names, got {v['links']!r}")
+    if "direction" in v and v["direction"] not in network.DIRECTIONS:
+        raise ValueError(f"direction must be one of {', '.join(network.DIRECTIONS)}, got {v['direction']!r}")
+
+
+def _keys(value: dict[str, Any], known: Any, start_f: str) -> None:
+    """ValueError naming the first key of `value` not in `known`."""
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(f"{start_f}: unknown value key {unknown[0]!r}; known: {', '.join(sorted(known))}")
+
+
+def _names(v: Any) -> bool:
+    """Is `v` a non-empty list of strings?"""
+    return isinstance(v, list) and bool(v) and all(isinstance(n, str) for n in v)
+
+
 def _window(where: str, i: int, w: Any, names: list[str]) -> Window:
     """Entry `i` of the windows, checked."""
     at = f"{where}: window {i}"
@@ -176,6 +248,10 @@ def _window(where: str, i: int, w: Any, names: list[str]) -> Window:
                             f"{w['start_f']!r} / {w['stop_f']!r}")
     if w["value"] is not None and not isinstance(w["value"], dict):
         raise ScheduleError(f"{at}: value must be an object or null, not {w['value']!r}")
+    try:
+        check_start_value(name, w["start_f"], w["value"])
+    except ValueError as e:
+        raise ScheduleError(f"{at} ({name}): {e}") from None
     for k in ("start_s", "end_s"):
         v = w[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:

@@ -81,11 +81,26 @@ def _choices(param: str, values: Any, allowed: Sequence[str]) -> tuple[str, ...]
     return values
 
 
+# Each toxic fault's parameters (op value keys) and their least value: the classes below check them at a start,
+# nemesis.fault_schedule before a replay's stack starts.
+TOXIC_PARAMS: dict[str, dict[str, int]] = {
+    "latency": {"latency_ms": 1, "jitter_ms": 0},
+    "bandwidth": {"rate_kbps": 1},
+    "reset-peer": {"timeout_ms": 0},
+    "slicer": {"average_size": 1, "size_variation": 0, "delay_us": 0},
+}
+
+
 def _int_param(param: str, value: Any, minimum: int = 0) -> int:
     """An int >= minimum, or ValueError naming `param`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{param} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+def _int_params(fault: str, p: dict[str, Any]) -> dict[str, int]:
+    """`fault`'s parameters from `p`, each an int >= its least value (TOXIC_PARAMS), or ValueError naming it."""
+    return {k: _int_param(k, p[k], least) for k, least in TOXIC_PARAMS[fault].items()}
 
 
 def _toxicity(value: Any) -> float:
@@ -423,8 +438,7 @@ class _Latency(ToxicNemesis):
     toxic_type = "latency"
 
     def _check_params(self, p: dict[str, Any]) -> dict[str, Any]:
-        return {"latency_ms": _int_param("latency_ms", p["latency_ms"], 1),
-                "jitter_ms": _int_param("jitter_ms", p["jitter_ms"])}
+        return _int_params("latency", p)
 
     def _attributes(self, p: dict[str, Any]) -> dict[str, Any]:
         return {"latency": p["latency_ms"], "jitter": p["jitter_ms"]}
@@ -434,7 +448,7 @@ class _Bandwidth(ToxicNemesis):
     toxic_type = "bandwidth"
 
     def _check_params(self, p: dict[str, Any]) -> dict[str, Any]:
-        return {"rate_kbps": _int_param("rate_kbps", p["rate_kbps"], 1)}
+        return _int_params("bandwidth", p)
 
     def _attributes(self, p: dict[str, Any]) -> dict[str, Any]:
         return {"rate": p["rate_kbps"]}
@@ -444,7 +458,7 @@ class _ResetPeer(ToxicNemesis):
     toxic_type = "reset_peer"
 
     def _check_params(self, p: dict[str, Any]) -> dict[str, Any]:
-        return {"timeout_ms": _int_param("timeout_ms", p["timeout_ms"])}
+        return _int_params("reset-peer", p)
 
     def _attributes(self, p: dict[str, Any]) -> dict[str, Any]:
         return {"timeout": p["timeout_ms"]}
@@ -454,11 +468,11 @@ class _Slicer(ToxicNemesis):
     toxic_type = "slicer"
 
     def _check_params(self, p: dict[str, Any]) -> dict[str, Any]:
-        avg = _int_param("average_size", p["average_size"], 1)
-        var = _int_param("size_variation", p["size_variation"])
-        if var >= avg:
-            raise ValueError(f"size_variation ({var}) must be smaller than average_size ({avg})")
-        return {"average_size": avg, "size_variation": var, "delay_us": _int_param("delay_us", p["delay_us"])}
+        out = _int_params("slicer", p)
+        if out["size_variation"] >= out["average_size"]:
+            raise ValueError(f"size_variation ({out['size_variation']}) must be smaller than average_size "
+                             f"({out['average_size']})")
+        return out
 
     def _attributes(self, p: dict[str, Any]) -> dict[str, Any]:
         return {"average_size": p["average_size"], "size_variation": p["size_variation"], "delay": p["delay_us"]}

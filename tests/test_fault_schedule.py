@@ -78,7 +78,7 @@ def test_the_executed_windows_are_read_from_the_nemesis_ops_and_their_completion
     assert executed(history, []) == [], "no nemesis, no window"
 
 
-@pytest.mark.parametrize("name, record, value", [
+REPLAYS = [
     ("partition", {**PARTITION, "grudge": "links", "direction": "upstream"},
      {"links": ["c0_lease-1", "lease-1_valkey"], "direction": "upstream"}),
     ("partition", {**PARTITION, "grudge": "halves", "target": None, "sides": [["a"], ["b"]]},
@@ -100,10 +100,61 @@ def test_the_executed_windows_are_read_from_the_nemesis_ops_and_their_completion
     ("client-pause", {"fault": "client-pause", "thread": 2, "target": "client-2", "duration_s": None},
      {"thread": 2, "duration_s": None}),
     ("valkey-crash", {"fault": "valkey-crash", "pid": 9, "restart_after_s": None}, {"restart_after_s": None}),
+    ("client-pause", {"fault": "client-pause", "holding": True, "armed": [1], "thread": 1, "duration_s": 0.5},
+     {"holding": True, "thread": 1, "duration_s": 0.5}),
+    ("valkey-crash", {"fault": "valkey-crash", "pid": 9, "restart_after_s": None}, {"restart_after_s": None}),
     ("valkey-restore", {"fault": "valkey-restore", "snapshot": "/x.rdb"}, None),
-])
+    ("server-clock", STROBE, {"targets": ["lease-1"], "delta_s": -1.5, "period_ms": 100, "duration_s": 10.0}),
+]
+
+
+@pytest.mark.parametrize("name, record, value", REPLAYS)
 def test_each_nemesis_turns_what_a_start_did_into_the_value_that_does_it_again(name, record, value):
     assert registry.NEMESES[name].replay(record) == value
+
+
+def _start_f(name: str, record: dict) -> str:
+    """The start f a record came from (a clock start is a bump or a strobe)."""
+    if record.get("kind") in ("bump", "strobe"):
+        return f"{record['kind']}-clock"
+    return registry.NEMESES[name].starts[0]
+
+
+@pytest.mark.parametrize("name, record, value", REPLAYS)
+def test_every_value_a_replay_makes_passes_the_check_made_before_the_stack_starts(name, record, value):
+    fault_schedule.check_start_value(name, _start_f(name, record), value)
+
+
+@pytest.mark.parametrize("name, start_f, value, needle", [
+    ("client-pause", "start-client-pause", {"holding": "yes"}, "holding must be true or false, got 'yes'"),
+    ("client-pause", "start-client-pause", {"thread": "2"}, "thread must be a client thread number"),
+    ("client-pause", "start-client-pause", {"holding": True, "wait_s": 0}, "wait_s must be a number of seconds"),
+    ("client-pause", "start-client-pause", {"sleep": 1}, "unknown value key 'sleep'"),
+    ("kill", "start-kill", {"targets": "lease-1"}, "targets must be a non-empty list of names"),
+    ("kill", "start-kill", {"targets": ["lease-1"], "restart_after_s": -1}, "restart_after_s must be a number"),
+    ("pause", "start-pause", {"targets": ["valkey"], "restart_after_s": 1}, "unknown value key 'restart_after_s'"),
+    ("partition", "start-partition", {"grudge": "moon"}, "grudge must be one of"),
+    ("partition", "start-partition", {"grudge": "halves", "sides": [["a"]]}, "sides must be two lists"),
+    ("netns", "start-partition", {"direction": "sideways"}, "direction must be one of both, upstream, downstream"),
+    ("latency", "start-latency", {"latency_ms": 0}, "latency_ms must be an int >= 1, got 0"),
+    ("slicer", "start-slicer", {"delay_us": 1.5}, "delay_us must be an int >= 0, got 1.5"),
+    ("bandwidth", "start-bandwidth", {"scope": "planet"}, "scope must be one of link, server, all"),
+    ("reset-peer", "start-reset-peer", {"links": []}, "links must be a non-empty list of link names"),
+    ("clock", "bump-clock", {"targets": ["valkey"], "delta_s": 0}, "delta_s must be a non-zero number"),
+    ("clock", "bump-clock", {"targets": ["valkey"], "period_ms": 100}, "unknown value key 'period_ms'"),
+    ("client-clock", "strobe-clock", {"period_ms": 1}, "period_ms must be a number in [10, 3.6e+06]"),
+    ("valkey-crash", "start-valkey-crash", {"restart_after_s": "soon"}, "restart_after_s must be a number"),
+    ("valkey-restore", "start-valkey-restore", {"keys": 3}, "start-valkey-restore takes no value"),
+])
+def test_a_start_value_a_nemesis_cannot_take_is_refused_before_the_stack_starts(tmp_path, name, start_f, value,
+                                                                                needle):
+    spec = registry.NEMESES[name]
+    path = _schedule(tmp_path, [{"nemesis": name, "start_f": start_f, "stop_f": spec.stop, "value": value,
+                                 "start_s": 1.0, "end_s": 2.0}], nemeses=[name])
+    with pytest.raises(ScheduleError) as e:
+        load(path)
+    msg = str(e.value)
+    assert needle in msg and f"window 0 ({name})" in msg and "\n" not in msg, msg
 
 
 def test_every_nemesis_can_replay_a_recorded_start():
@@ -221,6 +272,17 @@ def _fencelab_test(tmp_path, *args: str):
     store = tmp_path / "store"
     res = CliRunner().invoke(main, ["test", "--store-dir", str(store), *args])
     return res, store
+
+
+def test_fencelab_test_refuses_a_start_value_the_nemesis_cannot_take_before_anything_starts(tmp_path):
+    path = _schedule(tmp_path, [{"nemesis": "client-pause", "start_f": "start-client-pause",
+                                 "stop_f": "stop-client-pause", "value": {"holding": "yes"}, "start_s": 1.0,
+                                 "end_s": 2.0}], nemeses=["client-pause"])
+    res, store = _fencelab_test(tmp_path, "--fault-schedule", str(path), "--time-limit", "3")
+    assert res.exit_code == EXIT_BAD_INPUT, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and "holding must be true or false, got 'yes'" in lines[0], res.output
+    assert not store.exists(), "nothing started"
 
 
 @pytest.mark.parametrize("args, needle", [
