@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import random
 import reprlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
@@ -949,32 +950,101 @@ def _per_thread_op(test, ctx: Context, pick: Callable[[Any], Any]) -> tuple[dict
     return None
 
 
+def _asks_nothing(g: Any) -> bool:
+    """Is g's next op a plain op dict that is next in a sequence, with no time or process of its own?
+
+    Then asking g draws nothing from ctx.rng and changes nothing, and in a one-thread view of a free thread the
+    answer is that dict at ctx.time for the thread's process: `each_thread` need not build the op of such a
+    thread unless it wins. The common shapes only (a sequence's next dict, under cycle, limit and until_ok);
+    anything else is asked as usual."""
+    while True:
+        t = type(g)
+        if t is dict:
+            return "time" not in g and "process" not in g and ("f" in g or g.get("type") in SPECIAL_TYPES)
+        if t is Seq:
+            head = g.head
+            if head is None:  # the next element of its list (an empty rest, or a lazy one: asked as usual)
+                tail = g.tail
+                if type(tail) is not _ListCursor or tail.i >= len(tail.items):
+                    return False
+                head = tail.items[tail.i]
+            g = head
+        elif t is Cycle or t is Limit:
+            if g.remaining == 0:
+                return False
+            g = g.gen
+        elif t is UntilOk:
+            if g.done:
+                return False
+            g = g.gen
+        else:
+            return False
+
+
 class EachThread(Generator):
     """An independent copy of gen for every thread."""
 
-    __slots__ = ("fresh", "gens")
+    __slots__ = ("fresh", "gens", "_memo")
 
-    def __init__(self, fresh: Any, gens: dict) -> None:
+    def __init__(self, fresh: Any, gens: dict, memo: dict | None = None) -> None:
         self.fresh, self.gens = fresh, gens
+        # thread -> (its generator, _asks_nothing(it)): a cache of a pure function of an immutable generator,
+        # shared by every state of this each_thread (a thread's generator stays the same object until it wins)
+        self._memo = {} if memo is None else memo
 
     def _gen(self, thread):
         return self.gens.get(thread, self.fresh)
 
     def op(self, test, ctx):
-        # _per_thread_op, inlined (the hot loop of a run: one ask per free thread per op)
-        gens, fresh, candidates, pending = self.gens, self.fresh, [], False
+        # _per_thread_op, inlined (the hot loop of a run: one ask per free thread per op), and the soonest op
+        # chosen as _soonest does (same comparisons, same draws from ctx.rng) without building the op of a
+        # thread whose answer is a plain dict at ctx.time (_asks_nothing) unless that thread wins
+        gens, fresh, memo, now = self.gens, self.fresh, self._memo, ctx.time
+        candidates, pending = [], False
         for thread in ctx.free_threads():
             g = gens.get(thread, fresh)
+            m = memo.get(thread)
+            if m is None or m[0] is not g:
+                m = memo[thread] = (g, _asks_nothing(g))
+            if m[1]:
+                candidates.append((now, thread, None))
+                continue
             r = g.op(test, ctx.only(thread)) if isinstance(g, Generator) else op(g, test, ctx.only(thread))
             if r is PENDING:
                 pending = True
             elif r is not None:
-                candidates.append((r[0], r[1], thread, 1))
-        best = _soonest(candidates, ctx.rng)
-        if best is None:
+                candidates.append((r[0]["time"], thread, r))
+        if not candidates:
             return PENDING if pending or ctx.free_thread_count() != ctx.all_thread_count() else None
-        o, nxt, thread = best
-        return o, EachThread(fresh, _assoc(gens, thread, nxt))
+        best = candidates[0]
+        if len(candidates) > 1:
+            rng = ctx.rng
+            # rng.randrange(n), as random.Random computes it (the same getrandbits calls), without its Python
+            # argument handling; any other rng is asked as such
+            getrandbits = rng.getrandbits if type(rng) is random.Random else None
+            best_t, total = best[0], 1
+            for c in candidates[1:]:
+                t = c[0]
+                if t < best_t:
+                    best, best_t, total = c, t, 1
+                elif t == best_t:
+                    total += 1
+                    if getrandbits is None:
+                        if rng.randrange(total) < 1:
+                            best = c
+                    else:
+                        k = total.bit_length()
+                        x = getrandbits(k)
+                        while x >= total:
+                            x = getrandbits(k)
+                        if x < 1:
+                            best = c
+        _, thread, r = best
+        if r is None:
+            g = gens.get(thread, fresh)
+            r = g.op(test, ctx.only(thread)) if isinstance(g, Generator) else op(g, test, ctx.only(thread))
+        o, nxt = r
+        return o, EachThread(fresh, _assoc(gens, thread, nxt), memo)
 
     def update(self, test, ctx, event):
         thread = ctx.thread_of(event.get("process"))
@@ -984,7 +1054,7 @@ class EachThread(Generator):
         g = update(before, test, ctx.only(thread), event)
         if g is before and thread in self.gens:
             return self
-        return EachThread(self.fresh, _assoc(self.gens, thread, g))
+        return EachThread(self.fresh, _assoc(self.gens, thread, g), self._memo)
 
 
 def each_thread(gen: Any) -> Any:
