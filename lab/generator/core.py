@@ -123,7 +123,8 @@ class Generator:
         raise NotImplementedError
 
     def update(self, test: Test, ctx: Context, event: dict) -> Any:
-        """The generator after `event` (an invocation or completion); by default unchanged."""
+        """The generator after `event` (an invocation or completion); by default unchanged. A generator is a
+        value: an update that changes nothing returns the generator itself (no copy), as the combinators do."""
         return self
 
     def __repr__(self) -> str:
@@ -283,8 +284,10 @@ class Seq(Generator):
     def op(self, test, ctx):
         head, tail = self.head, self.tail
         while True:
-            # op(head, ...), with its two common cases inlined (this is the innermost loop of a run)
-            if isinstance(head, Generator):
+            # op(head, ...), with its three common cases inlined (this is the innermost loop of a run)
+            if head is None:  # op(None): exhausted (a sequence's state between two elements)
+                r = None
+            elif isinstance(head, Generator):
                 r = head.op(test, ctx)
             elif type(head) is dict:
                 r = _dict_op(head, ctx)
@@ -309,7 +312,8 @@ class Seq(Generator):
             head, tail = tail.first(), tail.rest()
 
     def update(self, test, ctx, event):
-        return Seq(update(self.head, test, ctx, event), self.tail)
+        head = update(self.head, test, ctx, event)
+        return self if head is self.head else Seq(head, self.tail)
 
 
 def seq(items: Any) -> Any:
@@ -376,7 +380,14 @@ class Bind(Generator):
     def op(self, test, ctx):
         if ctx.free_thread_count() == 0:
             return PENDING
-        g = as_generator(self.f() if self._arity == 0 else self.f(test, ctx))
+        g = self.f() if self._arity == 0 else self.f(test, ctx)
+        if type(g) is list and g and type(g[0]) is dict:
+            # op(as_generator(g)), inlined for the common answer, a list of op dicts: its first op, then the rest
+            r = _dict_op(g[0], ctx)
+            if r is PENDING:
+                return PENDING
+            return r[0], (Seq(None, _ListCursor(g, 1)) if len(g) > 1 else None)
+        g = as_generator(g)
         return None if g is None else op(g, test, ctx)
 
 
@@ -554,7 +565,8 @@ class Limit(Generator):
         return r[0], Limit(self.remaining - 1, r[1])
 
     def update(self, test, ctx, event):
-        return Limit(self.remaining, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Limit(self.remaining, g)
 
 
 def limit(n: int, gen: Any) -> Any:
@@ -586,7 +598,8 @@ class Repeat(Generator):
         return r[0], Repeat(max(-1, self.remaining - 1), self.gen)
 
     def update(self, test, ctx, event):
-        return Repeat(self.remaining, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Repeat(self.remaining, g)
 
 
 def repeat(gen: Any, times: int | None = None) -> Any:
@@ -623,7 +636,8 @@ class Cycle(Generator):
         return r[0], Cycle(left, self.original, r[1])
 
     def update(self, test, ctx, event):
-        return Cycle(self.remaining, self.original, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Cycle(self.remaining, self.original, g)
 
 
 def cycle(gen: Any, times: int | None = None) -> Any:
@@ -659,7 +673,8 @@ class Stagger(Generator):
         return {**o, "time": next_time}, Stagger(self.dt, next_time + self._gap(ctx.rng), nxt)
 
     def update(self, test, ctx, event):
-        return Stagger(self.dt, self.next_time, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Stagger(self.dt, self.next_time, g)
 
 
 def stagger(dt: float, gen: Any) -> Any:
@@ -693,7 +708,8 @@ class Delay(Generator):
         return o, Delay(self.dt, o["time"] + self.dt, nxt)
 
     def update(self, test, ctx, event):
-        return Delay(self.dt, self.next_time, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Delay(self.dt, self.next_time, g)
 
 
 def delay(dt: float, gen: Any) -> Any:
@@ -722,7 +738,8 @@ class TimeLimit(Generator):
         return o, TimeLimit(self.limit, cutoff, nxt)
 
     def update(self, test, ctx, event):
-        return TimeLimit(self.limit, self.cutoff, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else TimeLimit(self.limit, self.cutoff, g)
 
 
 def time_limit(seconds: float, gen: Any) -> Any:
@@ -761,7 +778,8 @@ class Synchronize(Generator):
         return op(self.gen, test, ctx)
 
     def update(self, test, ctx, event):
-        return Synchronize(update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Synchronize(g)
 
 
 def synchronize(gen: Any) -> Any:
@@ -835,7 +853,8 @@ class ConcurrencyLimit(Generator):
         return r[0], ConcurrencyLimit(self.n, r[1])
 
     def update(self, test, ctx, event):
-        return ConcurrencyLimit(self.n, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else ConcurrencyLimit(self.n, g)
 
 
 def concurrency_limit(n: int, gen: Any) -> Any:
@@ -1184,7 +1203,8 @@ class MapOps(Generator):
         return o, MapOps(self.f, self.arity, r[1])
 
     def update(self, test, ctx, event):
-        return MapOps(self.f, self.arity, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else MapOps(self.f, self.arity, g)
 
 
 def map_ops(f: Callable, gen: Any) -> Any:
@@ -1224,7 +1244,8 @@ class FilterOps(Generator):
             gen = r[1]
 
     def update(self, test, ctx, event):
-        return FilterOps(self.pred, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else FilterOps(self.pred, g)
 
 
 def filter_ops(pred: Callable[[dict], bool], gen: Any) -> Any:
