@@ -157,9 +157,15 @@ def session_start(test: Test, ctx: Any, keys: list[str], kind: str | None = None
     request id and the session's id). A stalled or solo session with no time left to act after its stall is a
     plain one."""
     sid = session_id(test, ctx)
+    salt, bits = (test.run_salt if test is not None else ""), ctx.rng.getrandbits
 
     def v(**kw: Any) -> dict[str, Any]:
-        return {"request_id": request_id(test, ctx), "session": sid, **kw}
+        # request_id(test, ctx), inlined (the same draw and text): each thread's generator calls this per op
+        rid = f"{bits(64):016x}"
+        value = {"request_id": f"{salt}-{rid}" if salt else rid, "session": sid}
+        if kw:
+            value.update(kw)
+        return value
 
     kind = unstalled(test, kind or pick_kind(test, ctx))
     span = TAKEOVER_STALL if kind == "stalled" else SOLO_STALL

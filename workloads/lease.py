@@ -208,18 +208,20 @@ def session(keys: list[str], renews: int = 2):
     def make(test, ctx, kind: str | None = None, end_ns: int | None = None):
         k, kind, span, v = session_start(test, ctx, keys, kind, end_ns)
         if kind == "plain":
+            # the op dicts written out (not _op): every free thread at a session's start makes one per op asked
+            rand = ctx.rng.random
             acq = v(ttl_ms=test.ttl_ms)
-            ops = [_op("acquire", k, acq)]
-            if ctx.rng.random() < 0.3:
-                ops.append(_op("acquire", k, acq))  # a retry: the same request_id and body
+            ops = [{"f": "acquire", "key": k, "value": acq}]
+            if rand() < 0.3:
+                ops.append({"f": "acquire", "key": k, "value": acq})  # a retry: the same request_id and body
             for _ in range(renews):
                 ren = v()
-                ops.append(_op("renew", k, ren))
-                if ctx.rng.random() < 0.2:
-                    ops.append(_op("renew", k, ren))
-            ops.append(_op("release", k, v()))
-            if ctx.rng.random() < 0.2:
-                ops.append(_op("inspect", k, None))
+                ops.append({"f": "renew", "key": k, "value": ren})
+                if rand() < 0.2:
+                    ops.append({"f": "renew", "key": k, "value": ren})
+            ops.append({"f": "release", "key": k, "value": v()})
+            if rand() < 0.2:
+                ops.append({"f": "inspect", "key": k, "value": None})
             return ops
         # a holder that stalls: it polls for the key until it holds it, then works, stalls, and carries on
         ren = v()

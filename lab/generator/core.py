@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import random
 import reprlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
@@ -122,7 +123,8 @@ class Generator:
         raise NotImplementedError
 
     def update(self, test: Test, ctx: Context, event: dict) -> Any:
-        """The generator after `event` (an invocation or completion); by default unchanged."""
+        """The generator after `event` (an invocation or completion); by default unchanged. A generator is a
+        value: an update that changes nothing returns the generator itself (no copy), as the combinators do."""
         return self
 
     def __repr__(self) -> str:
@@ -282,8 +284,10 @@ class Seq(Generator):
     def op(self, test, ctx):
         head, tail = self.head, self.tail
         while True:
-            # op(head, ...), with its two common cases inlined (this is the innermost loop of a run)
-            if isinstance(head, Generator):
+            # op(head, ...), with its three common cases inlined (this is the innermost loop of a run)
+            if head is None:  # op(None): exhausted (a sequence's state between two elements)
+                r = None
+            elif isinstance(head, Generator):
                 r = head.op(test, ctx)
             elif type(head) is dict:
                 r = _dict_op(head, ctx)
@@ -308,7 +312,8 @@ class Seq(Generator):
             head, tail = tail.first(), tail.rest()
 
     def update(self, test, ctx, event):
-        return Seq(update(self.head, test, ctx, event), self.tail)
+        head = update(self.head, test, ctx, event)
+        return self if head is self.head else Seq(head, self.tail)
 
 
 def seq(items: Any) -> Any:
@@ -375,7 +380,14 @@ class Bind(Generator):
     def op(self, test, ctx):
         if ctx.free_thread_count() == 0:
             return PENDING
-        g = as_generator(self.f() if self._arity == 0 else self.f(test, ctx))
+        g = self.f() if self._arity == 0 else self.f(test, ctx)
+        if type(g) is list and g and type(g[0]) is dict:
+            # op(as_generator(g)), inlined for the common answer, a list of op dicts: its first op, then the rest
+            r = _dict_op(g[0], ctx)
+            if r is PENDING:
+                return PENDING
+            return r[0], (Seq(None, _ListCursor(g, 1)) if len(g) > 1 else None)
+        g = as_generator(g)
         return None if g is None else op(g, test, ctx)
 
 
@@ -553,7 +565,8 @@ class Limit(Generator):
         return r[0], Limit(self.remaining - 1, r[1])
 
     def update(self, test, ctx, event):
-        return Limit(self.remaining, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Limit(self.remaining, g)
 
 
 def limit(n: int, gen: Any) -> Any:
@@ -585,7 +598,8 @@ class Repeat(Generator):
         return r[0], Repeat(max(-1, self.remaining - 1), self.gen)
 
     def update(self, test, ctx, event):
-        return Repeat(self.remaining, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Repeat(self.remaining, g)
 
 
 def repeat(gen: Any, times: int | None = None) -> Any:
@@ -622,7 +636,8 @@ class Cycle(Generator):
         return r[0], Cycle(left, self.original, r[1])
 
     def update(self, test, ctx, event):
-        return Cycle(self.remaining, self.original, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Cycle(self.remaining, self.original, g)
 
 
 def cycle(gen: Any, times: int | None = None) -> Any:
@@ -658,7 +673,8 @@ class Stagger(Generator):
         return {**o, "time": next_time}, Stagger(self.dt, next_time + self._gap(ctx.rng), nxt)
 
     def update(self, test, ctx, event):
-        return Stagger(self.dt, self.next_time, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Stagger(self.dt, self.next_time, g)
 
 
 def stagger(dt: float, gen: Any) -> Any:
@@ -692,7 +708,8 @@ class Delay(Generator):
         return o, Delay(self.dt, o["time"] + self.dt, nxt)
 
     def update(self, test, ctx, event):
-        return Delay(self.dt, self.next_time, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Delay(self.dt, self.next_time, g)
 
 
 def delay(dt: float, gen: Any) -> Any:
@@ -721,7 +738,8 @@ class TimeLimit(Generator):
         return o, TimeLimit(self.limit, cutoff, nxt)
 
     def update(self, test, ctx, event):
-        return TimeLimit(self.limit, self.cutoff, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else TimeLimit(self.limit, self.cutoff, g)
 
 
 def time_limit(seconds: float, gen: Any) -> Any:
@@ -760,7 +778,8 @@ class Synchronize(Generator):
         return op(self.gen, test, ctx)
 
     def update(self, test, ctx, event):
-        return Synchronize(update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else Synchronize(g)
 
 
 def synchronize(gen: Any) -> Any:
@@ -834,7 +853,8 @@ class ConcurrencyLimit(Generator):
         return r[0], ConcurrencyLimit(self.n, r[1])
 
     def update(self, test, ctx, event):
-        return ConcurrencyLimit(self.n, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else ConcurrencyLimit(self.n, g)
 
 
 def concurrency_limit(n: int, gen: Any) -> Any:
@@ -949,32 +969,101 @@ def _per_thread_op(test, ctx: Context, pick: Callable[[Any], Any]) -> tuple[dict
     return None
 
 
+def _asks_nothing(g: Any) -> bool:
+    """Is g's next op a plain op dict that is next in a sequence, with no time or process of its own?
+
+    Then asking g draws nothing from ctx.rng and changes nothing, and in a one-thread view of a free thread the
+    answer is that dict at ctx.time for the thread's process: `each_thread` need not build the op of such a
+    thread unless it wins. The common shapes only (a sequence's next dict, under cycle, limit and until_ok);
+    anything else is asked as usual."""
+    while True:
+        t = type(g)
+        if t is dict:
+            return "time" not in g and "process" not in g and ("f" in g or g.get("type") in SPECIAL_TYPES)
+        if t is Seq:
+            head = g.head
+            if head is None:  # the next element of its list (an empty rest, or a lazy one: asked as usual)
+                tail = g.tail
+                if type(tail) is not _ListCursor or tail.i >= len(tail.items):
+                    return False
+                head = tail.items[tail.i]
+            g = head
+        elif t is Cycle or t is Limit:
+            if g.remaining == 0:
+                return False
+            g = g.gen
+        elif t is UntilOk:
+            if g.done:
+                return False
+            g = g.gen
+        else:
+            return False
+
+
 class EachThread(Generator):
     """An independent copy of gen for every thread."""
 
-    __slots__ = ("fresh", "gens")
+    __slots__ = ("fresh", "gens", "_memo")
 
-    def __init__(self, fresh: Any, gens: dict) -> None:
+    def __init__(self, fresh: Any, gens: dict, memo: dict | None = None) -> None:
         self.fresh, self.gens = fresh, gens
+        # thread -> (its generator, _asks_nothing(it)): a cache of a pure function of an immutable generator,
+        # shared by every state of this each_thread (a thread's generator stays the same object until it wins)
+        self._memo = {} if memo is None else memo
 
     def _gen(self, thread):
         return self.gens.get(thread, self.fresh)
 
     def op(self, test, ctx):
-        # _per_thread_op, inlined (the hot loop of a run: one ask per free thread per op)
-        gens, fresh, candidates, pending = self.gens, self.fresh, [], False
+        # _per_thread_op, inlined (the hot loop of a run: one ask per free thread per op), and the soonest op
+        # chosen as _soonest does (same comparisons, same draws from ctx.rng) without building the op of a
+        # thread whose answer is a plain dict at ctx.time (_asks_nothing) unless that thread wins
+        gens, fresh, memo, now = self.gens, self.fresh, self._memo, ctx.time
+        candidates, pending = [], False
         for thread in ctx.free_threads():
             g = gens.get(thread, fresh)
+            m = memo.get(thread)
+            if m is None or m[0] is not g:
+                m = memo[thread] = (g, _asks_nothing(g))
+            if m[1]:
+                candidates.append((now, thread, None))
+                continue
             r = g.op(test, ctx.only(thread)) if isinstance(g, Generator) else op(g, test, ctx.only(thread))
             if r is PENDING:
                 pending = True
             elif r is not None:
-                candidates.append((r[0], r[1], thread, 1))
-        best = _soonest(candidates, ctx.rng)
-        if best is None:
+                candidates.append((r[0]["time"], thread, r))
+        if not candidates:
             return PENDING if pending or ctx.free_thread_count() != ctx.all_thread_count() else None
-        o, nxt, thread = best
-        return o, EachThread(fresh, _assoc(gens, thread, nxt))
+        best = candidates[0]
+        if len(candidates) > 1:
+            rng = ctx.rng
+            # rng.randrange(n), as random.Random computes it (the same getrandbits calls), without its Python
+            # argument handling; any other rng is asked as such
+            getrandbits = rng.getrandbits if type(rng) is random.Random else None
+            best_t, total = best[0], 1
+            for c in candidates[1:]:
+                t = c[0]
+                if t < best_t:
+                    best, best_t, total = c, t, 1
+                elif t == best_t:
+                    total += 1
+                    if getrandbits is None:
+                        if rng.randrange(total) < 1:
+                            best = c
+                    else:
+                        k = total.bit_length()
+                        x = getrandbits(k)
+                        while x >= total:
+                            x = getrandbits(k)
+                        if x < 1:
+                            best = c
+        _, thread, r = best
+        if r is None:
+            g = gens.get(thread, fresh)
+            r = g.op(test, ctx.only(thread)) if isinstance(g, Generator) else op(g, test, ctx.only(thread))
+        o, nxt = r
+        return o, EachThread(fresh, _assoc(gens, thread, nxt), memo)
 
     def update(self, test, ctx, event):
         thread = ctx.thread_of(event.get("process"))
@@ -984,7 +1073,7 @@ class EachThread(Generator):
         g = update(before, test, ctx.only(thread), event)
         if g is before and thread in self.gens:
             return self
-        return EachThread(self.fresh, _assoc(self.gens, thread, g))
+        return EachThread(self.fresh, _assoc(self.gens, thread, g), self._memo)
 
 
 def each_thread(gen: Any) -> Any:
@@ -1114,7 +1203,8 @@ class MapOps(Generator):
         return o, MapOps(self.f, self.arity, r[1])
 
     def update(self, test, ctx, event):
-        return MapOps(self.f, self.arity, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else MapOps(self.f, self.arity, g)
 
 
 def map_ops(f: Callable, gen: Any) -> Any:
@@ -1154,7 +1244,8 @@ class FilterOps(Generator):
             gen = r[1]
 
     def update(self, test, ctx, event):
-        return FilterOps(self.pred, update(self.gen, test, ctx, event))
+        g = update(self.gen, test, ctx, event)
+        return self if g is self.gen else FilterOps(self.pred, g)
 
 
 def filter_ops(pred: Callable[[dict], bool], gen: Any) -> Any:

@@ -69,6 +69,8 @@ class _Sink:
         self.wake = threading.Event()  # set to have the flush thread write now (a big batch, or stopping)
         self.woken = False  # `wake` was set for the current batch (under `lock`)
         self.stopping = False
+        self.wakeups = 0  # how many times the flush thread woke (a tick or a wake), for the recording bench
+        self.flush_cpu_s = 0.0  # the flush thread's CPU time over its life (set when it ends)
 
     def write_out(self) -> None:
         """Write the batch to the file (in order, whole); a failure is kept in `error` with the lines unwritten."""
@@ -90,10 +92,14 @@ class _Sink:
 
     def flush_periodically(self, interval: float) -> None:
         """Background thread: write the batch every `interval` seconds (or when woken) until stopped."""
-        while not self.stopping:
-            self.wake.wait(interval)
-            self.wake.clear()
-            self.write_out()
+        try:
+            while not self.stopping:
+                self.wake.wait(interval)
+                self.wake.clear()
+                self.wakeups += 1
+                self.write_out()
+        finally:
+            self.flush_cpu_s = time.thread_time()  # this thread's CPU, its waking up included
 
     def wake_once(self) -> None:
         """A big batch (under `lock`): have the flush thread write it now; once per batch, as set() costs about
@@ -192,6 +198,11 @@ class HistoryWriter:
     def keep(self) -> bool:
         """Are the ops kept in `ops` (fixed at construction)?"""
         return self._keep
+
+    @property
+    def flush_thread_stats(self) -> tuple[int, float]:
+        """(wake-ups, CPU seconds) of the flush thread, once close() has stopped it; (0, 0.0) with flush="each"."""
+        return self._sink.wakeups, self._sink.flush_cpu_s
 
     @property
     def count(self) -> int:
