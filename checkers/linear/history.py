@@ -32,6 +32,7 @@ class Op:
 
     def __init__(self, index: int, process: Any, f: str, key: Any, inp: Input, out: Output,
                  call: int, ret: int | None):
+        # _pair_walk sets these slots itself, without this call: keep the two in step
         self.index = index  # the invocation's `index`
         self.process = process
         self.f = f
@@ -114,7 +115,7 @@ def _pair_walk(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]]]]:
     `key` is required by the record format (docs/history-format.md), and a record without one goes the
     general path."""
     record, oks, oks2, ins = _recorder(shared=True)
-    new_tuple, info, OpC = _new_tuple, _INFO, Op
+    new_tuple, info, OpC, new_op = _new_tuple, _INFO, Op, object.__new__
     by_key: dict[Any, list] = {}
     get = by_key.get
     # process -> (f, key, value, index, position, partition list or None, slot, inv), or _RETIRED for a process
@@ -207,7 +208,18 @@ def _pair_walk(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]]]]:
         if inp is None:
             lst[i] = record(inv, op, ipos, pos)  # builds and shares the input
         else:
-            lst[i] = OpC(index, proc, f, key, inp, out, ipos, ret)
+            # Op's __init__ written out: object.__new__ and slot stores cost 0.6x a call of the class (CPython
+            # 3.11 has no fast path for a Python __init__); every slot is set, as __init__ sets them
+            lst[i] = o = new_op(OpC)
+            o.index = index
+            o.process = proc
+            o.f = f
+            o.key = key
+            o.input = inp
+            o.output = out
+            o.call = ipos
+            o.ret = ret
+            o.merged = ()
         n += 1
     for t in open_.values():  # never completed
         if t is retired:
