@@ -120,6 +120,42 @@ def test_prune_register_drops_only_unobservable_info_writes():
     assert [o.input.value for o in kept if o.input.f == "write"] == [8]
 
 
+def test_prune_register_shortcut_agrees_with_the_exact_pass():
+    # prune_register stops reading once every crashed op has a witness; the exact pass reads every op
+    import random
+
+    from checkers.models import _prune_register_exact
+
+    rng = random.Random(7)
+    dropping = 0
+    for _ in range(400):
+        b = HistoryBuilder()
+        procs = list(range(rng.randrange(1, 6)))
+        active: dict[int, bool] = {}
+        for _ in range(rng.randrange(1, 30)):
+            p = rng.choice(procs)
+            if p in active:
+                r = rng.random()
+                if r < 0.25:
+                    b.info(p)
+                    procs[procs.index(p)] = max(procs) + 1
+                else:
+                    b.ok(p, rng.randrange(3) if active[p] else None)
+                del active[p]
+            else:
+                f = rng.choice(["read", "write", "cas"])
+                b.invoke(p, f, None if f == "read" else rng.randrange(3) if f == "write" else
+                         [rng.randrange(3), rng.randrange(3)])
+                active[p] = f == "read"
+        ops = pair_history(b.ops)
+        if rng.random() < 0.3:
+            rng.shuffle(ops)  # any order: the shortcut's early stop is only faster on a call-ordered list
+        crashed = [o for o in ops if o.ret is None and o.input.f != "read"]
+        exact = _prune_register_exact(ops, crashed) if crashed else ops
+        assert prune_register(ops) == exact
+        dropping += len(exact) < len(ops)
+    assert dropping > 10  # both outcomes covered
+
 # --------------------------------------------------------------------------- mutex
 
 

@@ -147,7 +147,7 @@ class _Keyed:
 class SearchInput:
     """One partition compiled for the search: determinate ops (by call) and indeterminate ops."""
 
-    __slots__ = ("ops", "iops", "calls", "rets", "icalls", "fns", "ro", "twins", "ifns", "isym", "init", "model",
+    __slots__ = ("ops", "iops", "calls", "rets", "icalls", "fns", "ro", "classes", "ifns", "isym", "init", "model",
                  "dropped")
 
     def __init__(self) -> None:
@@ -160,7 +160,7 @@ class SearchInput:
         self.icalls: list[int] = []
         self.fns: list[Callable] = []
         self.ro: list[bool] = []
-        self.twins: list[tuple[int, ...]] = []  # identical determinate ops that return earlier (R5)
+        self.classes: list[int] = []  # each determinate op's class (equal input and output), -1: none (R5's twins)
         self.ifns: list[Callable] = []
         self.isym: list[int] = []  # previous identical indeterminate op, or -1 (R4)
         self.init: Any = None
@@ -212,7 +212,7 @@ def prepare_partition(ops: list, model: Model, memo: dict | None = None) -> Sear
         ops = sorted(ops, key=lambda o: o.call)
         calls = [op.call for op in ops]
     compile_, read_only = model.compile, model.read_only
-    dops, dfns, dro, dcls, dcalls, drets = si.ops, si.fns, si.ro, [], si.calls, si.rets
+    dops, dfns, dro, dcls, dcalls, drets = si.ops, si.fns, si.ro, si.classes, si.calls, si.rets
     iops, ifns, isym, icalls = si.iops, si.ifns, si.isym, si.icalls
     last_info: dict[int, int] = {}  # class -> its latest indeterminate op (R4)
     memo_get = memo.get
@@ -254,7 +254,6 @@ def prepare_partition(ops: list, model: Model, memo: dict | None = None) -> Sear
             iops.append(op)
             ifns.append(fn)
             icalls.append(call)
-    si.twins = _twins(si, dcls)
     init = model.init()
     if native:
         try:
@@ -327,7 +326,7 @@ def search(si: SearchInput, *, deadline: float | None = None,
     t0 = time.monotonic()
     ops, iops = si.ops, si.iops
     n, m = len(ops), len(iops)
-    fns, ro, ifns, isym, twins = si.fns, si.ro, si.ifns, si.isym, si.twins
+    fns, ro, ifns, isym = si.fns, si.ro, si.ifns, si.isym
     if n == 0:
         return PartitionResult(True, None, 0, [], [], time.monotonic() - t0)
     if m == 0 and all(map(operator.lt, si.rets, si.calls[1:])):
@@ -341,6 +340,7 @@ def search(si: SearchInput, *, deadline: float | None = None,
                 break
         else:
             return PartitionResult(True, None, 0, [], [], time.monotonic() - t0)
+    twins = _twins(si, si.classes)  # here, not in prepare_partition: a partition replayed above needs none
 
     # Call list: determinate ops 0..n-1, two sub-lists sharing arrays: mutating (MH..MT), read-only (QH..QT).
     cpos = si.calls + [-1, _INF, -1, _INF]

@@ -32,6 +32,7 @@ class Op:
 
     def __init__(self, index: int, process: Any, f: str, key: Any, inp: Input, out: Output,
                  call: int, ret: int | None):
+        # _pair_walk sets these slots itself, without this call: keep the two in step
         self.index = index  # the invocation's `index`
         self.process = process
         self.f = f
@@ -63,7 +64,7 @@ def pair_history(history: Iterable[dict]) -> list[Op]:
     return [op for op in pair(history, strict=True, make=_recorder()).pairs if op is not None]
 
 
-_RETIRED = ("retired",)  # _pair_partitions' mark of a process an info retired
+_RETIRED = object()  # _pair_partitions' mark of a process an info retired (no tuple: one class test tells it)
 
 
 class _Irregular(Exception):
@@ -102,24 +103,32 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
     (int or null values, two-int cas lists) are built inline with `_recorder`'s shared inputs and outputs;
     any other op through `_recorder` itself.
     """
+    try:
+        return _pair_walk(history)
+    except (KeyError, TypeError):  # a field missing, an unhashable key, a record not a dict: the general path's
+        raise _Irregular from None
+
+
+def _pair_walk(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]]]]:
+    """`_pair_partitions`' walk; KeyError or TypeError at a record it cannot read (a field missing, an
+    unhashable key). Fields are read by subscript (cheaper than `.get` on CPython 3.11): every one but
+    `key` is required by the record format (docs/history-format.md), and a record without one goes the
+    general path."""
     record, oks, oks2, ins = _recorder(shared=True)
-    new_tuple, info, OpC = _new_tuple, _INFO, Op
+    new_tuple, info, OpC, new_op = _new_tuple, _INFO, Op, object.__new__
     by_key: dict[Any, list] = {}
     get = by_key.get
     # process -> (f, key, value, index, position, partition list or None, slot, inv), or _RETIRED for a process
     # an info retired (one lookup per invoke tells both rules)
-    open_: dict[Any, tuple] = {}
+    open_: dict[Any, Any] = {}
     pop = open_.pop
     retired = _RETIRED
     holes: set = set()  # keys of lists with a failed op's empty slot
     late: list = []  # (invocation, position, completion, its position) of invocations that name no key
     n = 0
     for pos, op in enumerate(history):
-        try:
-            typ = op["type"]
-            proc = op["process"]
-        except (KeyError, TypeError):
-            raise _Irregular from None
+        typ = op["type"]
+        proc = op["process"]
         if proc.__class__ is not int:
             if proc == "nemesis":
                 continue
@@ -128,39 +137,38 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
         if typ == "invoke":
             if proc in open_:  # still open, or retired
                 raise _Irregular
+            f = op["f"]
             try:
-                f = op["f"]
+                key = op["key"]
             except KeyError:
-                raise _Irregular from None
-            key = op.get("key")
+                key = None
             if key is None:
                 open_[proc] = (f, None, None, None, pos, None, 0, op)
                 continue
-            try:
-                lst = get(key)
-            except TypeError:  # an unhashable key: partition_ops freezes it
-                raise _Irregular from None
+            lst = get(key)  # TypeError for an unhashable key: partition_ops freezes it
             if lst is None:
                 lst = by_key[key] = []
-            index = op.get("index", pos)
+            index = op["index"]
             if index == pos and index.__class__ is int:
                 pos = index  # the record's own int object: no new int per op to allocate and free
-            open_[proc] = (f, key, op.get("value"), index, pos, lst, len(lst), op)
+            open_[proc] = (f, key, op["value"], index, pos, lst, len(lst), op)
             lst.append(None)
             continue
         t = pop(proc, None)
-        if t is None or t is retired or (typ != "ok" and typ != "info" and typ != "fail"):
+        if t.__class__ is not tuple:  # nothing open, or retired
             raise _Irregular
         f, key, iv, index, ipos, lst, i, inv = t
-        if f != op.get("f"):
+        if f != op["f"]:
             raise _Irregular
         if lst is None:
+            if typ != "ok" and typ != "info" and typ != "fail":
+                raise _Irregular
             if typ == "info":
                 open_[proc] = retired
             late.append((inv, ipos, op, pos))
             continue
         if typ == "ok":
-            cv = op.get("value")
+            cv = op["value"]
             if cv is None or cv.__class__ is int:
                 out = oks.get(cv)
                 if out is None:
@@ -174,19 +182,21 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
                 lst[i] = record(inv, op, ipos, pos)
                 n += 1
                 continue
-            ret = op.get("index")
+            ret = op["index"]
             if ret != pos or ret.__class__ is not int:
                 ret = pos
         elif typ == "info":
             open_[proc] = retired
-            if op.get("value").__class__ is dict:
+            if op["value"].__class__ is dict:
                 lst[i] = record(inv, op, ipos, pos)
                 n += 1
                 continue
             out, ret = info, None
-        else:  # fail: it did not happen
+        elif typ == "fail":  # it did not happen
             holes.add(key)
             continue
+        else:
+            raise _Irregular
         if iv is None or iv.__class__ is int:
             inp = ins.get((f, iv))
         elif iv.__class__ is list and len(iv) == 2 and iv[0].__class__ is int and iv[1].__class__ is int:
@@ -198,7 +208,18 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
         if inp is None:
             lst[i] = record(inv, op, ipos, pos)  # builds and shares the input
         else:
-            lst[i] = OpC(index, proc, f, key, inp, out, ipos, ret)
+            # Op's __init__ written out: object.__new__ and slot stores cost 0.6x a call of the class (CPython
+            # 3.11 has no fast path for a Python __init__); every slot is set, as __init__ sets them
+            lst[i] = o = new_op(OpC)
+            o.index = index
+            o.process = proc
+            o.f = f
+            o.key = key
+            o.input = inp
+            o.output = out
+            o.call = ipos
+            o.ret = ret
+            o.merged = ()
         n += 1
     for t in open_.values():  # never completed
         if t is retired:
@@ -218,10 +239,7 @@ def _pair_partitions(history: list[dict]) -> tuple[int, list[tuple[Any, list[Op]
             o = record(inv, comp, ipos, pos)
             if o is None:
                 continue
-            try:
-                lst = get(o.key)
-            except TypeError:
-                raise _Irregular from None
+            lst = get(o.key)
             if lst is None:
                 lst = by_key[o.key] = []
             lst.append(o)
