@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from lab.testmap import Test
 __all__ = ["CampaignOutcome", "check_store_dir", "exit_code", "format_plan", "run_campaign"]
 
 EXIT_INTERRUPTED = 130  # the shell's convention for a SIGINT
+OVERLAP_JUDGING = True  # judge a cell while the next one's stack starts (False: one cell wholly after the other)
 
 
 @dataclass
@@ -81,6 +83,7 @@ class _Progress:
 
     def __init__(self, name: str, total: int, done: int, echo: Callable[[str], Any], fancy: bool):
         self.name, self.total, self.k, self.echo, self.fancy = name, total, done, echo, fancy
+        self.started = done  # a cell starts before the previous one is finished (judged while its stack starts)
         self.bar = self.task = None
 
     def __enter__(self) -> "_Progress":
@@ -97,10 +100,11 @@ class _Progress:
 
     def start(self, entry: dict[str, Any]) -> None:
         """A run begins."""
+        self.started += 1
         if self.bar is not None:
             self.bar.update(self.task, description=f"{self.name}: {entry['id']}")
         else:
-            self.echo(f"[{self.k + 1}/{self.total}] {entry['id']} ...")
+            self.echo(f"[{self.started}/{self.total}] {entry['id']} ...")
 
     def finish(self, entry: dict[str, Any]) -> None:
         """A run ended (done or failed)."""
@@ -138,33 +142,150 @@ def _write_report(entry: dict[str, Any], run_dir: Path) -> None:
         entry["note"] = f"no report.html ({_one_line(e)})"
 
 
-def execute_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Callable[[], None]) -> None:
-    """Run one planned test, recording it in `entry` before and after (KeyboardInterrupt propagates)."""
+class _Judging(threading.Thread):
+    """A finished workload's judging (`runner.run_unjudged`'s judge: stack down, checkers, report), in a thread."""
+
+    def __init__(self, judge: Callable[[], dict[str, Any]]):
+        super().__init__(name="fencelab-judging", daemon=True)
+        self.judge, self.results, self.error = judge, None, None
+
+    def run(self) -> None:
+        try:
+            self.results = self.judge()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which records it as the run's error
+            self.error = e
+
+
+class PendingRun:
+    """A cell whose workload ran and whose judging goes on in a thread; `finish()` waits and records it."""
+
+    def __init__(self, entry: dict[str, Any], test: Test, store_dir: Path, t0: float, save: Callable[[], None],
+                 judging: _Judging | None, phases: dict[str, float]):
+        self.entry, self.test, self.store_dir, self.t0, self.save = entry, test, store_dir, t0, save
+        self.judging, self.phases = judging, phases
+        self.done = judging is None
+
+    def finish(self) -> dict[str, Any]:
+        """Wait for the judging (a KeyboardInterrupt meanwhile waits on: the stack must come down) and record the
+        verdict, or the error, in the entry; saves. Idempotent."""
+        if self.done:
+            return self.entry
+        interrupted = False
+        while self.judging.is_alive():
+            try:
+                self.judging.join()
+            except KeyboardInterrupt:  # the thread stops the stack and writes results.json: let it end first
+                interrupted = True
+        self.done = True
+        if self.judging.error is not None:
+            if isinstance(self.judging.error, KeyboardInterrupt):
+                raise self.judging.error
+            self.entry.update(status="failed", run_dir=_where(self.entry, self.test, self.store_dir),
+                              error=_one_line(self.judging.error))
+        else:
+            record_results(self.entry, self.judging.results)
+            self.entry["run_dir"] = _where(self.entry, self.test, self.store_dir)
+            _write_report(self.entry, self.test.run_dir)
+        self.entry.update(elapsed_s=round(time.monotonic() - self.t0, 3), finished=iso_now(),
+                          phases={k: round(v, 3) for k, v in self.phases.items()})
+        self.save()
+        if interrupted:
+            raise KeyboardInterrupt
+        return self.entry
+
+
+def _where(entry: dict[str, Any], test: Test, store_dir: Path) -> str | None:
+    """The run's directory relative to the store (the test's, else the newest since the entry started)."""
+    found = test.run_dir or find_run_dir(store_dir, test.name, entry["started"])
+    return os.path.relpath(found, store_dir) if found else None
+
+
+def start_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Callable[[], None], *,
+              before_workload: Callable[[], Any] | None = None) -> PendingRun:
+    """Run one planned test's workload, recording it in `entry` before and after; its judging goes on in a thread
+    (`PendingRun.finish` waits for it). `before_workload` is called once its stack is up, before its workload: a
+    campaign finishes the previous cell there, so its judging overlaps this stack's start and no workload. A run
+    that raises is recorded failed (`before_workload` called first); a KeyboardInterrupt propagates."""
     entry.update(status="running", started=stamp_now(), run_dir=None, verdict=None, ops=None, elapsed_s=None,
-                 finished=None, error=None, note=None, unexercised_faults=None, partial=None)
+                 finished=None, error=None, note=None, unexercised_faults=None, partial=None, overhead_s=None,
+                 phases=None)
     save()
     test = run.to_test()
     t0 = time.monotonic()
+    phases: dict[str, float] = {}
+    called = False
 
-    def where() -> str | None:
-        found = test.run_dir or find_run_dir(store_dir, run.test_name, entry["started"])
-        return os.path.relpath(found, store_dir) if found else None
+    def hook() -> None:
+        nonlocal called
+        called = True
+        if before_workload is not None:
+            before_workload()
 
     try:
-        results = runner.run_test(test, store_dir)
+        judge = runner.run_unjudged(test, store_dir, before_workload=hook, phases=phases)
     except KeyboardInterrupt:
-        entry.update(status="pending", run_dir=where(), elapsed_s=time.monotonic() - t0,
+        entry.update(status="pending", run_dir=_where(entry, test, store_dir), elapsed_s=time.monotonic() - t0,
                      note="interrupted; settled when the campaign resumes")
         save()
         raise
     except Exception as e:  # noqa: BLE001 - one run's failure (stack did not start, ...) must not end the campaign
-        entry.update(status="failed", run_dir=where(), error=_one_line(e))
-    else:
-        record_results(entry, results)
-        entry["run_dir"] = where()
-        _write_report(entry, test.run_dir)
-    entry.update(elapsed_s=round(time.monotonic() - t0, 3), finished=iso_now())
-    save()
+        if not called:
+            hook()
+        entry.update(status="failed", run_dir=_where(entry, test, store_dir), error=_one_line(e),
+                     elapsed_s=round(time.monotonic() - t0, 3), finished=iso_now(),
+                     phases={k: round(v, 3) for k, v in phases.items()})
+        save()
+        return PendingRun(entry, test, store_dir, t0, save, None, phases)
+    judging = _Judging(judge)
+    judging.start()
+    return PendingRun(entry, test, store_dir, t0, save, judging, phases)
+
+
+def execute_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Callable[[], None]) -> None:
+    """Run one planned test, recording it in `entry` before and after (KeyboardInterrupt propagates)."""
+    start_run(entry, run, store_dir, save).finish()
+
+
+def _run_cells(todo: list[dict[str, Any]], by_id: dict[str, PlannedRun], store_dir: Path, save: Callable[[], None],
+               progress: _Progress, page: Callable[[], Any]) -> None:
+    """Run the cells one after the other, each judged while the next one's stack starts (`start_run`), and record
+    each one's `overhead_s`: the campaign's wall time from the end of the previous cell's turn to the start of the
+    next cell's workload (or, for the last, to its own end), minus its time limit; what the campaign paid for it
+    beyond its run (its final phase, its stack's stop, its checkers and report, and the next stack's start as far as
+    its judging did not cover it; the first cell also its own stack's start)."""
+    pending: PendingRun | None = None
+    mark = time.monotonic()
+
+    def finish_previous() -> None:
+        nonlocal pending, mark
+        if pending is None:
+            return
+        done, pending = pending, None
+        try:
+            done.finish()
+        finally:
+            if done.entry["status"] == "done":
+                done.entry["overhead_s"] = round(time.monotonic() - mark - done.test.time_limit, 3)
+                done.save()
+            mark = time.monotonic()
+            progress.finish(done.entry)
+            page()
+
+    try:
+        for entry in todo:
+            progress.start(entry)
+            started = start_run(entry, by_id[entry["id"]], store_dir, save, before_workload=finish_previous)
+            finish_previous()  # a run that failed before its workload: the previous cell is finished by now
+            if started.done:  # it failed: its time is nobody's overhead
+                mark = time.monotonic()
+                progress.finish(entry)
+                page()
+            else:
+                pending = started
+                if not OVERLAP_JUDGING:
+                    finish_previous()
+    finally:
+        finish_previous()
 
 
 def _prepare_state(spec: Spec, plan: list[PlannedRun], store_dir: Path, path: Path, resume: bool,
@@ -264,11 +385,9 @@ def _run_campaign(spec: Spec, store_dir: Path, resume: bool, echo: Callable[[str
                     per_worker = cells.run_cells(todo, by_id, store_dir, lambda: save_state(path, state), progress,
                                                  lambda: write_page(state, data))
                     echo("cells per worker: " + ", ".join(f"{w} {n}" for w, n in sorted(per_worker.items())))
-                for entry in todo if cells is None else ():
-                    progress.start(entry)
-                    execute_run(entry, by_id[entry["id"]], store_dir, lambda: save_state(path, state))
-                    progress.finish(entry)
-                    page = write_page(state, data)
+                if cells is None:
+                    _run_cells(todo, by_id, store_dir, lambda: save_state(path, state), progress,
+                               lambda: write_page(state, data))
             except KeyboardInterrupt:
                 interrupted = True
         page = write_page(state, data)
