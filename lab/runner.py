@@ -380,9 +380,10 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
 
 
 def run_unjudged(test: Test, store_dir: Path, *, before_workload: Callable[[], Any] | None = None,
-                 phases: dict[str, float] | None = None) -> Callable[[], dict[str, Any]]:
+                 phases: dict[str, float] | None = None, report: bool = True) -> Callable[[], dict[str, Any]]:
     """`run_test` up to the end of the workload; returns `judge()`, which stops the stack, runs the checkers
-    (results.json, the report) and points the `latest` links at the run, returning the results.
+    (results.json, and the report unless `report=False`) and points the `latest` links at the run, returning the
+    results.
 
     A campaign calls `judge` in a thread while the next cell's stack starts (lab.campaign.execute): the next
     workload starts only once it returned, so no run shares the machine with another's judging.
@@ -439,7 +440,7 @@ def run_unjudged(test: Test, store_dir: Path, *, before_workload: Callable[[], A
         t2 = time.monotonic()
         stack.down()
         t3 = time.monotonic()
-        results = analyze(test.run_dir, checker=wl.checker, test=test)
+        results = analyze(test.run_dir, checker=wl.checker, test=test, report=report)
         link_latest(test.run_dir, store_dir, test.name)
         phases.update(down=t3 - t2, judge=time.monotonic() - t3)
         return results
@@ -484,8 +485,9 @@ def _sut_import(test: Test) -> str | None:
     return None
 
 
-def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[str, Any]:
-    """Re-run the workload's checkers on a stored run; writes history.edn, fault-schedule.json and results.json."""
+def analyze(run_dir: Path, *, checker=None, test: Test | None = None, report: bool = True) -> dict[str, Any]:
+    """Re-run the workload's checkers on a stored run; writes history.edn, fault-schedule.json and results.json,
+    then report.html (`report=False`: the caller writes it, as a campaign does off its cells' critical path)."""
     run_dir = Path(run_dir)
     hist_path = run_dir / "history.jsonl"
     if not hist_path.exists():
@@ -520,6 +522,8 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
     results["entries"] = len(history)
     results["replay"] = replay_command(test)
     (run_dir / "results.json").write_text(json.dumps(redact_tree(results), indent=2, default=str))
+    if not report:
+        return results
     from lab.report import ReportError, write_report  # pandas and the plots (~0.35 s): once, after the run
 
     try:

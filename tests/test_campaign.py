@@ -1,7 +1,7 @@
 """Campaign specs (eager validation, expansion) and the campaign machinery (state, resume, exit codes, page).
 
-The machinery tests swap `lab.runner.run_test` for a test double that writes a
-real run directory (test.json, history.jsonl, results.json) without starting a
+The machinery tests swap `lab.runner.run_test` (and `run_unjudged`, what a campaign
+calls) for a test double that writes a real run directory (test.json, history.jsonl, results.json) without starting a
 stack; tests/test_campaign_e2e.py runs real campaigns.
 """
 
@@ -192,6 +192,19 @@ class FakeRunner:
             (test.run_dir / "report.html").write_text("<!doctype html><title>report</title>")
         return results
 
+    def unjudged(self, test, store_dir, *, before_workload=None, phases=None, report=True):
+        """Stands in for lab.runner.run_unjudged (what a campaign calls): the run, then its judge."""
+        results = self(test, store_dir)
+        if before_workload is not None:
+            before_workload()
+        return lambda: results
+
+    def install(self, monkeypatch):
+        """Both seams: `fencelab test`'s run_test and a campaign's run_unjudged."""
+        monkeypatch.setattr(runner, "run_test", self)
+        monkeypatch.setattr(runner, "run_unjudged", self.unjudged)
+        return self
+
 
 SMALL = """
 name = "m"
@@ -204,7 +217,7 @@ time_limit = 1
 
 
 def campaign(tmp_path, fake, monkeypatch, text=SMALL, resume=True):
-    monkeypatch.setattr(runner, "run_test", fake)
+    fake.install(monkeypatch)
     lines: list[str] = []
     out = run_campaign(load_spec(spec_file(tmp_path, text)), tmp_path / "store", resume=resume,
                        echo=lines.append, fancy=False)
@@ -361,7 +374,7 @@ def test_without_a_report_the_badge_links_results_json(tmp_path, monkeypatch):
 
 
 def test_progress_bar_mode_reports_every_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(runner, "run_test", FakeRunner({}))
+    FakeRunner({}).install(monkeypatch)
     out = run_campaign(load_spec(spec_file(tmp_path, SMALL)), tmp_path / "store", echo=lambda s: None, fancy=True)
     printed = capsys.readouterr().out
     assert out.exit_code == 0
@@ -528,7 +541,7 @@ def test_an_infinite_time_limit_fails_the_dry_run_as_it_fails_the_run(tmp_path, 
     dry = invoke(str(spec), "--store-dir", str(tmp_path / "store"), "--dry-run")
     assert dry.exit_code == 2 and dry.output.startswith("fencelab: error: ") and len(dry.output.splitlines()) == 1
     assert "time_limit must be a finite number of seconds, not inf" in dry.output
-    monkeypatch.setattr(runner, "run_test", FakeRunner({}))
+    FakeRunner({}).install(monkeypatch)
     real = invoke(str(spec), "--store-dir", str(tmp_path / "store"))
     assert (real.exit_code, real.output) == (dry.exit_code, dry.output)
     assert not (tmp_path / "store").exists()

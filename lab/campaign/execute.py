@@ -15,10 +15,13 @@ whenever `CI=true`).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import signal
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -37,7 +40,10 @@ from lab.testmap import Test
 __all__ = ["CampaignOutcome", "check_store_dir", "exit_code", "format_plan", "run_campaign"]
 
 EXIT_INTERRUPTED = 130  # the shell's convention for a SIGINT
-OVERLAP_JUDGING = True  # judge a cell while the next one's stack starts (False: one cell wholly after the other)
+# judge a cell while the next one's stack starts, and write its report in a worker at the lowest CPU priority
+# (False: one cell wholly after the other, report included, as `fencelab test` does; bench/campaign_overhead.py
+# measures both)
+PIPELINE = True
 
 
 @dataclass
@@ -130,6 +136,70 @@ def _one_line(e: BaseException) -> str:
     return " ".join(f"{type(e).__name__}: {e}".split())[:500]
 
 
+def _report_worker_init() -> None:
+    """The report worker: the lowest CPU priority (it takes only what the next cell's run leaves idle); a Ctrl-C
+    is the campaign's to handle (it lets the report being written finish, and drops the rest)."""
+    os.nice(19)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _render_report(run_dir: str) -> str | None:
+    """In the report worker: write the run's report.html; the error in one line, or None."""
+    try:
+        from lab.report import write_report  # pandas and the plots: imported by the campaign before the fork
+
+        write_report(run_dir)
+    except Exception as e:  # noqa: BLE001 - the report is a convenience: the page links results.json instead
+        return _one_line(e)
+    return None
+
+
+class _Reports:
+    """report.html of every judged cell, written by one worker process at the lowest CPU priority while the next
+    cells run: the verdict (results.json) is written before the next cell starts, the report (matplotlib: about a
+    second of CPU a run, a campaign cell's largest cost after its run) only takes idle CPU. `close` waits for them all."""
+
+    def __init__(self) -> None:
+        self.pool: ProcessPoolExecutor | None = None
+        self.pending: list[tuple[dict[str, Any], Any]] = []
+
+    def submit(self, entry: dict[str, Any], run_dir: Path) -> None:
+        """Queue the report of a judged run."""
+        if (run_dir / "report.html").exists():
+            return
+        if self.pool is None:
+            # forked (the report's imports are paid once, by the campaign) at a moment no judging thread runs: the
+            # first report is handed over between a cell's judging and the next cell's workload
+            import lab.report  # noqa: F401 - pandas and matplotlib (~0.5 s): for the worker, before the fork
+
+            self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"),
+                                            initializer=_report_worker_init)
+        self.pending.append((entry, self.pool.submit(_render_report, str(run_dir))))
+
+    def collect(self, wait: bool = False) -> bool:
+        """Note the reports that failed (on their entries); True when any finished since the last call."""
+        finished = [(e, f) for e, f in self.pending if wait or f.done()]
+        for entry, future in finished:
+            try:
+                error = future.result()
+            except Exception as e:  # noqa: BLE001 - a worker that died: no report, the run's verdict stands
+                error = _one_line(e)
+            if error:
+                entry["note"] = f"no report.html ({error})"
+        self.pending = [(e, f) for e, f in self.pending if all(f is not g for _, g in finished)]
+        return bool(finished)
+
+    def close(self, wait: bool = True) -> None:
+        """Wait for every queued report (`wait=False`: drop those not started; an interrupted campaign), then
+        stop the worker."""
+        if self.pool is None:
+            return
+        if wait:
+            self.collect(wait=True)
+        self.pool.shutdown(wait=True, cancel_futures=not wait)
+        self.pool = None
+
+
 def _write_report(entry: dict[str, Any], run_dir: Path) -> None:
     """report.html for the run if `fencelab test` did not write one; a report that fails is only noted."""
     if (run_dir / "report.html").exists():
@@ -160,9 +230,9 @@ class PendingRun:
     """A cell whose workload ran and whose judging goes on in a thread; `finish()` waits and records it."""
 
     def __init__(self, entry: dict[str, Any], test: Test, store_dir: Path, t0: float, save: Callable[[], None],
-                 judging: _Judging | None, phases: dict[str, float]):
+                 judging: _Judging | None, phases: dict[str, float], reports: _Reports | None = None):
         self.entry, self.test, self.store_dir, self.t0, self.save = entry, test, store_dir, t0, save
-        self.judging, self.phases = judging, phases
+        self.judging, self.phases, self.reports = judging, phases, reports
         self.done = judging is None
 
     def finish(self) -> dict[str, Any]:
@@ -185,7 +255,10 @@ class PendingRun:
         else:
             record_results(self.entry, self.judging.results)
             self.entry["run_dir"] = _where(self.entry, self.test, self.store_dir)
-            _write_report(self.entry, self.test.run_dir)
+            if self.reports is not None:
+                self.reports.submit(self.entry, self.test.run_dir)
+            else:
+                _write_report(self.entry, self.test.run_dir)
         self.entry.update(elapsed_s=round(time.monotonic() - self.t0, 3), finished=iso_now(),
                           phases={k: round(v, 3) for k, v in self.phases.items()})
         self.save()
@@ -201,11 +274,12 @@ def _where(entry: dict[str, Any], test: Test, store_dir: Path) -> str | None:
 
 
 def start_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Callable[[], None], *,
-              before_workload: Callable[[], Any] | None = None) -> PendingRun:
+              before_workload: Callable[[], Any] | None = None, reports: _Reports | None = None) -> PendingRun:
     """Run one planned test's workload, recording it in `entry` before and after; its judging goes on in a thread
     (`PendingRun.finish` waits for it). `before_workload` is called once its stack is up, before its workload: a
     campaign finishes the previous cell there, so its judging overlaps this stack's start and no workload. A run
-    that raises is recorded failed (`before_workload` called first); a KeyboardInterrupt propagates."""
+    that raises is recorded failed (`before_workload` called first); a KeyboardInterrupt propagates. With
+    `reports`, the report is written there (`_Reports`), else in the judging."""
     entry.update(status="running", started=stamp_now(), run_dir=None, verdict=None, ops=None, elapsed_s=None,
                  finished=None, error=None, note=None, unexercised_faults=None, partial=None, overhead_s=None,
                  phases=None)
@@ -222,7 +296,7 @@ def start_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Cal
             before_workload()
 
     try:
-        judge = runner.run_unjudged(test, store_dir, before_workload=hook, phases=phases)
+        judge = runner.run_unjudged(test, store_dir, before_workload=hook, phases=phases, report=reports is None)
     except KeyboardInterrupt:
         entry.update(status="pending", run_dir=_where(entry, test, store_dir), elapsed_s=time.monotonic() - t0,
                      note="interrupted; settled when the campaign resumes")
@@ -238,7 +312,7 @@ def start_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Cal
         return PendingRun(entry, test, store_dir, t0, save, None, phases)
     judging = _Judging(judge)
     judging.start()
-    return PendingRun(entry, test, store_dir, t0, save, judging, phases)
+    return PendingRun(entry, test, store_dir, t0, save, judging, phases, reports)
 
 
 def execute_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Callable[[], None]) -> None:
@@ -254,10 +328,12 @@ def _run_cells(todo: list[dict[str, Any]], by_id: dict[str, PlannedRun], store_d
     beyond its run (its final phase, its stack's stop, its checkers and report, and the next stack's start as far as
     its judging did not cover it; the first cell also its own stack's start)."""
     pending: PendingRun | None = None
+    last: dict[str, Any] | None = None  # the last cell recorded done: the final wait for the reports is its cost
     mark = time.monotonic()
+    reports = _Reports() if PIPELINE else None
 
     def finish_previous() -> None:
-        nonlocal pending, mark
+        nonlocal pending, mark, last
         if pending is None:
             return
         done, pending = pending, None
@@ -267,14 +343,18 @@ def _run_cells(todo: list[dict[str, Any]], by_id: dict[str, PlannedRun], store_d
             if done.entry["status"] == "done":
                 done.entry["overhead_s"] = round(time.monotonic() - mark - done.test.time_limit, 3)
                 done.save()
+                last = done.entry
             mark = time.monotonic()
             progress.finish(done.entry)
+            if reports is not None and reports.collect():
+                save()
             page()
 
     try:
         for entry in todo:
             progress.start(entry)
-            started = start_run(entry, by_id[entry["id"]], store_dir, save, before_workload=finish_previous)
+            started = start_run(entry, by_id[entry["id"]], store_dir, save, before_workload=finish_previous,
+                                reports=reports)
             finish_previous()  # a run that failed before its workload: the previous cell is finished by now
             if started.done:  # it failed: its time is nobody's overhead
                 mark = time.monotonic()
@@ -282,10 +362,22 @@ def _run_cells(todo: list[dict[str, Any]], by_id: dict[str, PlannedRun], store_d
                 page()
             else:
                 pending = started
-                if not OVERLAP_JUDGING:
+                if not PIPELINE:
                     finish_previous()
+    except KeyboardInterrupt:
+        finish_previous()
+        if reports is not None:
+            reports.close(wait=False)
+        raise
     finally:
         finish_previous()
+        if reports is not None:
+            t = time.monotonic()
+            reports.close()
+            if last is not None and last.get("overhead_s") is not None:  # the campaign waited for them: its cost
+                last["overhead_s"] = round(last["overhead_s"] + time.monotonic() - t, 3)
+        save()
+        page()
 
 
 def _prepare_state(spec: Spec, plan: list[PlannedRun], store_dir: Path, path: Path, resume: bool,

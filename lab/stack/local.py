@@ -124,7 +124,9 @@ class LocalStack(ProcessStack):
         if opts.netns:
             self._create_netns(opts)
         # Valkey, the store and Toxiproxy need nothing of each other: all three are spawned, then waited for (their
-        # start-ups overlap); the lease servers need Valkey and the store, so they start once those answer
+        # start-ups overlap). The lease servers start once Valkey answers, without waiting for the store: their
+        # Python start-up overlaps the store's (a server that meets no store yet retries its recovery every 0.1 s
+        # and is not healthy until it is done, lab/server/recovery.py), and each is waited for after the store
         valkey = self._start(ValkeyProcess(self.dir, persistence=opts.persistence, env=self._clock_env("valkey", opts)),
                              wait=False)
         self.info["valkey"] = valkey.url
@@ -134,9 +136,7 @@ class LocalStack(ProcessStack):
         principals_file = self.dir / "principals.json"
         write_principals_file(records, principals_file)
         write_private_json(self.credentials_file, credentials)
-        for proc in (valkey, store):
-            if isinstance(proc, ManagedProcess):
-                proc.wait_healthy()
+        valkey.wait_healthy()
         names = [f"lease-{i}" for i in range(1, opts.servers + 1)]
         ports = {n: free_port() for n in names}
         valkey_urls = {n: valkey.url for n in names}
@@ -166,8 +166,9 @@ class LocalStack(ProcessStack):
             self.info["lease_servers"].append(srv.url)
             servers.append(srv)
         self.save_state()
-        for srv in servers:
-            srv.wait_healthy()
+        for proc in (store, *servers):
+            if isinstance(proc, ManagedProcess):
+                proc.wait_healthy()
 
     def _stop_tiers(self) -> list[list[ManagedProcess]]:
         """The lease servers together first (each flushes its audit events to Valkey as it exits), then Toxiproxy,
