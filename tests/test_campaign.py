@@ -195,9 +195,16 @@ class FakeRunner:
     def unjudged(self, test, store_dir, *, before_workload=None, phases=None, report=True):
         """Stands in for lab.runner.run_unjudged (what a campaign calls): the run, then its judge."""
         results = self(test, store_dir)
+        if phases is not None:
+            phases.update(up=0.25, workload=1.0)
         if before_workload is not None:
             before_workload()
-        return lambda: results
+
+        def judge():
+            if phases is not None:
+                phases.update(down=0.125, judge=0.5)
+            return results
+        return judge
 
     def install(self, monkeypatch):
         """Both seams: `fencelab test`'s run_test and a campaign's run_unjudged."""
@@ -610,3 +617,31 @@ def test_an_implementation_sets_per_system_options_kept_in_the_replay():
         parse_spec({**base, "implementations": {"v": {"sut": "valkey-lock", "sut_options": {"ttl_ms": 5}}}})
     with pytest.raises(CampaignError, match=r"sut_options: hold_s: the value must be a string, a finite number"):
         parse_spec({**base, "implementations": {"v": {"sut": "valkey-lock", "sut_options": {"hold_s": [1]}}}})
+
+
+def test_each_run_records_its_overhead_and_phases_and_the_page_shows_them(tmp_path, monkeypatch):
+    """campaign.json: overhead_s (the campaign's wall seconds beyond the run's time limit) and the phases; the page:
+    the median in the totals, each run's overhead and phases in its row (no wall time is asserted)."""
+    out, _ = campaign(tmp_path, FakeRunner({}), monkeypatch)
+    runs = state_of(tmp_path)["runs"]
+    assert all(isinstance(e["overhead_s"], float) for e in runs)
+    assert all(e["phases"] == {"up": 0.25, "workload": 1.0, "down": 0.125, "judge": 0.5} for e in runs)
+    page = out.page.read_text()
+    values = sorted(e["overhead_s"] for e in runs)
+    total = re.search(r'<td class="num" id="overhead">median (\S+) s, max (\S+) s', page)
+    assert total and total.groups() == (f"{(values[1] + values[2]) / 2:.2f}", f"{values[-1]:.2f}")
+    for e in runs:
+        row = re.search(rf">{re.escape(e['id'])}</a></td>(.*?)</tr>", page, re.S).group(1)
+        assert f'<td class="num">{e["overhead_s"]:.2f} s</td>' in row
+        assert "<td>up 0.2 \u00b7 workload 1.0 \u00b7 down 0.1 \u00b7 judge 0.5</td>" in row
+
+
+def test_an_older_campaign_json_without_overheads_still_renders(tmp_path, monkeypatch):
+    out, _ = campaign(tmp_path, FakeRunner({}), monkeypatch)
+    state = state_of(tmp_path)
+    for e in state["runs"]:
+        del e["overhead_s"], e["phases"]
+    from lab.campaign.page import PageData, render_page
+
+    page = render_page(state, PageData(tmp_path / "store", out.page.parent))
+    assert '<td class="num" id="overhead">&mdash;</td>' in page

@@ -35,6 +35,7 @@ from lab.campaign.spec import CampaignError, PlannedRun, Spec, validate_plan
 from lab.campaign.state import (STATE_FILE, CampaignLock, campaign_dir, counts, find_run_dir, iso_now, load_state,
                                 merge_plan, new_state, record_results, save_state, settle, stamp_now)
 from lab.exitcodes import sigterm_interrupts
+from lab.stack.process import die_with_parent
 from lab.testmap import Test
 
 __all__ = ["CampaignOutcome", "check_store_dir", "exit_code", "format_plan", "run_campaign"]
@@ -138,7 +139,9 @@ def _one_line(e: BaseException) -> str:
 
 def _report_worker_init() -> None:
     """The report worker: the lowest CPU priority (it takes only what the next cell's run leaves idle); a Ctrl-C
-    is the campaign's to handle (it lets the report being written finish, and drops the rest)."""
+    is the campaign's to handle (it lets the report being written finish, and drops the rest); it dies with the
+    campaign, also a SIGKILLed one (as a run's stack does)."""
+    die_with_parent()
     os.nice(19)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

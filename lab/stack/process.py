@@ -106,8 +106,9 @@ def _probe_client() -> httpx.Client:
 _PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGKILL us when the lab process dies (prctl PR_SET_PDEATHSIG)."""
+def die_with_parent() -> None:
+    """In a child (before exec, or a forked worker): ask Linux to SIGKILL us when the lab process dies (prctl
+    PR_SET_PDEATHSIG)."""
     _PRCTL(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
 
 
@@ -193,7 +194,7 @@ class ManagedProcess:
                 cwd=str(self.cwd) if self.cwd else None,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if self.die_with_parent else None,
+                preexec_fn=die_with_parent if self.die_with_parent else None,
             )
         except OSError as e:
             self._close_log()
