@@ -229,6 +229,10 @@ class _Judging(threading.Thread):
             self.error = e
 
 
+class _CampaignFault(Exception):
+    """An error of the campaign itself raised in a run's `before_workload` (the run stops, the error goes on)."""
+
+
 class PendingRun:
     """A cell whose workload ran and whose judging goes on in a thread; `finish()` waits and records it."""
 
@@ -296,10 +300,16 @@ def start_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Cal
         nonlocal called
         called = True
         if before_workload is not None:
-            before_workload()
+            try:
+                before_workload()
+            except Exception as e:  # the campaign's own error (writing its page, its state): not this run's
+                raise _CampaignFault() from e
 
     try:
         judge = runner.run_unjudged(test, store_dir, before_workload=hook, phases=phases, report=reports is None)
+    except _CampaignFault as e:
+        entry.update(status="pending", run_dir=_where(entry, test, store_dir), note="not run: the campaign stopped")
+        raise e.__cause__ from None
     except KeyboardInterrupt:
         entry.update(status="pending", run_dir=_where(entry, test, store_dir), elapsed_s=time.monotonic() - t0,
                      note="interrupted; settled when the campaign resumes")
