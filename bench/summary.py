@@ -34,6 +34,7 @@ BENCHES = {
     "server": HERE / "server_throughput.py",
     "domain checkers": HERE / "checker_domain.py",
     "linearizability": HERE / "checker" / "run.py",
+    "campaign": HERE / "campaign_overhead.py",
 }
 
 

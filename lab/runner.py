@@ -26,7 +26,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -376,6 +376,23 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
     a system's own processes, or, for a system at a URL, nothing or the lab's Toxiproxy in front of it), whose
     status says where the clients go.
     """
+    return run_unjudged(test, store_dir)()
+
+
+def run_unjudged(test: Test, store_dir: Path, *, before_workload: Callable[[], Any] | None = None,
+                 phases: dict[str, float] | None = None, report: bool = True) -> Callable[[], dict[str, Any]]:
+    """`run_test` up to the end of the workload; returns `judge()`, which stops the stack, runs the checkers
+    (results.json, and the report unless `report=False`) and points the `latest` links at the run, returning the
+    results.
+
+    A campaign calls `judge` in a thread while the next cell's stack starts (lab.campaign.execute): the next
+    workload starts only once it returned, so no run shares the machine with another's judging.
+    `before_workload` is called once the stack is up, just before the workload starts (the campaign settles the
+    previous cell there); `phases` gets the wall seconds of `up`, `workload`, `down` and `judge`.
+    A workload that raises stops the stack before the error goes on, as `run_test` does.
+    """
+    phases = {} if phases is None else phases
+    t0 = time.monotonic()
     spec, target = resolve(test)
     schedule = replayed_schedule(spec)[1] if spec.fault_schedule else None  # read once, before anything starts
     if target.kind is Kind.URL:  # a wrong URL, key or store: refused before the run
@@ -395,6 +412,10 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
         test.live.take_status(stack, status)  # what exists only while running: the run context, not the spec
         test.live.nodes = wl.nodes(test) or ["in-process"]  # no node to dial: the system runs inside its client
         write_test_json(test)
+        phases["up"] = time.monotonic() - t0
+        if before_workload is not None:
+            before_workload()
+        t1 = time.monotonic()
         writer = HistoryWriter(test.run_dir / "history.jsonl")  # time 0 of the history: the workload starts now
         try:
             asyncio.run(_run(test, wl, writer, target, schedule))
@@ -407,13 +428,24 @@ def run_test(test: Test, store_dir: Path, *, progress=None) -> dict[str, Any]:
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             test = test.evolve(extra={**test.extra, RUN_FAILED: f"{failures[0]}{more}"}).sealed()
             write_test_json(test)
-    finally:
+        phases["workload"] = time.monotonic() - t1
+    except BaseException:
         if writer is not None:
             writer.close()
         stack.down()
-    results = analyze(test.run_dir, checker=wl.checker, test=test)
-    link_latest(test.run_dir, store_dir, test.name)
-    return results
+        raise
+    writer.close()
+
+    def judge() -> dict[str, Any]:
+        t2 = time.monotonic()
+        stack.down()
+        t3 = time.monotonic()
+        results = analyze(test.run_dir, checker=wl.checker, test=test, report=report)
+        link_latest(test.run_dir, store_dir, test.name)
+        phases.update(down=t3 - t2, judge=time.monotonic() - t3)
+        return results
+
+    return judge
 
 
 def load_hosts(path: Any) -> dict[str, Any]:
@@ -453,8 +485,9 @@ def _sut_import(test: Test) -> str | None:
     return None
 
 
-def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[str, Any]:
-    """Re-run the workload's checkers on a stored run; writes history.edn, fault-schedule.json and results.json."""
+def analyze(run_dir: Path, *, checker=None, test: Test | None = None, report: bool = True) -> dict[str, Any]:
+    """Re-run the workload's checkers on a stored run; writes history.edn, fault-schedule.json and results.json,
+    then report.html (`report=False`: the caller writes it, as a campaign does off its cells' critical path)."""
     run_dir = Path(run_dir)
     hist_path = run_dir / "history.jsonl"
     if not hist_path.exists():
@@ -489,6 +522,8 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None) -> dict[st
     results["entries"] = len(history)
     results["replay"] = replay_command(test)
     (run_dir / "results.json").write_text(json.dumps(redact_tree(results), indent=2, default=str))
+    if not report:
+        return results
     from lab.report import ReportError, write_report  # pandas and the plots (~0.35 s): once, after the run
 
     try:

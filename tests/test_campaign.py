@@ -1,7 +1,7 @@
 """Campaign specs (eager validation, expansion) and the campaign machinery (state, resume, exit codes, page).
 
-The machinery tests swap `lab.runner.run_test` for a test double that writes a
-real run directory (test.json, history.jsonl, results.json) without starting a
+The machinery tests swap `lab.runner.run_test` (and `run_unjudged`, what a campaign
+calls) for a test double that writes a real run directory (test.json, history.jsonl, results.json) without starting a
 stack; tests/test_campaign_e2e.py runs real campaigns.
 """
 
@@ -192,6 +192,26 @@ class FakeRunner:
             (test.run_dir / "report.html").write_text("<!doctype html><title>report</title>")
         return results
 
+    def unjudged(self, test, store_dir, *, before_workload=None, phases=None, report=True):
+        """Stands in for lab.runner.run_unjudged (what a campaign calls): the run, then its judge."""
+        results = self(test, store_dir)
+        if phases is not None:
+            phases.update(up=0.25, workload=1.0)
+        if before_workload is not None:
+            before_workload()
+
+        def judge():
+            if phases is not None:
+                phases.update(down=0.125, judge=0.5)
+            return results
+        return judge
+
+    def install(self, monkeypatch):
+        """Both seams: `fencelab test`'s run_test and a campaign's run_unjudged."""
+        monkeypatch.setattr(runner, "run_test", self)
+        monkeypatch.setattr(runner, "run_unjudged", self.unjudged)
+        return self
+
 
 SMALL = """
 name = "m"
@@ -204,7 +224,7 @@ time_limit = 1
 
 
 def campaign(tmp_path, fake, monkeypatch, text=SMALL, resume=True):
-    monkeypatch.setattr(runner, "run_test", fake)
+    fake.install(monkeypatch)
     lines: list[str] = []
     out = run_campaign(load_spec(spec_file(tmp_path, text)), tmp_path / "store", resume=resume,
                        echo=lines.append, fancy=False)
@@ -361,7 +381,7 @@ def test_without_a_report_the_badge_links_results_json(tmp_path, monkeypatch):
 
 
 def test_progress_bar_mode_reports_every_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(runner, "run_test", FakeRunner({}))
+    FakeRunner({}).install(monkeypatch)
     out = run_campaign(load_spec(spec_file(tmp_path, SMALL)), tmp_path / "store", echo=lambda s: None, fancy=True)
     printed = capsys.readouterr().out
     assert out.exit_code == 0
@@ -528,7 +548,7 @@ def test_an_infinite_time_limit_fails_the_dry_run_as_it_fails_the_run(tmp_path, 
     dry = invoke(str(spec), "--store-dir", str(tmp_path / "store"), "--dry-run")
     assert dry.exit_code == 2 and dry.output.startswith("fencelab: error: ") and len(dry.output.splitlines()) == 1
     assert "time_limit must be a finite number of seconds, not inf" in dry.output
-    monkeypatch.setattr(runner, "run_test", FakeRunner({}))
+    FakeRunner({}).install(monkeypatch)
     real = invoke(str(spec), "--store-dir", str(tmp_path / "store"))
     assert (real.exit_code, real.output) == (dry.exit_code, dry.output)
     assert not (tmp_path / "store").exists()
@@ -597,3 +617,31 @@ def test_an_implementation_sets_per_system_options_kept_in_the_replay():
         parse_spec({**base, "implementations": {"v": {"sut": "valkey-lock", "sut_options": {"ttl_ms": 5}}}})
     with pytest.raises(CampaignError, match=r"sut_options: hold_s: the value must be a string, a finite number"):
         parse_spec({**base, "implementations": {"v": {"sut": "valkey-lock", "sut_options": {"hold_s": [1]}}}})
+
+
+def test_each_run_records_its_overhead_and_phases_and_the_page_shows_them(tmp_path, monkeypatch):
+    """campaign.json: overhead_s (the campaign's wall seconds beyond the run's time limit) and the phases; the page:
+    the median in the totals, each run's overhead and phases in its row (no wall time is asserted)."""
+    out, _ = campaign(tmp_path, FakeRunner({}), monkeypatch)
+    runs = state_of(tmp_path)["runs"]
+    assert all(isinstance(e["overhead_s"], float) for e in runs)
+    assert all(e["phases"] == {"up": 0.25, "workload": 1.0, "down": 0.125, "judge": 0.5} for e in runs)
+    page = out.page.read_text()
+    values = sorted(e["overhead_s"] for e in runs)
+    total = re.search(r'<td class="num" id="overhead">median (\S+) s, max (\S+) s', page)
+    assert total and total.groups() == (f"{(values[1] + values[2]) / 2:.2f}", f"{values[-1]:.2f}")
+    for e in runs:
+        row = re.search(rf">{re.escape(e['id'])}</a></td>(.*?)</tr>", page, re.S).group(1)
+        assert f'<td class="num">{e["overhead_s"]:.2f} s</td>' in row
+        assert "<td>up 0.2 \u00b7 workload 1.0 \u00b7 down 0.1 \u00b7 judge 0.5</td>" in row
+
+
+def test_an_older_campaign_json_without_overheads_still_renders(tmp_path, monkeypatch):
+    out, _ = campaign(tmp_path, FakeRunner({}), monkeypatch)
+    state = state_of(tmp_path)
+    for e in state["runs"]:
+        del e["overhead_s"], e["phases"]
+    from lab.campaign.page import PageData, render_page
+
+    page = render_page(state, PageData(tmp_path / "store", out.page.parent))
+    assert '<td class="num" id="overhead">&mdash;</td>' in page

@@ -47,6 +47,8 @@ def test_tiny_campaign_end_to_end(tmp_path):
     for e in state["runs"]:
         run_dir = store / e["run_dir"]
         assert json.loads((run_dir / "results.json").read_text())["valid"] is True
+        assert (run_dir / "report.html").is_file(), "the report worker wrote it before the campaign ended"
+        assert isinstance(e["overhead_s"], float) and set(e["phases"]) == {"up", "workload", "down", "judge"}
         assert json.loads((run_dir / "test.json").read_text())["name"] == f"tiny/{e['id']}"
     page = (cdir / "campaign.html").read_text()
     header = re.search(r"<thead><tr><th>workload</th>(.*?)</tr></thead>", page).group(1)

@@ -15,9 +15,13 @@ whenever `CI=true`).
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import signal
 import tempfile
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -31,11 +35,16 @@ from lab.campaign.spec import CampaignError, PlannedRun, Spec, validate_plan
 from lab.campaign.state import (STATE_FILE, CampaignLock, campaign_dir, counts, find_run_dir, iso_now, load_state,
                                 merge_plan, new_state, record_results, save_state, settle, stamp_now)
 from lab.exitcodes import sigterm_interrupts
+from lab.stack.process import die_with_parent
 from lab.testmap import Test
 
 __all__ = ["CampaignOutcome", "check_store_dir", "exit_code", "format_plan", "run_campaign"]
 
 EXIT_INTERRUPTED = 130  # the shell's convention for a SIGINT
+# judge a cell while the next one's stack starts, and write its report in a worker at the lowest CPU priority
+# (False: one cell wholly after the other, report included, as `fencelab test` does; bench/campaign_overhead.py
+# measures both)
+PIPELINE = True
 
 
 @dataclass
@@ -81,6 +90,7 @@ class _Progress:
 
     def __init__(self, name: str, total: int, done: int, echo: Callable[[str], Any], fancy: bool):
         self.name, self.total, self.k, self.echo, self.fancy = name, total, done, echo, fancy
+        self.started = done  # a cell starts before the previous one is finished (judged while its stack starts)
         self.bar = self.task = None
 
     def __enter__(self) -> "_Progress":
@@ -97,10 +107,11 @@ class _Progress:
 
     def start(self, entry: dict[str, Any]) -> None:
         """A run begins."""
+        self.started += 1
         if self.bar is not None:
             self.bar.update(self.task, description=f"{self.name}: {entry['id']}")
         else:
-            self.echo(f"[{self.k + 1}/{self.total}] {entry['id']} ...")
+            self.echo(f"[{self.started}/{self.total}] {entry['id']} ...")
 
     def finish(self, entry: dict[str, Any]) -> None:
         """A run ended (done or failed)."""
@@ -126,6 +137,72 @@ def _one_line(e: BaseException) -> str:
     return " ".join(f"{type(e).__name__}: {e}".split())[:500]
 
 
+def _report_worker_init() -> None:
+    """The report worker: the lowest CPU priority (it takes only what the next cell's run leaves idle); a Ctrl-C
+    is the campaign's to handle (it lets the report being written finish, and drops the rest); it dies with the
+    campaign, also a SIGKILLed one (as a run's stack does)."""
+    die_with_parent()
+    os.nice(19)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _render_report(run_dir: str) -> str | None:
+    """In the report worker: write the run's report.html; the error in one line, or None."""
+    try:
+        from lab.report import write_report  # pandas and the plots: imported by the campaign before the fork
+
+        write_report(run_dir)
+    except Exception as e:  # noqa: BLE001 - the report is a convenience: the page links results.json instead
+        return _one_line(e)
+    return None
+
+
+class _Reports:
+    """report.html of every judged cell, written by one worker process at the lowest CPU priority while the next
+    cells run: the verdict (results.json) is written before the next cell starts, the report (matplotlib: about a
+    second of CPU a run, a campaign cell's largest cost after its run) only takes idle CPU. `close` waits for them all."""
+
+    def __init__(self) -> None:
+        self.pool: ProcessPoolExecutor | None = None
+        self.pending: list[tuple[dict[str, Any], Any]] = []
+
+    def submit(self, entry: dict[str, Any], run_dir: Path) -> None:
+        """Queue the report of a judged run."""
+        if (run_dir / "report.html").exists():
+            return
+        if self.pool is None:
+            # forked (the report's imports are paid once, by the campaign) at a moment no judging thread runs: the
+            # first report is handed over between a cell's judging and the next cell's workload
+            import lab.report  # noqa: F401 - pandas and matplotlib (~0.5 s): for the worker, before the fork
+
+            self.pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"),
+                                            initializer=_report_worker_init)
+        self.pending.append((entry, self.pool.submit(_render_report, str(run_dir))))
+
+    def collect(self, wait: bool = False) -> bool:
+        """Note the reports that failed (on their entries); True when any finished since the last call."""
+        finished = [(e, f) for e, f in self.pending if wait or f.done()]
+        for entry, future in finished:
+            try:
+                error = future.result()
+            except Exception as e:  # noqa: BLE001 - a worker that died: no report, the run's verdict stands
+                error = _one_line(e)
+            if error:
+                entry["note"] = f"no report.html ({error})"
+        self.pending = [(e, f) for e, f in self.pending if all(f is not g for _, g in finished)]
+        return bool(finished)
+
+    def close(self, wait: bool = True) -> None:
+        """Wait for every queued report (`wait=False`: drop those not started; an interrupted campaign), then
+        stop the worker."""
+        if self.pool is None:
+            return
+        if wait:
+            self.collect(wait=True)
+        self.pool.shutdown(wait=True, cancel_futures=not wait)
+        self.pool = None
+
+
 def _write_report(entry: dict[str, Any], run_dir: Path) -> None:
     """report.html for the run if `fencelab test` did not write one; a report that fails is only noted."""
     if (run_dir / "report.html").exists():
@@ -138,33 +215,182 @@ def _write_report(entry: dict[str, Any], run_dir: Path) -> None:
         entry["note"] = f"no report.html ({_one_line(e)})"
 
 
-def execute_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Callable[[], None]) -> None:
-    """Run one planned test, recording it in `entry` before and after (KeyboardInterrupt propagates)."""
+class _Judging(threading.Thread):
+    """A finished workload's judging (`runner.run_unjudged`'s judge: stack down, checkers, report), in a thread."""
+
+    def __init__(self, judge: Callable[[], dict[str, Any]]):
+        super().__init__(name="fencelab-judging", daemon=True)
+        self.judge, self.results, self.error = judge, None, None
+
+    def run(self) -> None:
+        try:
+            self.results = self.judge()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which records it as the run's error
+            self.error = e
+
+
+class _CampaignFault(Exception):
+    """An error of the campaign itself raised in a run's `before_workload` (the run stops, the error goes on)."""
+
+
+class PendingRun:
+    """A cell whose workload ran and whose judging goes on in a thread; `finish()` waits and records it."""
+
+    def __init__(self, entry: dict[str, Any], test: Test, store_dir: Path, t0: float, save: Callable[[], None],
+                 judging: _Judging | None, phases: dict[str, float], reports: _Reports | None = None):
+        self.entry, self.test, self.store_dir, self.t0, self.save = entry, test, store_dir, t0, save
+        self.judging, self.phases, self.reports = judging, phases, reports
+        self.done = judging is None
+
+    def finish(self) -> dict[str, Any]:
+        """Wait for the judging (a KeyboardInterrupt meanwhile waits on: the stack must come down) and record the
+        verdict, or the error, in the entry; saves. Idempotent."""
+        if self.done:
+            return self.entry
+        interrupted = False
+        while self.judging.is_alive():
+            try:
+                self.judging.join()
+            except KeyboardInterrupt:  # the thread stops the stack and writes results.json: let it end first
+                interrupted = True
+        self.done = True
+        if self.judging.error is not None:
+            if isinstance(self.judging.error, KeyboardInterrupt):
+                raise self.judging.error
+            self.entry.update(status="failed", run_dir=_where(self.entry, self.test, self.store_dir),
+                              error=_one_line(self.judging.error))
+        else:
+            record_results(self.entry, self.judging.results)
+            self.entry["run_dir"] = _where(self.entry, self.test, self.store_dir)
+            if self.reports is not None:
+                self.reports.submit(self.entry, self.test.run_dir)
+            else:
+                _write_report(self.entry, self.test.run_dir)
+        self.entry.update(elapsed_s=round(time.monotonic() - self.t0, 3), finished=iso_now(),
+                          phases={k: round(v, 3) for k, v in self.phases.items()})
+        self.save()
+        if interrupted:
+            raise KeyboardInterrupt
+        return self.entry
+
+
+def _where(entry: dict[str, Any], test: Test, store_dir: Path) -> str | None:
+    """The run's directory relative to the store (the test's, else the newest since the entry started)."""
+    found = test.run_dir or find_run_dir(store_dir, test.name, entry["started"])
+    return os.path.relpath(found, store_dir) if found else None
+
+
+def start_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Callable[[], None], *,
+              before_workload: Callable[[], Any] | None = None, reports: _Reports | None = None) -> PendingRun:
+    """Run one planned test's workload, recording it in `entry` before and after; its judging goes on in a thread
+    (`PendingRun.finish` waits for it). `before_workload` is called once its stack is up, before its workload: a
+    campaign finishes the previous cell there, so its judging overlaps this stack's start and no workload. A run
+    that raises is recorded failed (`before_workload` called first); a KeyboardInterrupt propagates. With
+    `reports`, the report is written there (`_Reports`), else in the judging."""
     entry.update(status="running", started=stamp_now(), run_dir=None, verdict=None, ops=None, elapsed_s=None,
-                 finished=None, error=None, note=None, unexercised_faults=None, partial=None)
+                 finished=None, error=None, note=None, unexercised_faults=None, partial=None, overhead_s=None,
+                 phases=None)
     save()
     test = run.to_test()
     t0 = time.monotonic()
+    phases: dict[str, float] = {}
+    called = False
 
-    def where() -> str | None:
-        found = test.run_dir or find_run_dir(store_dir, run.test_name, entry["started"])
-        return os.path.relpath(found, store_dir) if found else None
+    def hook() -> None:
+        nonlocal called
+        called = True
+        if before_workload is not None:
+            try:
+                before_workload()
+            except Exception as e:  # the campaign's own error (writing its page, its state): not this run's
+                raise _CampaignFault() from e
 
     try:
-        results = runner.run_test(test, store_dir)
+        judge = runner.run_unjudged(test, store_dir, before_workload=hook, phases=phases, report=reports is None)
+    except _CampaignFault as e:
+        entry.update(status="pending", run_dir=_where(entry, test, store_dir), note="not run: the campaign stopped")
+        raise e.__cause__ from None
     except KeyboardInterrupt:
-        entry.update(status="pending", run_dir=where(), elapsed_s=time.monotonic() - t0,
+        entry.update(status="pending", run_dir=_where(entry, test, store_dir), elapsed_s=time.monotonic() - t0,
                      note="interrupted; settled when the campaign resumes")
         save()
         raise
     except Exception as e:  # noqa: BLE001 - one run's failure (stack did not start, ...) must not end the campaign
-        entry.update(status="failed", run_dir=where(), error=_one_line(e))
-    else:
-        record_results(entry, results)
-        entry["run_dir"] = where()
-        _write_report(entry, test.run_dir)
-    entry.update(elapsed_s=round(time.monotonic() - t0, 3), finished=iso_now())
-    save()
+        if not called:
+            hook()
+        entry.update(status="failed", run_dir=_where(entry, test, store_dir), error=_one_line(e),
+                     elapsed_s=round(time.monotonic() - t0, 3), finished=iso_now(),
+                     phases={k: round(v, 3) for k, v in phases.items()})
+        save()
+        return PendingRun(entry, test, store_dir, t0, save, None, phases)
+    judging = _Judging(judge)
+    judging.start()
+    return PendingRun(entry, test, store_dir, t0, save, judging, phases, reports)
+
+
+def execute_run(entry: dict[str, Any], run: PlannedRun, store_dir: Path, save: Callable[[], None]) -> None:
+    """Run one planned test, recording it in `entry` before and after (KeyboardInterrupt propagates)."""
+    start_run(entry, run, store_dir, save).finish()
+
+
+def _run_cells(todo: list[dict[str, Any]], by_id: dict[str, PlannedRun], store_dir: Path, save: Callable[[], None],
+               progress: _Progress, page: Callable[[], Any]) -> None:
+    """Run the cells one after the other, each judged while the next one's stack starts (`start_run`), and record
+    each one's `overhead_s`: the campaign's wall time from the end of the previous cell's turn to the start of the
+    next cell's workload (or, for the last, to its own end), minus its time limit; what the campaign paid for it
+    beyond its run (its final phase, its stack's stop, its checkers and report, and the next stack's start as far as
+    its judging did not cover it; the first cell also its own stack's start)."""
+    pending: PendingRun | None = None
+    last: dict[str, Any] | None = None  # the last cell recorded done: the final wait for the reports is its cost
+    mark = time.monotonic()
+    reports = _Reports() if PIPELINE else None
+
+    def finish_previous() -> None:
+        nonlocal pending, mark, last
+        if pending is None:
+            return
+        done, pending = pending, None
+        try:
+            done.finish()
+        finally:
+            if done.entry["status"] == "done":
+                done.entry["overhead_s"] = round(time.monotonic() - mark - done.test.time_limit, 3)
+                done.save()
+                last = done.entry
+            mark = time.monotonic()
+            progress.finish(done.entry)
+            if reports is not None and reports.collect():
+                save()
+            page()
+
+    try:
+        for entry in todo:
+            progress.start(entry)
+            started = start_run(entry, by_id[entry["id"]], store_dir, save, before_workload=finish_previous,
+                                reports=reports)
+            finish_previous()  # a run that failed before its workload: the previous cell is finished by now
+            if started.done:  # it failed: its time is nobody's overhead
+                mark = time.monotonic()
+                progress.finish(entry)
+                page()
+            else:
+                pending = started
+                if not PIPELINE:
+                    finish_previous()
+    except KeyboardInterrupt:
+        finish_previous()
+        if reports is not None:
+            reports.close(wait=False)
+        raise
+    finally:
+        finish_previous()
+        if reports is not None:
+            t = time.monotonic()
+            reports.close()
+            if last is not None and last.get("overhead_s") is not None:  # the campaign waited for them: its cost
+                last["overhead_s"] = round(last["overhead_s"] + time.monotonic() - t, 3)
+        save()
+        page()
 
 
 def _prepare_state(spec: Spec, plan: list[PlannedRun], store_dir: Path, path: Path, resume: bool,
@@ -264,11 +490,9 @@ def _run_campaign(spec: Spec, store_dir: Path, resume: bool, echo: Callable[[str
                     per_worker = cells.run_cells(todo, by_id, store_dir, lambda: save_state(path, state), progress,
                                                  lambda: write_page(state, data))
                     echo("cells per worker: " + ", ".join(f"{w} {n}" for w, n in sorted(per_worker.items())))
-                for entry in todo if cells is None else ():
-                    progress.start(entry)
-                    execute_run(entry, by_id[entry["id"]], store_dir, lambda: save_state(path, state))
-                    progress.finish(entry)
-                    page = write_page(state, data)
+                if cells is None:
+                    _run_cells(todo, by_id, store_dir, lambda: save_state(path, state), progress,
+                               lambda: write_page(state, data))
             except KeyboardInterrupt:
                 interrupted = True
         page = write_page(state, data)

@@ -12,7 +12,9 @@
   latency quantiles. Success rates and latencies come from each run's history
   (`lab.history.to_frame`, so quantiles are exact over all runs, not averages
   of quantiles); the in/outside-fault split from its `availability` checker;
-- totals (runs, ops, valid / invalid / unknown / failed) and every run's row.
+- totals (runs, ops, valid / invalid / unknown / failed, the median overhead per run) and every run's row,
+  with its overhead (the campaign's wall seconds it cost beyond its time limit, lab.campaign.execute) and the
+  wall seconds of its phases (stack up, workload, stack down, judging).
 
 Links are relative, so the page works from the file system and under `fencelab serve`.
 """
@@ -34,7 +36,7 @@ from lab.history import is_client_process, read_history_report, to_frame
 from lab.paths import write_text_atomic
 from lab.templating import template_env
 
-__all__ = ["PageData", "run_stats", "write_page"]
+__all__ = ["PageData", "overhead_summary", "phases_text", "run_stats", "write_page"]
 
 PAGE = "campaign.html"
 SYMBOLS = {"valid": "\u2713", "invalid": "\u2717", "unknown": "?", "failed": "!", "pending": "\u2026",
@@ -115,6 +117,8 @@ def _badge(entry: dict[str, Any], data: PageData, reps: int) -> dict[str, Any]:
         bits.append(f"{entry['ops']} ops")
     if entry.get("elapsed_s") is not None:
         bits.append(f"{entry['elapsed_s']:.1f} s")
+    if entry.get("overhead_s") is not None:
+        bits.append(f"overhead {entry['overhead_s']:.1f} s")
     for k in ("error", "note"):
         if entry.get(k):
             bits.append(entry[k])
@@ -201,15 +205,34 @@ def _env():
     return template_env(Path(__file__).parent)
 
 
+PHASES = ("up", "workload", "down", "judge")  # lab.runner.run_unjudged's phases, in the order they run
+
+
+def phases_text(entry: dict[str, Any]) -> str:
+    """A run's phases as `up 0.6 · workload 5.1 · down 0.2 · judge 0.1` (seconds), or ''."""
+    phases = entry.get("phases") or {}
+    return " \u00b7 ".join(f"{k} {phases[k]:.1f}" for k in PHASES if isinstance(phases.get(k), int | float))
+
+
+def overhead_summary(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The median and the largest per-run overhead (seconds beyond the time limit) of the runs that record one."""
+    values = sorted(e["overhead_s"] for e in runs if isinstance(e.get("overhead_s"), int | float))
+    if not values:
+        return None
+    return {"median": float(np.median(values)), "max": values[-1], "runs": len(values)}
+
+
 def render_page(state: dict[str, Any], data: PageData) -> str:
     """The page's HTML."""
     c = counts(state["runs"])
     verdict_cls, verdict_words = overall(state)
-    runs = [{**e, "cls": badge_class(e), "href": data.href(e), "marks": run_marks(e)} for e in state["runs"]]
+    runs = [{**e, "cls": badge_class(e), "href": data.href(e), "marks": run_marks(e), "phases_text": phases_text(e),
+             "overhead_s": e.get("overhead_s")}  # an older lab's campaign.json has none
+            for e in state["runs"]]
     return _env().get_template("campaign.html.j2").render(
         state=state, counts=c, verdict_cls=verdict_cls, verdict_words=verdict_words, matrix=_matrix(state, data),
         availability=_availability(state, data), runs=runs, symbols=SYMBOLS,
-        elapsed=sum(e.get("elapsed_s") or 0 for e in state["runs"]))
+        elapsed=sum(e.get("elapsed_s") or 0 for e in state["runs"]), overhead=overhead_summary(state["runs"]))
 
 
 def write_page(state: dict[str, Any], data: PageData) -> Path:

@@ -7,6 +7,9 @@ planned run with its Test options and
     run_dir   the run's directory, relative to the store (store/<campaign>/<id>/<timestamp>)
     verdict   results.json's valid (true, false or "unknown"); ops; elapsed_s; error; note
     worker    the Dask worker that ran it (`--dask`), else null
+    overhead_s  the campaign's wall seconds this run cost beyond its time limit (stack start and stop, final
+              phase, checkers, report: lab.campaign.execute._run_cells says how it is counted); local runs only
+    phases    wall seconds of its phases: up, workload (the time limit and the final phase), down, judge
 
 A campaign killed mid-run leaves its last entry `running`, with the time the
 run started. `settle` decides what such an entry is on resume: the run's
@@ -93,7 +96,7 @@ def _entry(run: PlannedRun) -> dict[str, Any]:
             "test": redact_tree(run.test_options()),  # campaign.json keeps no URL user info (docs/cli.md#secrets)
             "status": "pending", "run_dir": None, "verdict": None, "ops": None, "elapsed_s": None,
             "started": None, "finished": None, "error": None, "note": None, "unexercised_faults": None,
-            "partial": None, "worker": None}
+            "partial": None, "worker": None, "overhead_s": None, "phases": None}
 
 
 def new_state(spec: Spec, plan: list[PlannedRun], store_dir: Path) -> dict[str, Any]:

@@ -12,10 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import httpx
-
 from lab.secrets import redact_url
-from lab.stack.process import ManagedProcess, free_port
+from lab.stack.process import ManagedProcess, free_port, http_status
 
 
 class LeaseServerProcess(ManagedProcess):
@@ -49,10 +47,7 @@ class LeaseServerProcess(ManagedProcess):
 
     def healthy(self) -> bool:
         """GET /healthz answers 200 (the server is up and reaches Valkey)."""
-        try:
-            return httpx.get(self.url + "/healthz", timeout=0.5).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return http_status(self.url + "/healthz") == 200
 
     def state(self) -> dict:
         d = super().state()

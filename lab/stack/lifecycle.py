@@ -15,7 +15,8 @@ own `SutStack` (lab/sut/processes.py) share:
   pouchdb-server.
 - `_start_proxies(links)`: Toxiproxy and one proxy per link (the topology
   the network nemeses read from `info`).
-- `down()`: stop every recorded process in reverse start order, then the
+- `down()`: stop every recorded process in reverse start order (tier by
+  tier, `_stop_tiers`: a tier's processes asked to exit together), then the
   backend's own clean-up (`_after_stop`: namespaces, remote run
   directories, scratch data), then remove `state.json`.
 - `status()`: the typed `StackStatus`, from `info` and one `ProcessRow` per
@@ -103,21 +104,27 @@ class ProcessStack(StackFiles):
     def _place(self, proc: Any) -> None:
         """Where a process not yet started runs (the local stack moves it into a network namespace)."""
 
-    def _start_store(self, wanted: bool, url: str | None) -> ExternalStore | PouchDBProcess | None:
-        """The store choice: none, the user's own at `url` (only its URL), or the lab's pouchdb-server."""
+    def _start_store(self, wanted: bool, url: str | None, *, wait: bool = True) -> ExternalStore | PouchDBProcess | None:
+        """The store choice: none, the user's own at `url` (only its URL), or the lab's pouchdb-server (until
+        healthy, unless `wait=False`: the caller waits, having started other processes meanwhile)."""
         if not wanted:
             return None
         if url:
             self.info["store"] = redact_url(url)
             return ExternalStore(url)
-        store = self._start(PouchDBProcess(self.dir))
+        store = self._start(PouchDBProcess(self.dir), wait=wait)
         self.info["store"] = store.url
         return store
 
-    def _start_proxies(self, links: Iterable[Link]) -> Topology:
-        """Start Toxiproxy and one proxy per link (`listen` port 0: a free one); the topology's description
-        goes into `info["topology"]` (and state.json), where the network nemeses read it."""
-        tp = self._start(ToxiproxyProcess(self.dir))
+    def _start_proxies(self, links: Iterable[Link], toxiproxy: ToxiproxyProcess | None = None) -> Topology:
+        """Start Toxiproxy (or wait for `toxiproxy`, started earlier without waiting) and one proxy per link
+        (`listen` port 0: a free one); the topology's description goes into `info["topology"]` (and state.json),
+        where the network nemeses read it."""
+        if toxiproxy is None:
+            tp = self._start(ToxiproxyProcess(self.dir))
+        else:
+            tp = toxiproxy
+            tp.wait_healthy()
         self.info["toxiproxy"] = tp.url
 
         async def create() -> dict[str, Any]:
@@ -179,14 +186,16 @@ class ProcessStack(StackFiles):
         if not self.processes:
             self.load_state()
         stopped, errors = [], []
-        for p in reversed(self.processes):
-            try:
-                running = p.alive()
-                p.stop()  # also for a dead one: closes its log file
-                if running:
-                    stopped.append(p.name)
-            except self.stop_errors as e:
-                errors.append(self._stop_error(p, e))
+        for tier in self._stop_tiers():
+            asked = {id(p) for p in tier if len(tier) > 1 and self._terminate(p)}
+            for p in tier:
+                try:
+                    running = id(p) in asked or p.alive()
+                    p.stop()  # also for a dead one: closes its log file
+                    if running:
+                        stopped.append(p.name)
+                except self.stop_errors as e:
+                    errors.append(self._stop_error(p, e))
         errors += self._after_stop()
         if errors:
             raise StackError("; ".join(errors))
@@ -194,6 +203,19 @@ class ProcessStack(StackFiles):
         if self.state_file.exists():
             self.state_file.unlink()
         return stopped
+
+    def _stop_tiers(self) -> list[list[Any]]:
+        """The order `down` stops in: tier after tier, the processes of one tier asked to exit together (their
+        shutdowns overlap). By default one process per tier, in reverse start order."""
+        return [[p] for p in reversed(self.processes)]
+
+    def _terminate(self, p: Any) -> bool:
+        """Ask a local process to exit without waiting for it (`ManagedProcess.terminate`), so that `down`'s stops
+        overlap; True when it was running. Other handles (a container, an SSH node's process) stop one by one."""
+        if not isinstance(p, ManagedProcess) or not p.alive():
+            return False
+        p.terminate()
+        return True
 
     def _stop_error(self, p: Any, e: BaseException) -> str:
         """How a failed stop reads in down's error."""

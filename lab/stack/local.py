@@ -43,6 +43,7 @@ from lab.stack.netns import NetnsHosts, check_netns_available, free_subnet, swee
 from lab.stack.process import ManagedProcess, ProcessError, free_port  # noqa: F401 - ProcessError re-exported
 from lab.stack.store import ExternalStore  # noqa: F401 - re-exported
 from lab.stack.topology import Link, standard_links
+from lab.stack.toxiproxy import ToxiproxyProcess
 from lab.stack.valkey import PERSISTENCE_MODES, ValkeyProcess
 from lab.testmap import servers_problem
 
@@ -122,13 +123,20 @@ class LocalStack(ProcessStack):
     def _start_all(self, opts: StackOptions) -> None:
         if opts.netns:
             self._create_netns(opts)
-        valkey = self._start(ValkeyProcess(self.dir, persistence=opts.persistence, env=self._clock_env("valkey", opts)))
+        # Valkey, the store and Toxiproxy need nothing of each other: all three are spawned, then waited for (their
+        # start-ups overlap). The lease servers start once Valkey answers, without waiting for the store: their
+        # Python start-up overlaps the store's (a server that meets no store yet retries its recovery every 0.1 s
+        # and is not healthy until it is done, lab/server/recovery.py), and each is waited for after the store
+        valkey = self._start(ValkeyProcess(self.dir, persistence=opts.persistence, env=self._clock_env("valkey", opts)),
+                             wait=False)
         self.info["valkey"] = valkey.url
+        store = self._start_store(opts.wants_store, opts.store_url, wait=False)
+        toxiproxy = self._start(ToxiproxyProcess(self.dir), wait=False) if opts.toxiproxy else None
         records, credentials = provision_demo_principals()
         principals_file = self.dir / "principals.json"
         write_principals_file(records, principals_file)
         write_private_json(self.credentials_file, credentials)
-        store = self._start_store(opts.wants_store, opts.store_url)
+        valkey.wait_healthy()
         names = [f"lease-{i}" for i in range(1, opts.servers + 1)]
         ports = {n: free_port() for n in names}
         valkey_urls = {n: valkey.url for n in names}
@@ -142,7 +150,7 @@ class LocalStack(ProcessStack):
             if store is not None:
                 upstreams["store"] = store.address
             links = standard_links(opts.client_groups, names, store=store is not None)
-            topo = self._start_proxies(Link(f, t, "127.0.0.1:0", upstreams[t]) for f, t in links)
+            topo = self._start_proxies((Link(f, t, "127.0.0.1:0", upstreams[t]) for f, t in links), toxiproxy)
             valkey_urls = {n: f"redis://{topo.address(n, 'valkey')}/0" for n in names}
             if store:
                 store_urls = {n: store.via(topo.address(n, 'store')) for n in names}
@@ -150,12 +158,24 @@ class LocalStack(ProcessStack):
             self.info["client_nodes"] = [f"http://{topo.address(f'c{g}', n)}"
                                          for g in range(1, opts.client_groups + 1) for n in names]
         self.info["lease_servers"] = []
-        for n in names:
+        servers = []
+        for n in names:  # all spawned, then each waited for: their Python start-ups overlap
             srv = self._start(LeaseServerProcess(self.dir, valkey_url=valkey_urls[n], principals_file=principals_file,
                                                  name=n, port=ports[n], env=self._clock_env(n, opts),
-                                                 store_url=store_urls[n], mutant=opts.mutant or None))
+                                                 store_url=store_urls[n], mutant=opts.mutant or None), wait=False)
             self.info["lease_servers"].append(srv.url)
-            self.save_state()
+            servers.append(srv)
+        self.save_state()
+        for proc in (store, *servers):
+            if isinstance(proc, ManagedProcess):
+                proc.wait_healthy()
+
+    def _stop_tiers(self) -> list[list[ManagedProcess]]:
+        """The lease servers together first (each flushes its audit events to Valkey as it exits), then Toxiproxy,
+        the store and Valkey together: nothing of theirs needs another at shutdown."""
+        last_first = list(reversed(self.processes))
+        servers = [p for p in last_first if p.name.startswith("lease-")]
+        return [tier for tier in (servers, [p for p in last_first if not p.name.startswith("lease-")]) if tier]
 
     def _clock_env(self, name: str, opts: StackOptions) -> dict[str, str] | None:
         """libfaketime environment for process `name` when fake clocks are on (its offset file under clocks/)."""

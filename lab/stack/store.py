@@ -11,10 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-
 from lab import paths
-from lab.stack.process import ManagedProcess, free_port
+from lab.stack.process import ManagedProcess, free_port, probe_get
 
 
 @dataclass
@@ -67,10 +65,10 @@ class PouchDBProcess(ManagedProcess):
 
     def healthy(self) -> bool:
         """GET / answers the CouchDB welcome document."""
+        r = probe_get(self.url + "/")
         try:
-            r = httpx.get(self.url + "/", timeout=0.5)
-            return r.status_code == 200 and "version" in r.json()
-        except (httpx.HTTPError, ValueError):
+            return r is not None and r.status_code == 200 and "version" in r.json()
+        except ValueError:
             return False
 
     def state(self) -> dict:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
-
 from lab import paths
-from lab.stack.process import ManagedProcess, free_port
+from lab.stack.process import ManagedProcess, free_port, http_status
 
 
 class ToxiproxyProcess(ManagedProcess):
@@ -25,10 +23,7 @@ class ToxiproxyProcess(ManagedProcess):
 
     def healthy(self) -> bool:
         """GET /version answers."""
-        try:
-            return httpx.get(self.url + "/version", timeout=0.5).status_code == 200
-        except httpx.HTTPError:
-            return False
+        return http_status(self.url + "/version") == 200
 
     def state(self) -> dict:
         d = super().state()
