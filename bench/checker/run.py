@@ -11,7 +11,8 @@ bench/checker/real/ (the register workload against real Valkey: many keys,
 partitions or pauses, crashed clients), category `valkey-register`. Each
 history is checked by the Go program (Porcupine v1.3.1, cas-register with
 Jepsen semantics) and by `checkers.linear.check_history` (60 s budget), each in
-its own process, best of `--repeat` checks. Both are timed from parsed records
+its own process, best of `--repeat` checks (`SMALL_REPEAT` for a history Porcupine checks in under
+`SMALL_CHECK_S`). Both are timed from parsed records
 in memory to the verdict (pairing, partitioning and search; not JSON parsing:
 the Go harness decodes the op values while reading, as json.loads does for us),
 in CPU time (Go: every thread, the parallel partition checks and its GC
@@ -197,6 +198,12 @@ def entries(specs: list[Spec], real: bool = True, only: list[str] | None = None)
     return out
 
 
+# A history Porcupine checks in under SMALL_CHECK_S of CPU is checked SMALL_REPEAT times on each side (the best
+# counts), not `repeat`: at 1-3 ms a check, a best of 3 moved cas-1000's ratio from 0.97 to 1.20 between two runs.
+SMALL_CHECK_S = 0.02
+SMALL_REPEAT = 15
+
+
 def measure(items: list[Entry], budget: float, porcupine_budget: float, repeat: int, echo: bool) -> list[dict]:
     """Check every history with both checkers; one row per history."""
     recorded = recorded_verdicts()
@@ -208,7 +215,12 @@ def measure(items: list[Entry], budget: float, porcupine_budget: float, repeat: 
               f"{'ours_cpu':>8s} {'porc_cpu':>8s} {'cpu_ratio':>9s} {'ours_MB':>8s} {'porc_MB':>8s}")
     for item in items:
         porc = run_porcupine(item.path, porcupine_budget, repeat)
-        ours = run_ours(item.path, budget, repeat)
+        n = repeat
+        if repeat > 1 and porc["cpu_s"] < SMALL_CHECK_S:  # a few-ms check: one busy moment moves a best of 3
+            n = SMALL_REPEAT
+            porc = min([porc, *_porcupine_once([item.path] * (n - repeat), porcupine_budget)],
+                       key=lambda r: r["cpu_s"])
+        ours = run_ours(item.path, budget, n)
         porc_verdict, porc_from = porc["valid"], "this run"
         if porc_verdict == "unknown" and recorded.get(item.name, {}).get("digest") == item.digest:
             porc_verdict, porc_from = recorded[item.name]["valid"], "recorded full run"
@@ -262,7 +274,8 @@ def figures(quick: bool = False) -> list:
     cats = by_category(rows)
     out = []
     how = (f"{'quick: 2' if quick else 'all 4'} histories per category, "
-           f"{'one check' if quick else 'best of 3 checks'} each side, process CPU time (Go: every thread), "
+           f"{'one check' if quick else f'best of 3 checks ({SMALL_REPEAT} under {SMALL_CHECK_S * 1e3:g} ms)'} "
+           "each side, process CPU time (Go: every thread), "
            "shared loaded 2-core machine")
     for name, c in cats.items():
         ratio = c["ours"] / max(c["porc"], 1e-9)
