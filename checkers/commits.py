@@ -26,7 +26,7 @@ class Commit:
     __slots__ = ("p", "key", "token", "carried", "validated", "rev", "lease_id", "request_id", "doc", "entry",
                  "returned_lease", "start", "written")
 
-    def __init__(self, p: Pair, first_invoke: dict | None = None):
+    def __init__(self, p: Pair, first_invoke: dict | None = None, settled: bool = False):
         inv = p.inv.get("value")
         inv = inv if (inv.__class__ is dict or isinstance(inv, dict)) else _EMPTY
         r = p.result
@@ -42,7 +42,8 @@ class Commit:
         # when it may have been accepted from: a replay (a retry with its request_id) from its request's first
         # invocation
         rk = p.rk
-        self.start = p.t0 if first_invoke is None or rk is None else first_invoke.get(rk, p.t0)
+        # (`settled`: the pairs' `start` is set, `checkers.pairs.settle_starts`)
+        self.start = p.start if settled else p.t0 if first_invoke is None or rk is None else first_invoke.get(rk, p.t0)
         if not wire:
             # no `sent` (the common case, written out: the hot path of a 1M-op history): each field is the
             # invocation's when not None, else the completion's, for this checker and stale-write alike
@@ -122,10 +123,11 @@ def _carried(field: str, wire: dict, inv: dict, comp: dict) -> Any:
     return x if x is not None else comp.get(field)
 
 
-def commits_of(commit_pairs: list[Pair], first_invoke: dict[tuple, int] | None = None) -> list[Commit]:
+def commits_of(commit_pairs: list[Pair], first_invoke: dict[tuple, int] | None = None,
+               settled: bool = False) -> list[Commit]:
     """The commit ops (`commit_pairs`, in invocation order) as `Commit`s; `first_invoke`: `first_invocations`
     of the history's pairs (a replay's acceptance may date from its first attempt)."""
-    return [Commit(p, first_invoke) for p in commit_pairs]
+    return [Commit(p, first_invoke, settled) for p in commit_pairs]
 
 
 def hashable(x: Any) -> Any:

@@ -61,7 +61,7 @@ class LeaseStateChecker(ViewCheck):
         """Judge every op on a known lease."""
         pairs = view.pairs
         leases = view.leases
-        first = view.first_invocations
+        view.starts  # noqa: B018 - every pair's `start` settled (read below)
         realtime, backend = view.successors
         moved = view.faults.clock_moves
         if moved:
@@ -97,7 +97,7 @@ class LeaseStateChecker(ViewCheck):
                 _check_identity(p, lease, v)
             if f == "acquire":
                 continue
-            started = first.get(p.rk, p.t0) if p.rk is not None else p.t0  # request_key(p)
+            started = p.start  # first_invocations().get(p.rk, p.t0) (request_key(p)), settled by the view
             if f == "renew" and lease.ends and r.get("state") not in TERMINAL:
                 for end in lease.ends:  # _check_revived's question, asked inline
                     if end.type == "ok" and end.t1 < started:

@@ -32,6 +32,7 @@ __all__ = [
     "by_f",
     "error_code",
     "first_invocations",
+    "settle_starts",
     "index_leases",
     "op_lease_id",
     "pair_ops",
@@ -47,11 +48,12 @@ class Pair:
     Besides the op's fields, what every lease checker asks of it is read once here (the hot path of a
     million-op history): `result` (the completion's value), `sent` (what the client put on the wire, see
     `sent()`), `rk` (its idempotency key, `request_key()`), `lid` (the lease it is about, `op_lease_id()`),
-    `dl` (the invocation's `deadline_ms`) and `vrid` (whether the invocation carries a request_id).
+    `dl` (the invocation's `deadline_ms`) and `vrid` (whether the invocation carries a request_id). `start`
+    (when the op's request was first invoked) is its `t0` until `settle_starts` settles it.
     """
 
     __slots__ = ("inv", "comp", "type", "f", "key", "process", "t0", "t1", "i0", "i1", "result", "sent", "rk",
-                 "lid", "dl", "vrid")
+                 "lid", "dl", "vrid", "start")
 
     def __init__(self, inv: dict, comp: dict | None, ipos: int, cpos: int | None):
         """From an invocation and its completion (None: never completed) at positions `ipos` / `cpos` of the
@@ -59,11 +61,16 @@ class Pair:
         self.inv = inv
         self.comp = comp
         f = self.f = inv["f"]  # `pair` saw to f, process and type
-        key = self.key = inv.get("key")
         self.process = inv["process"]
-        t0 = self.t0 = inv.get("time", 0)
-        self.i0 = inv.get("index", ipos)
-        v = inv.get("value")
+        # subscripts where an op has every field (a plain dict: the hot path), `get` with the defaults otherwise
+        try:
+            if inv.__class__ is not dict:
+                raise KeyError
+            key, t0, self.i0, v = inv["key"], inv["time"], inv["index"], inv["value"]
+        except KeyError:
+            key, t0, self.i0, v = inv.get("key"), inv.get("time", 0), inv.get("index", ipos), inv.get("value")
+        self.key = key
+        self.t0 = self.start = t0  # `start`: a retry's is settled by `settle_starts`
         if comp is None:
             self.type = "info"  # an invocation with no completion counts as info
             self.t1: int | None = None
@@ -71,9 +78,13 @@ class Pair:
             r = self.result = None  # the completion's value (None when it never completed)
         else:
             self.type = comp["type"]
-            self.t1 = comp.get("time", t0)
-            self.i1 = comp.get("index", cpos)
-            r = self.result = comp.get("value")
+            try:
+                if comp.__class__ is not dict:
+                    raise KeyError
+                self.t1, self.i1, r = comp["time"], comp["index"], comp["value"]
+            except KeyError:
+                self.t1, self.i1, r = comp.get("time", t0), comp.get("index", cpos), comp.get("value")
+            self.result = r
         # exact-type checks first (JSON objects are dicts), any dict subclass next: the hot path of every checker
         rid = lid = s = None
         if r.__class__ is dict or isinstance(r, dict):
@@ -139,6 +150,33 @@ def first_invocations(pairs: list[Pair]) -> dict[tuple, int]:
             if t is not t0 and (t is None or t0 < t):
                 first[k] = t0
     return first
+
+
+_UNSEEN = object()
+
+
+def settle_starts(pairs: list[Pair]) -> None:
+    """Set each pair's `start` to `first_invocations(pairs)[p.rk]` (its own `t0` when it has no key), by the
+    same rule: the rules then read an attribute instead of hashing the key again for each op (`LeaseView`).
+
+    Only the pairs whose key was seen before (retries: few) and the first pair of their key change."""
+    firstp: dict[tuple, Pair] = {}  # key -> its first pair (pairs, not times: `is` tells a new key apart)
+    putp = firstp.setdefault
+    again: list[Pair] = []
+    for p in pairs:
+        k = p.rk
+        if k is not None and putp(k, p) is not p:
+            again.append(p)
+    first: dict[tuple, Any] = {}
+    for p in again:  # first_invocations' rule, in the same order, for the keys seen twice
+        k, t0 = p.rk, p.t0
+        t = first.get(k, _UNSEEN)
+        if t is _UNSEEN:
+            t = first[k] = firstp[k].t0
+        if t is not t0 and (t is None or t0 < t):
+            first[k] = t0
+    for p in again:
+        firstp[p.rk].start = p.start = first[p.rk]
 
 
 def pair_ops(history: list[dict], *, strict: bool = True) -> list[Pair]:
@@ -272,12 +310,16 @@ def index_leases(pairs: list[Pair], acquires: list[Pair] | None = None) -> dict[
     return leases
 
 
-def acquisition_start(lease: Lease, first: dict[tuple, int]) -> int:
+def acquisition_start(lease: Lease, first: dict[tuple, int] | None) -> int:
     """When the lease's acquisition began in real time: the earliest invocation of any request that returned
-    it (`first`: `first_invocations` of the pairs the lease was indexed from; computed once per lease)."""
+    it (`first`: `first_invocations` of the pairs the lease was indexed from, or None when `settle_starts` set
+    their `start`; computed once per lease)."""
     s = lease.started
     if s is None:
-        s = lease.started = min(first.get(p.rk, p.t0) if p.rk is not None else p.t0 for p in lease.acquires)
+        if first is None:
+            s = lease.started = min(p.start for p in lease.acquires)
+        else:
+            s = lease.started = min(first.get(p.rk, p.t0) if p.rk is not None else p.t0 for p in lease.acquires)
     return s
 
 

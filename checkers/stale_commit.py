@@ -75,7 +75,7 @@ class StaleCommitChecker(ViewCheck):
     def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Judge the commits and final reads of a lease history."""
         leases = view.leases
-        first_invoke = view.first_invocations
+        view.starts  # noqa: B018 - every pair's `start` settled (the commits' starts are read from them)
         commits = view.commits
         reads = view.final_reads
         for read in reads.values():
@@ -87,9 +87,9 @@ class StaleCommitChecker(ViewCheck):
         _check_realtime_order(accepted, v)  # each Commit knows its start (first_invoke)
         _check_rev_order(accepted, v)
         moved = view.faults.clock_moves
-        unknown = _check_against_leases(accepted, leases, first_invoke, v, backend_times=not moved,
+        unknown = _check_against_leases(accepted, leases, {}, v, backend_times=not moved,
                                         successors=view.successors,
-                                        starts_known=True)  # the view's commits read them from first_invoke
+                                        starts_known=True)  # the view's commits read them from their pairs
         for read in reads.values():
             _check_read(read, v)
         _check_lost_and_phantom(commits, reads, v)

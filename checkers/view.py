@@ -24,7 +24,8 @@ from typing import Any
 
 from checkers.commits import Commit, FinalRead, commits_of, final_reads
 from checkers.origin import Origins
-from checkers.pairs import Lease, Pair, PrefixMax, by_f, first_invocations, index_leases, successor_index
+from checkers.pairs import (Lease, Pair, PrefixMax, by_f, first_invocations, index_leases, settle_starts,
+                            successor_index)
 from checkers.windows import Faults
 from lab.history.ops import pair
 
@@ -61,6 +62,12 @@ class LeaseView:
         return first_invocations(self.pairs)
 
     @cached_property
+    def starts(self) -> None:
+        """Asked for its effect: every pair's `start` settled (`checkers.pairs.settle_starts`), once. A rule that
+        reads `Pair.start` asks for this first."""
+        settle_starts(self.pairs)
+
+    @cached_property
     def leases(self) -> dict[Any, Lease]:
         """Every lease an ok acquire reported, by lease_id (`checkers.pairs.index_leases`)."""
         return index_leases(self.pairs, self.of("acquire"))
@@ -74,7 +81,8 @@ class LeaseView:
     @cached_property
     def commits(self) -> list[Commit]:
         """The commit ops as `checkers.commits.Commit`s, in invocation order (stale-commit and stale-write)."""
-        return commits_of(self.of("commit"), self.first_invocations)
+        self.starts  # noqa: B018 - each commit's start is its pair's
+        return commits_of(self.of("commit"), settled=True)
 
     @cached_property
     def origins(self) -> Origins:
