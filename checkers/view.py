@@ -25,7 +25,7 @@ from typing import Any
 from checkers.commits import Commit, FinalRead, commits_of, final_reads
 from checkers.origin import Origins
 from checkers.pairs import (Lease, Pair, PrefixMax, by_f, first_invocations, index_leases, settle_starts,
-                            successor_index)
+                            successor_index, successor_thresholds)
 from checkers.windows import Faults
 from lab.history.ops import pair
 
@@ -75,8 +75,12 @@ class LeaseView:
     @cached_property
     def successors(self) -> tuple[dict[Any, PrefixMax], dict[Any, PrefixMax]]:
         """Per key, the leases' tokens by first acquire-ok completion time and by `acquired_at_ms`
-        (`checkers.pairs.successor_index`)."""
-        return successor_index(self.leases)
+        (`checkers.pairs.successor_index`); each lease's `rt_next` / `bk_next` set from them
+        (`checkers.pairs.successor_thresholds`)."""
+        leases = self.leases
+        realtime, backend = successor_index(leases)
+        successor_thresholds(leases, realtime, backend)
+        return realtime, backend
 
     @cached_property
     def commits(self) -> list[Commit]:
