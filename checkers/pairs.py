@@ -158,11 +158,13 @@ def first_invocations(pairs: list[Pair]) -> dict[tuple, int]:
 _UNSEEN = object()
 
 
-def settle_starts(pairs: list[Pair]) -> None:
+def settle_starts(pairs: list[Pair]) -> tuple[dict[tuple, Pair], list[Pair]]:
     """Set each pair's `start` to `first_invocations(pairs)[p.rk]` (its own `t0` when it has no key), by the
     same rule: the rules then read an attribute instead of hashing the key again for each op (`LeaseView`).
 
-    Only the pairs whose key was seen before (retries: few) and the first pair of their key change."""
+    Only the pairs whose key was seen before (retries: few) and the first pair of their key change. Returns
+    what it found: (key -> the first pair carrying it, in order of first use; the pairs whose key an earlier
+    pair carried, in order)."""
     firstp: dict[tuple, Pair] = {}  # key -> its first pair (pairs, not times: `is` tells a new key apart)
     putp = firstp.setdefault
     again: list[Pair] = []
@@ -180,6 +182,7 @@ def settle_starts(pairs: list[Pair]) -> None:
             first[k] = t0
     for p in again:
         firstp[p.rk].start = p.start = first[p.rk]
+    return firstp, again
 
 
 def pair_ops(history: list[dict], *, strict: bool = True) -> list[Pair]:

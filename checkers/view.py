@@ -49,6 +49,11 @@ class LeaseView:
         """The pairs grouped by f (`checkers.pairs.by_f`)."""
         return by_f(self.pairs)
 
+    @property
+    def by_f(self) -> dict[Any, list[Pair]] | None:
+        """The pairs grouped by f, each group in invocation order (None when an f is no dict key)."""
+        return self._by_f
+
     def of(self, f: str) -> list[Pair]:
         """The pairs whose f is `f`, in invocation order (a rule about one f reads its ops, not every op)."""
         groups = self._by_f
@@ -62,10 +67,11 @@ class LeaseView:
         return first_invocations(self.pairs)
 
     @cached_property
-    def starts(self) -> None:
-        """Asked for its effect: every pair's `start` settled (`checkers.pairs.settle_starts`), once. A rule that
-        reads `Pair.start` asks for this first."""
-        settle_starts(self.pairs)
+    def starts(self) -> tuple[dict[tuple, Pair], list[Pair]]:
+        """Every pair's `start` settled (`checkers.pairs.settle_starts`), once: a rule that reads `Pair.start`
+        asks for this first. Its value: (idempotency key -> the first pair carrying it; the pairs whose key an
+        earlier pair carried)."""
+        return settle_starts(self.pairs)
 
     @cached_property
     def leases(self) -> dict[Any, Lease]:
