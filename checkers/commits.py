@@ -48,19 +48,23 @@ class Commit:
             # no `sent` (the common case, written out: the hot path of a 1M-op history): each field is the
             # invocation's when not None, else the completion's, for this checker and stale-write alike
             self.returned_lease = None
-            ig, cg = inv.get, comp.get
-            carried = ig("fencing_token")
+            cg = comp.get
+            try:  # subscripts where a plain dict has every field (the hot path), `get` otherwise
+                if inv.__class__ is not dict:
+                    raise KeyError
+                carried, lid, rid, doc, e = (inv["fencing_token"], inv["lease_id"], inv["request_id"], inv["doc"],
+                                             inv["entry"])
+            except KeyError:
+                ig = inv.get
+                carried, lid, rid, doc, e = (ig("fencing_token"), ig("lease_id"), ig("request_id"), ig("doc"),
+                                             ig("entry"))
             if carried is None:
                 carried = cg("fencing_token")
-            lid = ig("lease_id")
             if lid is None:
                 lid = cg("lease_id")
-            rid = ig("request_id")
             self.request_id = rid if rid is not None else cg("request_id")
-            doc = ig("doc")
             if doc is None:
                 doc = cg("doc")
-            e = ig("entry")
             if e is None:
                 e = cg("entry")
             ec = e.__class__
@@ -106,7 +110,8 @@ class Commit:
             # retry, not the one its original write made (the reference server does: lab/server/commit.py
             # already_applied): its place in revision order is unknown, so it is left out of that order (the
             # final read still has it)
-            self.rev = None if res.get("replayed") else rev_number(res.get("rev"))
+            rev = res.get("rev")
+            self.rev = None if res.get("replayed") else rev if rev.__class__ is int else rev_number(rev)
         else:
             self.token, self.validated, self.rev = carried, None, None
 
