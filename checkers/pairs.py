@@ -329,7 +329,8 @@ def acquisition_start(lease: Lease, first: dict[tuple, int] | None) -> int:
     s = lease.started
     if s is None:
         if first is None:
-            s = lease.started = min(p.start for p in lease.acquires)
+            acquires = lease.acquires
+            s = lease.started = acquires[0].start if len(acquires) == 1 else min(p.start for p in acquires)
         else:
             s = lease.started = min(first.get(p.rk, p.t0) if p.rk is not None else p.t0 for p in lease.acquires)
     return s
