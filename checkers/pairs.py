@@ -8,8 +8,11 @@ nemesis ops skipped). `index_leases` reads the leases the ok acquires reported
 earliest attempt of each idempotency key, `successor_index` the per-key
 "largest token acquired before x" questions (`PrefixMax`).
 
-Every function here is pure: it computes what it is asked from what it is
-given, every time. What a composition shares is built once by
+Every function here computes what it is asked from what it is given, every
+time; two of them also write what they found onto the records they were given,
+for the rules to read as attributes on the hot path of a 1M-op history:
+`settle_starts` (each `Pair.start`) and `successor_thresholds` (each
+`Lease.rt_next` / `bk_next`). What a composition shares is built once by
 `checkers.view.lease_view` and handed to each checker explicitly.
 """
 
