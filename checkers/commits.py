@@ -26,7 +26,7 @@ class Commit:
     __slots__ = ("p", "key", "token", "carried", "validated", "rev", "lease_id", "request_id", "doc", "entry",
                  "returned_lease", "start", "written")
 
-    def __init__(self, p: Pair, first_invoke: dict | None = None):
+    def __init__(self, p: Pair, first_invoke: dict | None = None, settled: bool = False):
         inv = p.inv.get("value")
         inv = inv if (inv.__class__ is dict or isinstance(inv, dict)) else _EMPTY
         r = p.result
@@ -42,24 +42,29 @@ class Commit:
         # when it may have been accepted from: a replay (a retry with its request_id) from its request's first
         # invocation
         rk = p.rk
-        self.start = p.t0 if first_invoke is None or rk is None else first_invoke.get(rk, p.t0)
+        # (`settled`: the pairs' `start` is set, `checkers.pairs.settle_starts`)
+        self.start = p.start if settled else p.t0 if first_invoke is None or rk is None else first_invoke.get(rk, p.t0)
         if not wire:
             # no `sent` (the common case, written out: the hot path of a 1M-op history): each field is the
             # invocation's when not None, else the completion's, for this checker and stale-write alike
             self.returned_lease = None
-            ig, cg = inv.get, comp.get
-            carried = ig("fencing_token")
+            cg = comp.get
+            try:  # subscripts where a plain dict has every field (the hot path), `get` otherwise
+                if inv.__class__ is not dict:
+                    raise KeyError
+                carried, lid, rid, doc, e = (inv["fencing_token"], inv["lease_id"], inv["request_id"], inv["doc"],
+                                             inv["entry"])
+            except KeyError:
+                ig = inv.get
+                carried, lid, rid, doc, e = (ig("fencing_token"), ig("lease_id"), ig("request_id"), ig("doc"),
+                                             ig("entry"))
             if carried is None:
                 carried = cg("fencing_token")
-            lid = ig("lease_id")
             if lid is None:
                 lid = cg("lease_id")
-            rid = ig("request_id")
             self.request_id = rid if rid is not None else cg("request_id")
-            doc = ig("doc")
             if doc is None:
                 doc = cg("doc")
-            e = ig("entry")
             if e is None:
                 e = cg("entry")
             ec = e.__class__
@@ -105,7 +110,8 @@ class Commit:
             # retry, not the one its original write made (the reference server does: lab/server/commit.py
             # already_applied): its place in revision order is unknown, so it is left out of that order (the
             # final read still has it)
-            self.rev = None if res.get("replayed") else rev_number(res.get("rev"))
+            rev = res.get("rev")
+            self.rev = None if res.get("replayed") else rev if rev.__class__ is int else rev_number(rev)
         else:
             self.token, self.validated, self.rev = carried, None, None
 
@@ -122,10 +128,11 @@ def _carried(field: str, wire: dict, inv: dict, comp: dict) -> Any:
     return x if x is not None else comp.get(field)
 
 
-def commits_of(commit_pairs: list[Pair], first_invoke: dict[tuple, int] | None = None) -> list[Commit]:
+def commits_of(commit_pairs: list[Pair], first_invoke: dict[tuple, int] | None = None,
+               settled: bool = False) -> list[Commit]:
     """The commit ops (`commit_pairs`, in invocation order) as `Commit`s; `first_invoke`: `first_invocations`
     of the history's pairs (a replay's acceptance may date from its first attempt)."""
-    return [Commit(p, first_invoke) for p in commit_pairs]
+    return [Commit(p, first_invoke, settled) for p in commit_pairs]
 
 
 def hashable(x: Any) -> Any:

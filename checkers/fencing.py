@@ -39,7 +39,8 @@ class FencingChecker(ViewCheck):
     def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Judge the ok acquires of a lease history."""
         leases = view.leases
-        first_invoke = view.first_invocations
+        view.starts  # noqa: B018 - every pair's `start` settled: `acquisition_start(lease, None)` reads them
+        first_invoke = None
         by_key: dict[Any, list[Lease]] = defaultdict(list)
         for lease in leases.values():
             if lease.token is not None:
@@ -78,14 +79,14 @@ def _check_unique(key: Any, leases: list[Lease], v: Violations) -> None:
                   key=key, token=lease.token, leases=[other.lease_id, lease.lease_id])
 
 
-def _acquisition_span(lease: Lease, first_invoke: dict[tuple, int]) -> tuple[int, int]:
+def _acquisition_span(lease: Lease, first_invoke: dict[tuple, int] | None) -> tuple[int, int]:
     """Real-time window in which the lease was created: earliest attempt to earliest ok."""
     start = acquisition_start(lease, first_invoke)
     end = lease.granted  # min(p.t1 for p in lease.acquires)
     return min(start, end), end
 
 
-def _check_realtime(key: Any, leases: list[Lease], first_invoke: dict[tuple, int], v: Violations) -> None:
+def _check_realtime(key: Any, leases: list[Lease], first_invoke: dict[tuple, int] | None, v: Violations) -> None:
     """A acquired (completed) before B was invoked implies token(A) < token(B)."""
     spans = [(*_acquisition_span(lease, first_invoke), lease) for lease in leases]
     by_end = sorted(spans, key=lambda s: s[1])

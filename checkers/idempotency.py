@@ -66,6 +66,15 @@ class IdempotencyChecker(ViewCheck):
 
     def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Judge every idempotency key that was used more than once, and every conflict."""
+        found = _judgeable(view)
+        if found is not None:
+            n_keys, candidates, records_sent = found
+            parts = [self._judge(view, dict([c]), records_sent) for c in candidates]
+            violating = [r for r in parts if r[0].counts]
+            if len(violating) <= 1:  # the violations come in the order they always had: one group's, or none
+                v = violating[0][0] if violating else Violations(self.max_violations)
+                return self._result(v, n_keys, sum(r[1] for r in parts), sum(r[2] for r in parts),
+                                    sum(r[3] for r in parts), view)
         # idempotency key -> its one op, or the list of them when used more than once: most request_ids are
         # used once, and a list for each would cost more than the rest of the checker (1M-op histories)
         groups: dict[tuple, Pair | list[Pair]] = {}
@@ -80,7 +89,6 @@ class IdempotencyChecker(ViewCheck):
                     g.append(p)
                 else:
                     groups[gkey] = [g, p]
-        v = Violations(self.max_violations)
         records: list[bool] = []  # whether the history records `sent` at all, found out when first needed
 
         def records_sent() -> bool:
@@ -89,6 +97,14 @@ class IdempotencyChecker(ViewCheck):
                                    for p in (g if g.__class__ is list else (g,))))
             return records[0]
 
+        v, retried, judged, n_excused = self._judge(view, groups, records_sent)
+        return self._result(v, len(groups), retried, judged, n_excused, view)
+
+    def _judge(self, view: LeaseView, groups: dict[tuple, Pair | list[Pair]],
+               records_sent: Callable[[], bool]) -> tuple[Violations, int, int, int]:
+        """The rules for each group (one op, or the list of ops sharing an idempotency key, in invocation
+        order): (violations, groups retried, groups judged, retries excused by a Valkey loss)."""
+        v = Violations(self.max_violations)
         retried = judged = 0
         losses = sorted(done for _, done in view.faults.valkey_losses)
         excused: list[int] = []
@@ -107,18 +123,69 @@ class IdempotencyChecker(ViewCheck):
             elif ops and ops[0].type == "fail" and error_code(ops[0].comp) == CONFLICT:
                 judged += 1
                 _false_conflict(gkey, ops[0], v)
+        return v, retried, judged, len(excused)
+
+    @staticmethod
+    def _result(v: Violations, n_keys: int, retried: int, judged: int, n_excused: int, view: LeaseView) -> dict:
+        """The checker's result from what `_judge` found over every group (`n_keys` of them)."""
+        losses = view.faults.valkey_losses
         unjudged = None
-        if not groups:
+        if not n_keys:
             unjudged = "no operation carries a request_id"
         elif not judged:
             unjudged = ("no request_id was retried after an answer: the rules need a retry (same request_id, same "
                         "or changed body) of a request that was answered, or an idempotency_conflict")
-        extra = {"retries_across_valkey_loss": len(excused),
+        extra = {"retries_across_valkey_loss": n_excused,
                  "valkey_loss_rule": "a retry invoked after Valkey lost or rolled back its state (a crash, a kill, a "
                                      "restore from an older snapshot) since the original was answered is not held to "
                                      "that answer: the record may be gone with the state (contract section 8, "
                                      "backup / restore: a higher epoch, the restored leases invalid)"} if losses else {}
-        return v.result(request_ids=len(groups), retried=retried, judged=judged, unjudged=unjudged, **extra)
+        return v.result(request_ids=n_keys, retried=retried, judged=judged, unjudged=unjudged, **extra)
+
+
+def _judgeable(view: LeaseView) -> tuple[int, list[tuple], Callable[[], bool]] | None:
+    """The groups that may break a rule, found from the view's idempotency keys (`LeaseView.starts`, which
+    hashed each key once already) instead of grouping every op again: (how many keys, [(key, its op or ops)]
+    for each key used more than once or failed with a conflict, `records_sent`). None (group every op) unless
+    every op that carries a key is one the rules read (its invocation carries the request_id, its f is one of
+    `IDEMPOTENT_FS`)."""
+    try:
+        firstp, again = view.starts
+    except Exception:  # noqa: BLE001 - a history the grouping below judges (or fails on) as it always did
+        return None
+    fs = IDEMPOTENT_FS
+    by_f = view.by_f
+    if by_f is None:
+        return None
+    conflicts = []
+    for f, ps in by_f.items():
+        if f not in fs:
+            if any(p.rk is not None for p in ps):
+                return None
+            continue
+        for p in ps:
+            if p.rk is not None and not p.vrid:
+                return None
+            if p.type == "fail" and p.rk is not None and error_code(p.comp) == CONFLICT:
+                conflicts.append(p)
+    multi: dict[tuple, list[Pair]] = {}
+    for p in again:
+        ops = multi.get(p.rk)
+        if ops is None:
+            multi[p.rk] = [firstp[p.rk], p]
+        else:
+            ops.append(p)
+    candidates: list[tuple] = list(multi.items())
+    candidates += [(p.rk, p) for p in conflicts if p.rk not in multi]
+    records: list[bool] = []
+
+    def records_sent() -> bool:
+        if not records:
+            records.append(any(p.sent is not None for p in firstp.values())
+                           or any(p.sent is not None for p in again))
+        return records[0]
+
+    return len(firstp), candidates, records_sent
 
 
 def _nothing_sent(p: Pair, records_sent: Callable[[], bool]) -> bool:

@@ -8,8 +8,11 @@ nemesis ops skipped). `index_leases` reads the leases the ok acquires reported
 earliest attempt of each idempotency key, `successor_index` the per-key
 "largest token acquired before x" questions (`PrefixMax`).
 
-Every function here is pure: it computes what it is asked from what it is
-given, every time. What a composition shares is built once by
+Every function here computes what it is asked from what it is given, every
+time; two of them also write what they found onto the records they were given,
+for the rules to read as attributes on the hot path of a 1M-op history:
+`settle_starts` (each `Pair.start`) and `successor_thresholds` (each
+`Lease.rt_next` / `bk_next`). What a composition shares is built once by
 `checkers.view.lease_view` and handed to each checker explicitly.
 """
 
@@ -19,6 +22,8 @@ import bisect
 from collections.abc import Iterable, Mapping
 from operator import itemgetter
 from typing import Any
+
+import numpy as np
 
 from lab.history.ops import pair
 
@@ -32,12 +37,14 @@ __all__ = [
     "by_f",
     "error_code",
     "first_invocations",
+    "settle_starts",
     "index_leases",
     "op_lease_id",
     "pair_ops",
     "request_key",
     "sent",
     "successor_index",
+    "successor_thresholds",
 ]
 
 
@@ -47,11 +54,12 @@ class Pair:
     Besides the op's fields, what every lease checker asks of it is read once here (the hot path of a
     million-op history): `result` (the completion's value), `sent` (what the client put on the wire, see
     `sent()`), `rk` (its idempotency key, `request_key()`), `lid` (the lease it is about, `op_lease_id()`),
-    `dl` (the invocation's `deadline_ms`) and `vrid` (whether the invocation carries a request_id).
+    `dl` (the invocation's `deadline_ms`) and `vrid` (whether the invocation carries a request_id). `start`
+    (when the op's request was first invoked) is its `t0` until `settle_starts` settles it.
     """
 
     __slots__ = ("inv", "comp", "type", "f", "key", "process", "t0", "t1", "i0", "i1", "result", "sent", "rk",
-                 "lid", "dl", "vrid")
+                 "lid", "dl", "vrid", "start")
 
     def __init__(self, inv: dict, comp: dict | None, ipos: int, cpos: int | None):
         """From an invocation and its completion (None: never completed) at positions `ipos` / `cpos` of the
@@ -59,11 +67,16 @@ class Pair:
         self.inv = inv
         self.comp = comp
         f = self.f = inv["f"]  # `pair` saw to f, process and type
-        key = self.key = inv.get("key")
         self.process = inv["process"]
-        t0 = self.t0 = inv.get("time", 0)
-        self.i0 = inv.get("index", ipos)
-        v = inv.get("value")
+        # subscripts where an op has every field (a plain dict: the hot path), `get` with the defaults otherwise
+        try:
+            if inv.__class__ is not dict:
+                raise KeyError
+            key, t0, self.i0, v = inv["key"], inv["time"], inv["index"], inv["value"]
+        except KeyError:
+            key, t0, self.i0, v = inv.get("key"), inv.get("time", 0), inv.get("index", ipos), inv.get("value")
+        self.key = key
+        self.t0 = self.start = t0  # `start`: a retry's is settled by `settle_starts`
         if comp is None:
             self.type = "info"  # an invocation with no completion counts as info
             self.t1: int | None = None
@@ -71,9 +84,13 @@ class Pair:
             r = self.result = None  # the completion's value (None when it never completed)
         else:
             self.type = comp["type"]
-            self.t1 = comp.get("time", t0)
-            self.i1 = comp.get("index", cpos)
-            r = self.result = comp.get("value")
+            try:
+                if comp.__class__ is not dict:
+                    raise KeyError
+                self.t1, self.i1, r = comp["time"], comp["index"], comp["value"]
+            except KeyError:
+                self.t1, self.i1, r = comp.get("time", t0), comp.get("index", cpos), comp.get("value")
+            self.result = r
         # exact-type checks first (JSON objects are dicts), any dict subclass next: the hot path of every checker
         rid = lid = s = None
         if r.__class__ is dict or isinstance(r, dict):
@@ -141,6 +158,36 @@ def first_invocations(pairs: list[Pair]) -> dict[tuple, int]:
     return first
 
 
+_UNSEEN = object()
+
+
+def settle_starts(pairs: list[Pair]) -> tuple[dict[tuple, Pair], list[Pair]]:
+    """Set each pair's `start` to `first_invocations(pairs)[p.rk]` (its own `t0` when it has no key), by the
+    same rule: the rules then read an attribute instead of hashing the key again for each op (`LeaseView`).
+
+    Only the pairs whose key was seen before (retries: few) and the first pair of their key change. Returns
+    what it found: (key -> the first pair carrying it, in order of first use; the pairs whose key an earlier
+    pair carried, in order)."""
+    firstp: dict[tuple, Pair] = {}  # key -> its first pair (pairs, not times: `is` tells a new key apart)
+    putp = firstp.setdefault
+    again: list[Pair] = []
+    for p in pairs:
+        k = p.rk
+        if k is not None and putp(k, p) is not p:
+            again.append(p)
+    first: dict[tuple, Any] = {}
+    for p in again:  # first_invocations' rule, in the same order, for the keys seen twice
+        k, t0 = p.rk, p.t0
+        t = first.get(k, _UNSEEN)
+        if t is _UNSEEN:
+            t = first[k] = firstp[k].t0
+        if t is not t0 and (t is None or t0 < t):
+            first[k] = t0
+    for p in again:
+        firstp[p.rk].start = p.start = first[p.rk]
+    return firstp, again
+
+
 def pair_ops(history: list[dict], *, strict: bool = True) -> list[Pair]:
     """The client operations of `history` as `Pair`s, in invocation order, paired by `lab.history.pair`.
 
@@ -189,11 +236,14 @@ END_FS = frozenset(("release", "force-release", "revoke"))
 END_TIME_FIELDS = ("released_at_ms", "revoked_at_ms", "ended_at_ms")
 
 
+ASK = object()  # a `Lease.rt_next` / `bk_next` not computed: ask the `PrefixMax`
+
+
 class Lease:
     """What the history says about one lease (by lease_id): its key, token, backend times, ops."""
 
     __slots__ = ("lease_id", "key", "token", "acquired_at_ms", "expires_at_ms", "ended_at_ms",
-                 "acquires", "grants", "ends", "granted", "started")
+                 "acquires", "grants", "ends", "granted", "started", "rt_next", "bk_next")
 
     def __init__(self, lease_id: Any, key: Any, token: Any, acquired_at_ms: Any):
         self.lease_id = lease_id
@@ -207,6 +257,9 @@ class Lease:
         self.ends: list[Pair] = []  # release / force-release / revoke that ok'd or may have (info)
         self.granted: int = 0  # monotonic time of the first ok acquire's completion (min t1 of `acquires`)
         self.started: int | None = None  # `acquisition_start`, once asked
+        # when a higher token on the key was first acquired (`successor_thresholds`): ASK until computed
+        self.rt_next: Any = ASK
+        self.bk_next: Any = ASK
 
     @property
     def first(self) -> Pair:
@@ -272,12 +325,17 @@ def index_leases(pairs: list[Pair], acquires: list[Pair] | None = None) -> dict[
     return leases
 
 
-def acquisition_start(lease: Lease, first: dict[tuple, int]) -> int:
+def acquisition_start(lease: Lease, first: dict[tuple, int] | None) -> int:
     """When the lease's acquisition began in real time: the earliest invocation of any request that returned
-    it (`first`: `first_invocations` of the pairs the lease was indexed from; computed once per lease)."""
+    it (`first`: `first_invocations` of the pairs the lease was indexed from, or None when `settle_starts` set
+    their `start`; computed once per lease)."""
     s = lease.started
     if s is None:
-        s = lease.started = min(first.get(p.rk, p.t0) if p.rk is not None else p.t0 for p in lease.acquires)
+        if first is None:
+            acquires = lease.acquires
+            s = lease.started = acquires[0].start if len(acquires) == 1 else min(p.start for p in acquires)
+        else:
+            s = lease.started = min(first.get(p.rk, p.t0) if p.rk is not None else p.t0 for p in lease.acquires)
     return s
 
 
@@ -294,6 +352,46 @@ def successor_index(leases: dict[Any, Lease]) -> tuple[dict[Any, "PrefixMax"], d
         realtime[k].append((lease.granted, lease.token, lease))
         backend[k].append((lease.acquired_at_ms, lease.token, lease))
     return ({k: PrefixMax(v) for k, v in realtime.items()}, {k: PrefixMax(v) for k, v in backend.items()})
+
+
+def successor_thresholds(leases: dict[Any, Lease], realtime: dict[Any, "PrefixMax"],
+                         backend: dict[Any, "PrefixMax"]) -> None:
+    """Set each lease's `rt_next` / `bk_next`: the smallest x of its key's `realtime` / `backend` PrefixMax
+    (`successor_index`) whose running max token exceeds the lease's token (None: no such point). Then
+    `P.before(x)` has a token above the lease's iff that threshold is not None and < x, a comparison of two
+    ints per question in place of a bisection (the lease rules ask it of every op of a 1M-op history).
+
+    Only where every x and token of the key's PrefixMax and the lease's token are ints (int64): elsewhere the
+    thresholds stay `ASK` and the rules ask the PrefixMax. numpy's searchsorted over each key's running max."""
+    by_key: dict[Any, list[Lease]] = {}
+    for lease in leases.values():
+        if lease.token.__class__ is int:
+            ls = by_key.get(lease.key)
+            if ls is None:
+                by_key[lease.key] = [lease]
+            else:
+                ls.append(lease)
+    for key, ls in by_key.items():
+        tokens = None
+        for slot, table in (("rt_next", realtime), ("bk_next", backend)):
+            pm = table.get(key)
+            if pm is None:
+                continue
+            xs = pm.xs
+            best = [b[0] for b in pm.best]
+            if not all(x.__class__ is int for x in xs) or not all(t.__class__ is int for t in best):
+                continue
+            try:
+                axs, abest = np.array(xs, dtype=np.int64), np.array(best, dtype=np.int64)
+                if tokens is None:
+                    tokens = np.array([lease.token for lease in ls], dtype=np.int64)
+            except OverflowError:
+                break
+            j = np.searchsorted(abest, tokens, side="right")  # first point whose running max > the token
+            found = j < len(xs)
+            at = np.where(found, axs[np.minimum(j, len(xs) - 1)] if len(xs) else 0, 0).tolist()
+            for lease, t, ok in zip(ls, at, found.tolist()):
+                setattr(lease, slot, t if ok else None)
 
 
 class PrefixMax:

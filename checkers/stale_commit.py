@@ -55,7 +55,7 @@ from typing import Any, Mapping
 from checkers.commits import Commit, FinalRead
 from checkers.core import ViewCheck, Violations
 from checkers.origin import concurrency_of, name_origins
-from checkers.pairs import Lease, PrefixMax, request_key, successor_index
+from checkers.pairs import ASK, Lease, PrefixMax, request_key, successor_index
 from checkers.view import LeaseView
 from checkers.windows import backend_rules_note
 
@@ -75,7 +75,7 @@ class StaleCommitChecker(ViewCheck):
     def check_view(self, test: Mapping, view: LeaseView, opts: Mapping) -> dict:
         """Judge the commits and final reads of a lease history."""
         leases = view.leases
-        first_invoke = view.first_invocations
+        view.starts  # noqa: B018 - every pair's `start` settled (the commits' starts are read from them)
         commits = view.commits
         reads = view.final_reads
         for read in reads.values():
@@ -87,9 +87,9 @@ class StaleCommitChecker(ViewCheck):
         _check_realtime_order(accepted, v)  # each Commit knows its start (first_invoke)
         _check_rev_order(accepted, v)
         moved = view.faults.clock_moves
-        unknown = _check_against_leases(accepted, leases, first_invoke, v, backend_times=not moved,
+        unknown = _check_against_leases(accepted, leases, {}, v, backend_times=not moved,
                                         successors=view.successors,
-                                        starts_known=True)  # the view's commits read them from first_invoke
+                                        starts_known=True)  # the view's commits read them from their pairs
         for read in reads.values():
             _check_read(read, v)
         _check_lost_and_phantom(commits, reads, v)
@@ -199,6 +199,16 @@ def _check_against_leases(accepted: list[Commit], leases: dict[Any, Lease],
                 break
         tok = c.token
         if tok is None:
+            continue
+        rt_next, bk_next = lease.rt_next, lease.bk_next
+        if (rt_next is not ASK and tok.__class__ is int and tok == lease.token and c.key == lease.key
+                and started.__class__ is int and (not by_backend or at is None or (
+                    bk_next is not ASK and at.__class__ is int))):
+            # the lease's thresholds (`successor_thresholds`) answer both questions below for its token and key:
+            # a comparison each in place of a bisection
+            if ((by_backend and at is not None and bk_next is not None and bk_next < at)
+                    or (rt_next is not None and rt_next < started)):
+                _check_successor(c, started, by_backend.get(c.key), by_realtime.get(c.key), v)
             continue
         # _check_successor's question, asked inline: a higher token among leases of the key acquired before
         backend, realtime = by_backend.get(c.key), by_realtime.get(c.key)

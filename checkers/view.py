@@ -24,7 +24,8 @@ from typing import Any
 
 from checkers.commits import Commit, FinalRead, commits_of, final_reads
 from checkers.origin import Origins
-from checkers.pairs import Lease, Pair, PrefixMax, by_f, first_invocations, index_leases, successor_index
+from checkers.pairs import (Lease, Pair, PrefixMax, by_f, first_invocations, index_leases, settle_starts,
+                            successor_index, successor_thresholds)
 from checkers.windows import Faults
 from lab.history.ops import pair
 
@@ -48,6 +49,11 @@ class LeaseView:
         """The pairs grouped by f (`checkers.pairs.by_f`)."""
         return by_f(self.pairs)
 
+    @property
+    def by_f(self) -> dict[Any, list[Pair]] | None:
+        """The pairs grouped by f, each group in invocation order (None when an f is no dict key)."""
+        return self._by_f
+
     def of(self, f: str) -> list[Pair]:
         """The pairs whose f is `f`, in invocation order (a rule about one f reads its ops, not every op)."""
         groups = self._by_f
@@ -61,6 +67,13 @@ class LeaseView:
         return first_invocations(self.pairs)
 
     @cached_property
+    def starts(self) -> tuple[dict[tuple, Pair], list[Pair]]:
+        """Every pair's `start` settled (`checkers.pairs.settle_starts`), once: a rule that reads `Pair.start`
+        asks for this first. Its value: (idempotency key -> the first pair carrying it; the pairs whose key an
+        earlier pair carried)."""
+        return settle_starts(self.pairs)
+
+    @cached_property
     def leases(self) -> dict[Any, Lease]:
         """Every lease an ok acquire reported, by lease_id (`checkers.pairs.index_leases`)."""
         return index_leases(self.pairs, self.of("acquire"))
@@ -68,13 +81,18 @@ class LeaseView:
     @cached_property
     def successors(self) -> tuple[dict[Any, PrefixMax], dict[Any, PrefixMax]]:
         """Per key, the leases' tokens by first acquire-ok completion time and by `acquired_at_ms`
-        (`checkers.pairs.successor_index`)."""
-        return successor_index(self.leases)
+        (`checkers.pairs.successor_index`); each lease's `rt_next` / `bk_next` set from them
+        (`checkers.pairs.successor_thresholds`)."""
+        leases = self.leases
+        realtime, backend = successor_index(leases)
+        successor_thresholds(leases, realtime, backend)
+        return realtime, backend
 
     @cached_property
     def commits(self) -> list[Commit]:
         """The commit ops as `checkers.commits.Commit`s, in invocation order (stale-commit and stale-write)."""
-        return commits_of(self.of("commit"), self.first_invocations)
+        self.starts  # noqa: B018 - each commit's start is its pair's
+        return commits_of(self.of("commit"), settled=True)
 
     @cached_property
     def origins(self) -> Origins:
