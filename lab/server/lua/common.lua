@@ -3,10 +3,12 @@
 -- a fencing token above 10^14. Every number leaves a script through int().
 
 local PREFIX = 'starintel:target-lease:v1:'
-local FIELDS = {'record_version', 'lock_key', 'identity', 'lease_id', 'owner_principal_id', 'owner_client_id',
-  'owner_credential_id', 'service_instance_id', 'fencing_token', 'acquired_at', 'renewed_at', 'expires_at',
-  'ttl_ms', 'maximum_lifetime_ms', 'execution_id', 'job_id', 'trace_id', 'request_id', 'metadata', 'state'}
-local END_FIELDS = {'ended_at', 'end_reason', 'ended_by', 'admin_reason', 'incident_id'}
+-- The record's fields, in the order flatten() lays them out (the tables are not built: each
+-- script run would allocate them, and allocation is most of a script's cost):
+--   record_version lock_key identity lease_id owner_principal_id owner_client_id owner_credential_id
+--   service_instance_id fencing_token acquired_at renewed_at expires_at ttl_ms maximum_lifetime_ms
+--   execution_id job_id trace_id request_id metadata state; when ended: ended_at end_reason ended_by
+--   admin_reason incident_id
 
 -- Backend time in Unix milliseconds: the only clock a lease decision uses (C20).
 local function now_ms()
@@ -44,8 +46,12 @@ local function load_record(key, identity)
   for i = 1, #flat, 2 do r[flat[i]] = flat[i + 1] end
   if r.record_version ~= '1' or r.lock_key ~= key or r.state ~= 'active' then return false end
   if identity ~= nil and r.identity ~= identity then return false end
-  for i = 1, #FIELDS do  -- (numeric loops: ipairs costs a function call per element in Lua 5.1)
-    if r[FIELDS[i]] == nil then return false end
+  if r.identity == nil or r.lease_id == nil or r.owner_principal_id == nil or r.owner_client_id == nil
+    or r.owner_credential_id == nil or r.service_instance_id == nil or r.fencing_token == nil
+    or r.acquired_at == nil or r.renewed_at == nil or r.expires_at == nil or r.ttl_ms == nil
+    or r.maximum_lifetime_ms == nil or r.execution_id == nil or r.job_id == nil or r.trace_id == nil
+    or r.request_id == nil or r.metadata == nil then
+    return false  -- (record_version, lock_key and state were compared above)
   end
   -- every field is present (a string): each integer field is 1-16 digits (is_int_text), in one match
   local a, b, c, d, e, f = r.fencing_token, r.acquired_at, r.renewed_at, r.expires_at, r.ttl_ms,
@@ -58,7 +64,7 @@ local function load_record(key, identity)
 end
 
 -- A record as a flat field/value array in a fixed order (end fields when present): the
--- FIELDS order, written out as one constructor (one allocation, no growth).
+-- order above, written out as one constructor (one allocation, no growth).
 local function flatten(r)
   local out = {'record_version', r.record_version, 'lock_key', r.lock_key, 'identity', r.identity,
     'lease_id', r.lease_id, 'owner_principal_id', r.owner_principal_id, 'owner_client_id', r.owner_client_id,
@@ -68,14 +74,11 @@ local function flatten(r)
     'execution_id', r.execution_id, 'job_id', r.job_id, 'trace_id', r.trace_id, 'request_id', r.request_id,
     'metadata', r.metadata, 'state', r.state}
   local n = 40
-  for i = 1, #END_FIELDS do
-    local f = END_FIELDS[i]
-    if r[f] ~= nil then
-      out[n + 1] = f
-      out[n + 2] = r[f]
-      n = n + 2
-    end
-  end
+  if r.ended_at ~= nil then out[n + 1] = 'ended_at'; out[n + 2] = r.ended_at; n = n + 2 end
+  if r.end_reason ~= nil then out[n + 1] = 'end_reason'; out[n + 2] = r.end_reason; n = n + 2 end
+  if r.ended_by ~= nil then out[n + 1] = 'ended_by'; out[n + 2] = r.ended_by; n = n + 2 end
+  if r.admin_reason ~= nil then out[n + 1] = 'admin_reason'; out[n + 2] = r.admin_reason; n = n + 2 end
+  if r.incident_id ~= nil then out[n + 1] = 'incident_id'; out[n + 2] = r.incident_id end
   return out
 end
 
