@@ -352,16 +352,22 @@ def _prune_register_exact(ops: list, crashed: list) -> list:
     get = observed_until.get
     drop = set()
     for op in crashed:
-        inp = op.input
-        if inp.f == "write":
-            v = inp.value
-        elif inp.value.__class__ is tuple and len(inp.value) == 2:
-            v = inp.value[1]
-        else:
-            continue  # malformed: let compile report it
-        if get(v, -1) < op.call:
+        v = _written(op.input)
+        if v is not _MALFORMED and get(v, -1) < op.call:  # a malformed op is kept: compile reports it
             drop.add(id(op))
     return [op for op in ops if id(op) not in drop] if drop else ops
+
+
+_MALFORMED = object()
+
+
+def _written(inp: Any) -> Any:
+    """The value a crashed write or cas writes, or _MALFORMED for a cas whose value is not a pair."""
+    if inp.f == "write":
+        return inp.value
+    if inp.value.__class__ is tuple and len(inp.value) == 2:
+        return inp.value[1]
+    return _MALFORMED
 
 
 def _all_observed(ops: list, crashed: list) -> bool:
@@ -372,13 +378,9 @@ def _all_observed(ops: list, crashed: list) -> bool:
     a third of the register model's prepare on a 50-key history, bench/checker/run.py)."""
     need: dict[Any, int] = {}  # written value -> the latest call among the crashed ops writing it
     for op in crashed:
-        inp = op.input
-        if inp.f == "write":
-            v = inp.value
-        elif inp.value.__class__ is tuple and len(inp.value) == 2:
-            v = inp.value[1]
-        else:
-            continue  # malformed: kept, and compile reports it
+        v = _written(op.input)
+        if v is _MALFORMED:
+            continue  # kept, and compile reports it
         c = need.get(v)
         if c is None or c < op.call:
             need[v] = op.call
