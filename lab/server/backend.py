@@ -34,8 +34,7 @@ Key layout (L = the lock key of C3, `starintel:target-lease:v1:<b64>`):
   L:history         list: terminal evidence, newest first, capped
   P:lease:<id>      hash {k: L, i: identity json, s: state}: lease_id -> identity and end state
   P:idem:<b64>      string: idempotency record {d: digest, c: code, r: result}
-  P:active          zset (score 0, lexicographic): for list, every lock key with a record (and keys whose
-                    record is gone, until list drops them: a release leaves its entry)
+  P:active          zset (score 0, lexicographic): lock keys with a record, for list
   P:quota:<principal> zset lock key -> expires_at: the principal's active leases
   P:audit           stream: audit events (XADD MAXLEN ~)
   P:recovery        string: the epoch, floor and run_id of the last recovery (informational)

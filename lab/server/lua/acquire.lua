@@ -49,7 +49,7 @@ local ttl = tonumber(ARGV[8])
 local life = tonumber(ARGV[9])
 local expires = math.min(now + ttl, now + life)
 local now_text = int(now)
--- the record as flatten() lays it out (common.lua's field order), built directly
+-- the record as flatten() lays it out (FIELDS order), built directly
 local flat = {
   'record_version', '1', 'lock_key', KEYS[1], 'identity', ARGV[1], 'lease_id', ARGV[3],
   'owner_principal_id', ARGV[4], 'owner_client_id', ARGV[5], 'owner_credential_id', ARGV[6],

@@ -3,12 +3,11 @@
 -- a fencing token above 10^14. Every number leaves a script through int().
 
 local PREFIX = 'starintel:target-lease:v1:'
--- The record's fields, in the order flatten() lays them out (the tables are not built: each
--- script run would allocate them, and allocation is most of a script's cost):
---   record_version lock_key identity lease_id owner_principal_id owner_client_id owner_credential_id
---   service_instance_id fencing_token acquired_at renewed_at expires_at ttl_ms maximum_lifetime_ms
---   execution_id job_id trace_id request_id metadata state; when ended: ended_at end_reason ended_by
---   admin_reason incident_id
+local FIELDS = {'record_version', 'lock_key', 'identity', 'lease_id', 'owner_principal_id', 'owner_client_id',
+  'owner_credential_id', 'service_instance_id', 'fencing_token', 'acquired_at', 'renewed_at', 'expires_at',
+  'ttl_ms', 'maximum_lifetime_ms', 'execution_id', 'job_id', 'trace_id', 'request_id', 'metadata', 'state'}
+local INT_FIELDS = {'fencing_token', 'acquired_at', 'renewed_at', 'expires_at', 'ttl_ms', 'maximum_lifetime_ms'}
+local END_FIELDS = {'ended_at', 'end_reason', 'ended_by', 'admin_reason', 'incident_id'}
 
 -- Backend time in Unix milliseconds: the only clock a lease decision uses (C20).
 local function now_ms()
@@ -32,53 +31,40 @@ end
 
 -- The record stored at `key`: nil when absent, false when malformed or when its
 -- stored identity differs from `identity` (C4: corruption fails closed).
--- (Written for few allocations, which is most of a script's cost in Valkey's Lua: the record table is
--- pre-sized by its constructor, and the six integer fields are checked by one pattern match.)
 local function load_record(key, identity)
   local ok, flat = pcall(redis.call, 'HGETALL', key)
   if not ok then return false end
   if #flat == 0 then return nil end
-  local r = {record_version = nil, lock_key = nil, identity = nil, lease_id = nil, owner_principal_id = nil,
-    owner_client_id = nil, owner_credential_id = nil, service_instance_id = nil, fencing_token = nil,
-    acquired_at = nil, renewed_at = nil, expires_at = nil, ttl_ms = nil, maximum_lifetime_ms = nil,
-    execution_id = nil, job_id = nil, trace_id = nil, request_id = nil, metadata = nil, state = nil,
-    ended_at = nil, end_reason = nil, ended_by = nil, admin_reason = nil, incident_id = nil}
+  local r = {}
   for i = 1, #flat, 2 do r[flat[i]] = flat[i + 1] end
   if r.record_version ~= '1' or r.lock_key ~= key or r.state ~= 'active' then return false end
   if identity ~= nil and r.identity ~= identity then return false end
-  if r.identity == nil or r.lease_id == nil or r.owner_principal_id == nil or r.owner_client_id == nil
-    or r.owner_credential_id == nil or r.service_instance_id == nil or r.fencing_token == nil
-    or r.acquired_at == nil or r.renewed_at == nil or r.expires_at == nil or r.ttl_ms == nil
-    or r.maximum_lifetime_ms == nil or r.execution_id == nil or r.job_id == nil or r.trace_id == nil
-    or r.request_id == nil or r.metadata == nil then
-    return false  -- (record_version, lock_key and state were compared above)
+  for i = 1, #FIELDS do  -- (numeric loops: ipairs costs a function call per element in Lua 5.1)
+    if r[FIELDS[i]] == nil then return false end
   end
-  -- every field is present (a string): each integer field is 1-16 digits (is_int_text), in one match
-  local a, b, c, d, e, f = r.fencing_token, r.acquired_at, r.renewed_at, r.expires_at, r.ttl_ms,
-    r.maximum_lifetime_ms
-  if #a > 16 or #b > 16 or #c > 16 or #d > 16 or #e > 16 or #f > 16
-    or not string.find(a .. ' ' .. b .. ' ' .. c .. ' ' .. d .. ' ' .. e .. ' ' .. f, '^%d+ %d+ %d+ %d+ %d+ %d+$') then
-    return false
+  for i = 1, #INT_FIELDS do
+    if not is_int_text(r[INT_FIELDS[i]]) then return false end
   end
   return r
 end
 
--- A record as a flat field/value array in a fixed order (end fields when present): the
--- order above, written out as one constructor (one allocation, no growth).
+-- A record as a flat field/value array in a fixed order (end fields when present).
 local function flatten(r)
-  local out = {'record_version', r.record_version, 'lock_key', r.lock_key, 'identity', r.identity,
-    'lease_id', r.lease_id, 'owner_principal_id', r.owner_principal_id, 'owner_client_id', r.owner_client_id,
-    'owner_credential_id', r.owner_credential_id, 'service_instance_id', r.service_instance_id,
-    'fencing_token', r.fencing_token, 'acquired_at', r.acquired_at, 'renewed_at', r.renewed_at,
-    'expires_at', r.expires_at, 'ttl_ms', r.ttl_ms, 'maximum_lifetime_ms', r.maximum_lifetime_ms,
-    'execution_id', r.execution_id, 'job_id', r.job_id, 'trace_id', r.trace_id, 'request_id', r.request_id,
-    'metadata', r.metadata, 'state', r.state}
-  local n = 40
-  if r.ended_at ~= nil then out[n + 1] = 'ended_at'; out[n + 2] = r.ended_at; n = n + 2 end
-  if r.end_reason ~= nil then out[n + 1] = 'end_reason'; out[n + 2] = r.end_reason; n = n + 2 end
-  if r.ended_by ~= nil then out[n + 1] = 'ended_by'; out[n + 2] = r.ended_by; n = n + 2 end
-  if r.admin_reason ~= nil then out[n + 1] = 'admin_reason'; out[n + 2] = r.admin_reason; n = n + 2 end
-  if r.incident_id ~= nil then out[n + 1] = 'incident_id'; out[n + 2] = r.incident_id end
+  local out, n = {}, 0
+  for i = 1, #FIELDS do
+    local f = FIELDS[i]
+    out[n + 1] = f
+    out[n + 2] = r[f]
+    n = n + 2
+  end
+  for i = 1, #END_FIELDS do
+    local f = END_FIELDS[i]
+    if r[f] ~= nil then
+      out[n + 1] = f
+      out[n + 2] = r[f]
+      n = n + 2
+    end
+  end
   return out
 end
 
@@ -114,8 +100,8 @@ end
 -- the same JSON either way ({"d":...,"c":...,"r":[...]}), encoded once per call.
 local function store_idempotency(key, digest, code, flat, ttl_ms, encoded)
   encoded = encoded or cjson.encode(flat)
-  -- `code` is always one of the scripts' own result codes (a plain word), so it needs no JSON escaping
-  redis.call('SET', key, '{"d":' .. cjson.encode(digest) .. ',"c":"' .. code .. '","r":' .. encoded .. '}', 'PX', ttl_ms)
+  redis.call('SET', key, '{"d":' .. cjson.encode(digest) .. ',"c":' .. cjson.encode(code) .. ',"r":' .. encoded .. '}',
+    'PX', ttl_ms)
 end
 
 -- Terminal evidence (C8/C9): newest first, capped, expiring when the identity goes quiet.
