@@ -147,7 +147,7 @@ def _report_worker_init() -> None:
 
 
 def _render_report(run_dir: str) -> str | None:
-    """In the report worker: write the run's report.html; the error in one line, or None."""
+    """Write the run's report.html (in the report worker, or in the campaign when not pipelined); the error in one line, or None."""
     try:
         from lab.report import write_report  # pandas and the plots: imported by the campaign before the fork
 
@@ -207,12 +207,9 @@ def _write_report(entry: dict[str, Any], run_dir: Path) -> None:
     """report.html for the run if `fencelab test` did not write one; a report that fails is only noted."""
     if (run_dir / "report.html").exists():
         return
-    try:
-        from lab.report import write_report  # pandas and the plots (~0.35 s): only when a report is (re)written
-
-        write_report(run_dir)
-    except Exception as e:  # noqa: BLE001 - the report is a convenience: the page links results.json instead
-        entry["note"] = f"no report.html ({_one_line(e)})"
+    error = _render_report(str(run_dir))  # the same writing as the report worker's, in this process
+    if error:
+        entry["note"] = f"no report.html ({error})"
 
 
 class _Judging(threading.Thread):
