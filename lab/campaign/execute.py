@@ -147,7 +147,8 @@ def _report_worker_init() -> None:
 
 
 def _render_report(run_dir: str) -> str | None:
-    """Write the run's report.html (in the report worker, or in the campaign when not pipelined); the error in one line, or None."""
+    """Write the run's report.html (in the report worker, or in the campaign when not pipelined); the error in
+    one line, or None."""
     try:
         from lab.report import write_report  # pandas and the plots: imported by the campaign before the fork
 
