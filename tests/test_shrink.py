@@ -513,3 +513,20 @@ def test_a_pause_armed_for_the_holder_is_replayed_armed_on_any_thread(tmp_path):
     t = candidate_test(origin, cand, tmp_path / "out")
     windows = json.loads(Path(t.fault_schedule).read_text())["windows"]
     assert [w["value"] for w in windows] == [{"duration_s": 3.0, "holding": True}], "no thread named: any holder"
+
+
+def test_keys_are_tried_again_in_the_same_round_once_the_clients_shrink():
+    # local-clock's miss: 2 keys did not reproduce at 5 clients but would have at 2, and the budget ended before
+    # the next round came to `keys`; here fewer than 4 keys reproduce only at 4 clients, and 4 clients are the least
+    trial = Recorder(lambda c: 5 if c.concurrency == 4 or (c.keys >= 4 and c.concurrency >= 4) else 0)
+    out = search(ORIGINAL, trial, SPACE, runs=5, passes=("keys", "concurrency", "rate"), max_runs=5 + 6 + 5 + 6 + 5)
+    # original 5; keys 4 -> 2 0/3, 4 -> 3 0/3; concurrency 8 -> 4 5/5, 4 -> 2 0/3, 4 -> 3 0/3; then keys 4 -> 2
+    # at 4 clients 5/5, where `rate` (the next pass) would have used the budget first
+    assert [(s.pass_name, s.change, s.accepted) for s in out.steps] == [
+        ("keys", "keys 4 -> 2", False), ("keys", "keys 4 -> 3", False), ("concurrency", "concurrency 8 -> 4", True),
+        ("concurrency", "concurrency 4 -> 2", False), ("concurrency", "concurrency 4 -> 3", False),
+        ("keys", "keys 4 -> 2", True)]
+    assert out.stopped == BUDGET and (out.best.concurrency, out.best.keys) == (4, 2)
+    # without `keys` among the passes, a shrinking `concurrency` does not bring it in
+    out = search(ORIGINAL, Recorder(lambda c: 5), SPACE, runs=5, passes=("concurrency",))
+    assert out.best.keys == ORIGINAL.keys and out.best.concurrency == 2
