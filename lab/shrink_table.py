@@ -26,6 +26,7 @@ from lab.mutants import GENERAL, DEFAULT_SPEC, MutantsError, build_test, load_sp
 from lab.paths import write_text_atomic
 from lab.runner import run_test
 from lab.shrink.run import ShrinkError, shrink_run
+from lab.shrink.search import INTERRUPTED
 
 __all__ = ["SMALL", "Row", "main", "row_problems", "shrink_mutant"]
 
@@ -89,6 +90,10 @@ def shrink_mutant(mutant: str, store: Path, *, spec_path: str = str(DEFAULT_SPEC
         try:
             report = shrink_run(Path(row.run_dir), runs=runs, max_runs=max_runs,
                                 echo=lambda s: echo(f"  {s}"), runs_output=sys.stderr)
+            if report.data["stopped"] == INTERRUPTED:
+                # Ctrl-C (or SIGTERM) stops the table, not just this row's shrink: an interrupted row is not a
+                # finished one, so it is not written, and the same command starts that row again
+                raise KeyboardInterrupt
             row.shrink = report.data
         except ShrinkError as e:
             row.error = str(e)
