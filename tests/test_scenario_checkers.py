@@ -363,13 +363,13 @@ def test_backend_unavailable():
     assert_violation(backend_down(held_state="released").check("backend-unavailable"), "failed-op-took-effect")
 
 
-def timeout(orig_type="info", retry2_lid="L1", created=1000, orig_error=None) -> H:
+def timeout(orig_type="info", retry2_lid="L1", created=1000, orig_error=None, counter=1) -> H:
     h = H()
     h.op("orig-acquire-0", "acquire", orig_type, {}, orig_error or ("lease_outcome_unknown" if orig_type == "info"
                                                                      else "lease_backend_unavailable"))
     h.op("retry-acquire-0", "acquire", "ok", dict(lease("L1", 1, acquired=created), sent_at_ms=2000))
     h.op("retry2-acquire-0", "acquire", "ok", dict(lease(retry2_lid, 1, acquired=created), sent_at_ms=2100), process=1)
-    h.op("counter-0", "observe-backend", value={"counter": 1}, process=1)
+    h.op("counter-0", "observe-backend", value={"counter": counter}, process=1)
     return h
 
 
@@ -379,9 +379,23 @@ def test_timeout_after_submission():
     assert timeout(created=2001).check("timeout-after-submission")["valid"] == "unknown"
     assert_violation(timeout(retry2_lid="L2").check("timeout-after-submission"), "retry-different-result")
     assert_violation(timeout(orig_type="fail").check("timeout-after-submission"), "definite-after-submission")
-    # the server's own 408 is a definite answer about a submitted request: still a violation
+    # the server's own 408 for a request that happened (its retry by request_id returned a result made before the
+    # retry was sent): a definite answer about a submitted request, a violation
     assert_violation(timeout(orig_type="fail", orig_error={"code": "deadline_exceeded", "msg": "deadline exceeded"})
                      .check("timeout-after-submission"), "definite-after-submission")
+    # C23: not started before the deadline is deadline_exceeded. The delay can hold up a connection the server
+    # opens in the window as well as the reply; when the retry's result is made at the retry, the definite answer
+    # was true: no violation, and the round set nothing up (measured: the lab's own server, round 0, the first
+    # request of a freshly started lease server)
+    for err in ({"code": "deadline_exceeded", "msg": "the deadline passed before the request reached the store"},
+                {"code": "lease_backend_unavailable", "msg": "unavailable"}):
+        res = timeout(orig_type="fail", orig_error=err, created=2001).check("timeout-after-submission")
+        assert res["valid"] == "unknown" and not res.get("violations") and res["outcome_unknown"] == 0, (err, res)
+    # the retries of a truly not-started request are still held to one result and one token
+    assert_violation(timeout(orig_type="fail", created=2001, retry2_lid="L2").check("timeout-after-submission"),
+                     "retry-different-result")
+    assert_violation(timeout(orig_type="fail", created=2001, counter=2).check("timeout-after-submission"),
+                     "tokens-allocated")
     # the client's own deadline or a refused connection before anything was sent: never submitted, no violation,
     # and that round settles nothing (the race was not set up)
     for err in ({"code": "deadline_exceeded", "msg": "deadline passed before the request was sent"},

@@ -891,11 +891,12 @@ def timeout_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
                 continue
             if orig.type == "fail" and nothing_sent(code(orig), _msg(orig)):
                 continue  # the client's own deadline or connection refused it before sending: never submitted
-            if orig.type == "fail":
-                v.add("definite-after-submission", idx(orig), f"round {r}: a {what} whose reply was delayed past its "
-                      f"deadline answered {code(orig)} as a definite failure (it may have happened: outcome unknown)")
-                continue
-            unknown += 1
+            counter = t.one(f"counter-{r}")
+            if what == "acquire" and ok(counter) and val(counter, "counter") != 1:
+                v.add("tokens-allocated", idx(counter), f"round {r}: {val(counter, 'counter')} tokens for one acquire")
+            at_field = "acquired_at_ms" if what == "acquire" else "renewed_at_ms"
+            at, sent = val(retry, at_field), val(retry, "sent_at_ms") or 0
+            made_before = ok(retry) and at is not None and at < sent - 20  # the original's result, by request_id
             results = {(_lease_id(p), val(p, "fencing_token"), val(p, "expires_at_ms")) for p in (retry, retry2)
                        if ok(p)}
             if len(results) > 1:
@@ -906,12 +907,20 @@ def timeout_check(t: Tagged, v: Violations, test: Mapping) -> dict[str, Any]:
                                                                        LOST):
                     v.add("retry-not-resolved", idx(orig, p), f"round {r}: the retry of the timed-out {what} got "
                           f"{code(p)}: the request_id must settle it")
-            at = val(retry, "acquired_at_ms" if what == "acquire" else "renewed_at_ms")
-            if ok(retry) and at is not None and at < (val(retry, "sent_at_ms") or 0) - 20:
+            if orig.type == "fail":
+                # C23: a request not started before its deadline is answered deadline_exceeded, and the delay may
+                # have held up more than the reply (a connection opened in the window waits for its handshake):
+                # a definite failure is a violation when the operation did happen, i.e. its first retry by
+                # request_id returned a result made before that retry was sent; else this round set nothing up
+                if made_before:
+                    v.add("definite-after-submission", idx(orig, retry), f"round {r}: a {what} whose reply was "
+                          f"delayed past its deadline answered {code(orig)} as a definite failure, yet it happened: "
+                          f"its retry by request_id returned the result made at {at} ms, before the retry was sent "
+                          f"at {sent} ms")
+                continue
+            unknown += 1
+            if made_before:
                 resolved += 1  # the result predates the retry: the original's, found by request_id
-            counter = t.one(f"counter-{r}")
-            if what == "acquire" and ok(counter) and val(counter, "counter") != 1:
-                v.add("tokens-allocated", idx(counter), f"round {r}: {val(counter, 'counter')} tokens for one acquire")
     return {"outcome_unknown": unknown, "resolved_by_request_id": resolved, "exercised": resolved > 0,
             "why_not": "no mutation both timed out after it was submitted and was settled by its retry"}
 
@@ -924,9 +933,10 @@ TIMEOUT = Scenario(
     setup="Rounds: Toxiproxy delays Valkey's replies to lease-1 by 1.5 s (downstream latency) while an acquire with "
           "a 600 ms deadline goes to lease-1 (the script runs; the reply misses the deadline); the latency is "
           "removed and the request retried twice by request_id; the counter is read. Then the same for a renew.",
-    checks="The timed-out original is indeterminate (lease_outcome_unknown or a client timeout), never a definite "
-           "failure; its retries succeed with one and the same result, created before the retry was sent (the "
-           "original's, resolved by request_id); one token per acquisition.",
+    checks="The timed-out original is indeterminate (lease_outcome_unknown or a client timeout), or a definite "
+           "failure only if it did not happen (C23: not started before its deadline; a retry result made before the "
+           "retry was sent shows it did); its retries succeed with one and the same result, created before the "
+           "retry was sent (the original's, resolved by request_id); one token per acquisition.",
     script=timeout_script, check=timeout_check, nemeses=("latency",), min_concurrency=2,
     stack_only="it delays the lab's own lease-server-to-Valkey link",
     options={"concurrency": 2, "time_limit": 4.0, "ttl_ms": 2000},
