@@ -46,10 +46,12 @@ def test_shrinks_every_dimension_to_what_the_bug_needs():
     out = search(ORIGINAL, trial, SPACE, runs=5)
     assert out.stopped == DONE and out.original_step.rate == 1.0
     # window 2 alone; 3 clients (8 -> 4 accepted, 4 -> 2 rejected, the midpoint 3 accepted); 1 key; 3 servers
-    # (window 2 names lease-3); time 16 -> 8 -> 5.1 (window 2 is 5-6 s: it must start before the limit);
-    # window 2 cut from 1 s to 0.5 s (0.25 and the midpoint 0.38 do not reproduce)
-    assert out.best == Candidate(concurrency=3, keys=1, servers=3, time_limit=5.1, rate=1.0, windows=(2,),
+    # (window 2 names lease-3); time 16 -> 8 -> 6 (window 2 is 5-6 s: it must end by the limit); window 2 cut
+    # from 1 s to 0.5 s (0.25 and the midpoint 0.38 do not reproduce), then time 6 -> 5.5 in the next round
+    assert out.best == Candidate(concurrency=3, keys=1, servers=3, time_limit=5.5, rate=1.0, windows=(2,),
                                  cuts=((2, 5.5),))
+    assert [s.change for s in out.steps if s.pass_name == "time_limit"] == [
+        "time_limit 16 -> 8", "time_limit 8 -> 6", "time_limit 6 -> 5.5"]
     assert [s.change for s in out.steps if s.pass_name == "cut"][:3] == [
         "window 2 length 1 -> 0.5", "window 2 length 0.5 -> 0.25", "window 2 length 0.5 -> 0.38"]
     # the second round tries 2 again: the other dimensions shrank since (a new candidate), and it still fails
@@ -530,3 +532,16 @@ def test_keys_are_tried_again_in_the_same_round_once_the_clients_shrink():
     # without `keys` among the passes, a shrinking `concurrency` does not bring it in
     out = search(ORIGINAL, Recorder(lambda c: 5), SPACE, runs=5, passes=("concurrency",))
     assert out.best.keys == ORIGINAL.keys and out.best.concurrency == 2
+
+
+def test_the_time_limit_never_ends_a_run_inside_a_kept_window():
+    # local-clock's third measurement: its skew window 1 (3-4 s) kept, 5 -> 3.2 s was accepted at 4/5 with the
+    # clients gone for most of the window, and 3 -> 1 keys failed there (0/3); at 4.1 s it reproduced 4/5
+    space = Space(spans=((1.0, 2.0), (3.0, 4.0)))
+    both = Candidate(concurrency=5, keys=3, servers=2, time_limit=10.0, rate=50.0, windows=(0, 1))
+    assert space.time_floor(both) == 4.0
+    assert space.time_floor(both.cut(1, 3.5)) == 3.5  # `cut` shortens a window; then the limit can follow it
+    assert space.time_floor(both.keeping((0,))) == 2.0
+    assert space.time_floor(both.keeping(())) == 1.0
+    out = search(both, Recorder(lambda c: 5), space, runs=5, passes=("time_limit",))
+    assert [s.candidate.time_limit for s in out.steps] == [5.0, 4.0]

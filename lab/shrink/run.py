@@ -77,7 +77,7 @@ class Origin:
         return Space(spans=tuple((w.start_s, w.end_s) for w in self.windows), servers_needed=servers,
                      clients_needed=tuple(_clients_named(w.value) for w in self.windows),
                      client_threads=tuple(_paused_thread(w) for w in self.windows),
-                     min_concurrency=min(2, self.test.concurrency), stop_slack_s=fault_schedule.STOP_SLACK_S)
+                     min_concurrency=min(2, self.test.concurrency))
 
 
 def _clients_named(value: Any) -> int:
