@@ -54,8 +54,13 @@ def test_shrinks_every_dimension_to_what_the_bug_needs():
         "time_limit 16 -> 8", "time_limit 8 -> 6", "time_limit 6 -> 5.5"]
     assert [s.change for s in out.steps if s.pass_name == "cut"][:3] == [
         "window 2 length 1 -> 0.5", "window 2 length 0.5 -> 0.25", "window 2 length 0.5 -> 0.38"]
-    # the second round tries 2 again: the other dimensions shrank since (a new candidate), and it still fails
-    assert [s.candidate.concurrency for s in out.steps if s.pass_name == "concurrency"] == [4, 2, 3, 2]
+    # each later round tries 2 again: the other dimensions shrank since (a new candidate), and it still fails
+    assert [s.candidate.concurrency for s in out.steps if s.pass_name == "concurrency"] == [4, 2, 3, 2, 2]
+    # keys and clients are judged at the original's 16 s, before the time limit shrinks
+    order = [s.pass_name for s in out.steps]
+    assert order.index("keys") < order.index("concurrency") < order.index("time_limit")
+    first_round = [s for s in out.steps if s.pass_name in ("keys", "concurrency")][:5]
+    assert [s.candidate.time_limit for s in first_round] == [16.0] * 5
     assert out.best_step.rate == 1.0 and out.best.smaller_than(ORIGINAL)
 
 
@@ -385,7 +390,7 @@ def test_cli_ctrl_c_writes_the_best_so_far_and_exits_130(tmp_path, monkeypatch):
     assert result.exit_code == 130, result.output
     assert "interrupted (not minimal): the best so far is kept" in result.output
     d = json.loads((run / "shrink" / RESULT).read_text())
-    assert d["stopped"] == "interrupted" and d["minimal"]["config"]["time_limit"] == 4.0  # 8 -> 4 was accepted
+    assert d["stopped"] == "interrupted" and d["minimal"]["config"]["keys"] == 1  # 3 -> 1 was accepted
 
 
 def test_cli_an_original_that_does_not_reproduce_exits_3(tmp_path, monkeypatch):
