@@ -70,7 +70,7 @@ def test_an_unreadable_table_is_one_line_naming_it(tmp_path, capsys):
 
 def test_ctrl_c_in_a_row_s_shrink_stops_the_table_and_leaves_that_row_unfinished(tmp_path, monkeypatch):
     # `fencelab shrink` keeps its best so far on Ctrl-C and returns; the table must not take that for a finished
-    # row and go on to the next mutant (measured: four SIGINTs to stop a table of ten)
+    # row and go on to the next mutant
     from types import SimpleNamespace
 
     made = []
