@@ -224,13 +224,17 @@ def test_a_workload_option_is_checked_at_every_edge_and_kept_in_the_replay(tmp_p
 def test_a_live_stale_commit_made_by_a_stall_is_labelled_stall(tmp_path):
     """The unfenced-commit bug lets a stalled holder's commits land after its successor's: such a counterexample
     names the stall in results.json and in the report. Which stale holders a 4 s run makes is the load's doing
-    (an edge commit in flight, a crash before the stall), so runs repeat, up to a generous bound, until one
-    convicts a stall-made holder; every run's labels are checked."""
-    for attempt in range(8):
+    (an edge commit in flight, a crash before the stall), and on a loaded machine a 4 s run may make none (valid:
+    measured once in a CI rehearsal beside two shrink streams), so runs repeat, up to a generous bound, until one
+    convicts a stall-made holder; every convicted run's labels are checked."""
+    named: list = []
+    for attempt in range(12):
         store = tmp_path / f"run-{attempt}"
         r = fencelab("test", "--workload", "fenced-append", "--mutant", "unfenced-commit", "--time-limit", "4",
                      "--ttl-ms", "500", "--store-dir", str(store))
-        assert r.returncode == 1, r.stdout + r.stderr
+        assert r.returncode in (0, 1), r.stdout + r.stderr
+        if r.returncode == 0:
+            continue  # the bug did not show in this run: nothing to label
         run = (store / "fenced-append" / "latest").resolve()
         results = json.loads((run / "results.json").read_text())["results"]
         named = [v for name in ("stale-commit", "stale-write") for v in results[name]["violations"]
@@ -244,7 +248,7 @@ def test_a_live_stale_commit_made_by_a_stall_is_labelled_stall(tmp_path):
         if stale is not None:
             break
     else:
-        pytest.fail(f"no run of 8 convicted a stall-made holder; the last: {named[:3]}")
+        pytest.fail(f"no run of 12 convicted a stall-made holder; the last convicted: {named[:3]}")
     assert "(stale holder made by: stall" in (run / "report.html").read_text()  # maybe "; earlier in its lease: ..."
     assert next(op for op in history if op["index"] == stale["stale_commit"])["f"] == "commit"
 
