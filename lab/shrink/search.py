@@ -10,8 +10,9 @@ clients, keys, servers, seconds, rate, and which of the original run's recorded 
 2. Passes in a fixed order (`PASSES`), repeated until a whole round makes no progress: `faults` (no fault at
    all, then ddmin over the kept windows, `lab.ddmin`), `keys` (toward 1), `concurrency` (halving toward 2, and
    the client threads the kept windows name; when it shrinks, `keys` runs again at once, in the same round),
-   `time_limit` (halving, not below the end of the last kept window), `servers` (toward 1, where the system has them), `rate` (halving), `cut` (each kept window's length
-   halved: its start stays, its end comes earlier). After a half that does not reproduce, the midpoint
+   `time_limit` (halving, not below the end of the last kept window), `servers` (toward 1, where the system
+   has them), `rate` (halving), `cut` (each kept window's length halved: its start stays, its end comes
+   earlier). After a half that does not reproduce, the midpoint
    between it and the best is tried (bisection, while the gap is over a quarter of the value). Every
    candidate differs from the best so far in one dimension, and is smaller in it.
 3. A candidate runs up to N times; it is accepted when convicted / N >= the threshold. Its runs stop early
