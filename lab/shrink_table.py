@@ -91,7 +91,7 @@ def shrink_mutant(mutant: str, store: Path, *, spec_path: str = str(DEFAULT_SPEC
             report = shrink_run(Path(row.run_dir), runs=runs, max_runs=max_runs,
                                 echo=lambda s: echo(f"  {s}"), runs_output=sys.stderr)
             if report.data["stopped"] == INTERRUPTED:
-                # Ctrl-C (or SIGTERM) stops the table, not just this row's shrink: an interrupted row is not a
+                # Ctrl-C stops the table, not just this row's shrink: an interrupted row is not a
                 # finished one, so it is not written, and the same command starts that row again
                 raise KeyboardInterrupt
             row.shrink = report.data
