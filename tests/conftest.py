@@ -150,6 +150,15 @@ async def lease_expired(server, lease) -> None:
     await until_backend_time(url, expires)
 
 
+def sigint_default() -> None:
+    """`preexec_fn` for a child a test sends SIGINT to: SIGINT's default action, so the child's Python turns it into
+    KeyboardInterrupt even when the suite itself was started with SIGINT ignored (a shell's `cmd &` does that, and
+    an ignored signal stays ignored across exec)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 # Processes owned by session-scoped fixtures: started inside some test, stopped at session end.
 SESSION_PIDS: set[int] = set()
 

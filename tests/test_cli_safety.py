@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
+from conftest import sigint_default
 
 from lab import runner
 from lab.cli import main
@@ -314,7 +315,8 @@ def test_only_a_completed_run_takes_over_latest(tmp_path):
 
     # interrupted mid-run (Ctrl-C): exit 130, the partial run is kept and named with an analyze hint
     proc = subprocess.Popen([sys.executable, "-m", "lab", "test", "--workload", "register", "--time-limit", "120",
-                             "--store-dir", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--store-dir", str(store)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)
     try:
         hist, deadline = None, time.monotonic() + 120
         while hist is None and time.monotonic() < deadline:

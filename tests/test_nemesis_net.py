@@ -24,7 +24,7 @@ import redis.asyncio as aredis
 from redis.asyncio.retry import Retry  # the asyncio one: a sync Retry is converted, with a warning each time
 from redis.backoff import NoBackoff
 
-from conftest import SESSION_PIDS
+from conftest import SESSION_PIDS, sigint_default
 from lab.paths import REPO_ROOT
 from lab.stack.toxiproxy import ToxiproxyProcess
 from nemesis.core import Nemesis, NemesisUnavailable, compose, heal_all, running
@@ -535,7 +535,8 @@ def test_ctrl_c_heals_the_partition(toxiproxy_server, valkey, tmp_path):
 
         asyncio.run(main())
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)
     try:
         assert proc.stdout.readline().strip() == "partitioned", proc.stderr.read()
         client = httpx.Client(base_url=toxiproxy_server.url, timeout=5)
