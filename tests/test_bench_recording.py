@@ -38,3 +38,16 @@ def test_part_a_measures_recorded_and_unrecorded_rounds():
     assert r.recorded_cpu > 0 and r.unrecorded_cpu > 0
     figs = bench.to_figures(r)
     assert [f.area for f in figs] == ["recording", "recording"] and all(f.value == f.value for f in figs)  # no NaN
+
+
+def test_the_flush_thread_ab_measures_three_writers_and_puts_the_batch_size_back():
+    """bench/recording_flush_ab.py (docs/performance.md, 4a): every mode's rounds ran and wrote every record, and the
+    writer module's 1 MiB wake-up size is what it was before (the no-wake mode lifts it for its rounds only)."""
+    import lab.history.writer as writer_module
+
+    bench = load_bench("recording_flush_ab.py")
+    before = writer_module._BATCH_BYTES
+    best = bench.measure(ops=500, rounds=2)
+    assert writer_module._BATCH_BYTES == before
+    assert set(best) == {"unrecorded", "default", "no-wake"}
+    assert all(cpu > 0 and own > 0 and switches >= 0 for cpu, own, switches in best.values()), best
