@@ -337,3 +337,39 @@ async def test_a_cancellation_stops_the_run_even_as_a_completion_wakes_it(tmp_pa
                     run_.cancel()
                     await asyncio.wait({run_}, timeout=1)
     assert not swallowed, f"the run went on after a cancel (op, steps later): {swallowed}"
+
+
+class _SwallowsACancel:
+    """A client whose invoke takes a cancellation for a timeout and returns (client libraries have done so): its
+    worker then goes back to its inbox, where the first cancellation no longer reaches it."""
+
+    def __init__(self):
+        self.swallowed = 0
+
+    async def open(self, test, node):
+        return self
+
+    async def invoke(self, test, op):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            self.swallowed += 1
+            return {"type": "info", "value": None, "error": "timed out"}
+        return {"type": "ok", "value": None}
+
+
+async def test_a_client_that_swallows_a_cancellation_does_not_hang_the_run(tmp_path):
+    # Ctrl-C of `fencelab test` hung in 4 of 25 runs under load (tests/test_cli_safety.py, 2026-12-05): a worker
+    # was left waiting on its inbox with its cancellation spent. The interpreter cancels such a worker again.
+    client = _SwallowsACancel()
+    with HistoryWriter(tmp_path / "h.jsonl") as w:
+        g = gen.clients(gen.repeat({"f": "read", "value": None}))
+        run_ = asyncio.create_task(gen.run(TEST, g, client, history_writer=w, concurrency=2))
+        while w.count < 2:  # both workers are inside invoke
+            await asyncio.sleep(0.01)
+        run_.cancel()
+        done, _ = await asyncio.wait({run_}, timeout=20)
+        if not done:  # the old interpreter: stop it the hard way so the test can fail cleanly
+            run_.cancel()
+    assert run_ in done and run_.cancelled(), "the run did not end after its cancellation"
+    assert client.swallowed == 2

@@ -161,9 +161,7 @@ class _Interpreter:
         try:
             await self._loop()
         except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await _cancel_all(tasks)
             raise
         for q in self.inboxes.values():
             q.put_nowait(_EXIT)
@@ -382,6 +380,22 @@ class _Interpreter:
         except BaseException as e:
             self.failure = e
             self.wakeup.set()
+
+
+async def _cancel_all(tasks: list[asyncio.Task], every_s: float = 2.0) -> None:
+    """Cancel the workers and wait for them, cancelling again any still running every `every_s` seconds: on
+    3.11 under load a worker was seen to lose its cancellation and wait on its inbox again, which hung Ctrl-C
+    (4 runs in 25, tests/test_cli_safety.py)."""
+    for t in tasks:
+        t.cancel()
+    pending = set(tasks)
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=every_s)
+        for t in pending:
+            t.cancel()
+    for t in tasks:  # retrieved, so none is logged as "exception was never retrieved"
+        if not t.cancelled():
+            t.exception()
 
 
 async def _close(client: Any, test: Test) -> None:
