@@ -188,7 +188,6 @@ def no_leaked_processes(request):
     """Every test must stop what it started (session fixtures excepted)."""
     before = _own_children()
     yield
-    leaked = []
     # A short-lived helper that a session-scoped daemon runs (dockerd runs `runc --version` now and then) can be
     # alive at the instant the test ends; a leak is a process still alive after a grace period, not at one instant.
     deadline = time.monotonic() + LEAK_GRACE_S

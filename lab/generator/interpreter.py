@@ -393,9 +393,7 @@ async def _cancel_all(tasks: list[asyncio.Task], every_s: float = 2.0) -> None:
         _, pending = await asyncio.wait(pending, timeout=every_s)
         for t in pending:
             t.cancel()
-    for t in tasks:  # retrieved, so none is logged as "exception was never retrieved"
-        if not t.cancelled():
-            t.exception()
+    await asyncio.gather(*tasks, return_exceptions=True)  # all done: retrieves their exceptions, as before
 
 
 async def _close(client: Any, test: Test) -> None:
