@@ -22,11 +22,38 @@ from workloads import get_workload
 DEFAULTS = Test()  # the CLI's defaults: 10 s, 5 threads, 50 ops/s, 3 keys, TTL 2000 ms
 
 
-def simulate(workload: str, seed: int = 0, **options):
+def simulate(workload: str, seed: int = 0, latency: int = 2_000_000, complete=None, **options):
     test = Test(workload=workload, seed=seed, **options)
     wl = get_workload(workload)(test)
     return test, gen.simulate(gen.time_limit(test.time_limit, gen.clients(wl.generator)), concurrency=test.concurrency,
-                              seed=seed, test=test, latency=2_000_000)
+                              seed=seed, test=test, latency=latency, **({"complete": complete} if complete else {}))
+
+
+def lease_server(ttl_ms: int):
+    """A `complete` for simulate(): leases that expire `ttl_ms` after their acquire or last renew, judged at the
+    invocation's time (one holder per key; an acquire of a live lease by another session fails)."""
+    held: dict = {}  # key -> (session, expiry ns)
+
+    def complete(o: dict) -> dict:
+        v, key = o["value"], o.get("key")
+        if o["f"] not in ("acquire", "renew", "release") or not isinstance(v, dict):
+            return {"type": "ok", "value": v}
+        now, mine = o["time"], v.get("session")
+        holder, expiry = held.get(key, (None, 0))
+        live = expiry > now
+        if o["f"] == "acquire":
+            if live and holder != mine:
+                return {"type": "fail", "value": v, "error": "busy"}
+            held[key] = (mine, now + ttl_ms * 1_000_000)
+        elif not live or holder != mine:
+            return {"type": "fail", "value": v, "error": "lease_lost"}
+        elif o["f"] == "renew":
+            held[key] = (mine, now + ttl_ms * 1_000_000)
+        else:
+            del held[key]
+        return {"type": "ok", "value": v}
+
+    return complete
 
 
 def invokes(history, f=None):
@@ -114,6 +141,37 @@ def test_with_two_threads_a_takeover_fits_between_two_bursts(workload):
     assert len(b5) >= 4, b5
 
 
+@pytest.mark.parametrize("workload", ["lease", "fenced-append", "idempotency"])
+def test_a_holder_polling_for_the_takeover_key_polls_until_its_holder_has_expired(workload):
+    # the takeover key's next holder polls for it; a poll bounded by 50 attempts gave up before the stalled
+    # holder's lease expired whenever the ops came fast (1 ms here; a CI run had no stale op in 6 s)
+    ttl_ms, lost, met = 2000, [], []
+    for seed in range(12):
+        test, history = simulate(workload, seed, latency=1_000_000, complete=lease_server(ttl_ms), time_limit=10.0)
+        end = max(o["time"] for o in history)
+        polls = defaultdict(list)  # a stalled session's acquires of the takeover key, up to its first ok
+        for o in history:
+            if o["f"] == "acquire" and o["key"] == "k0" and o["type"] != "invoke":
+                s = o["value"]["session"]
+                if not polls[s] or polls[s][-1]["type"] != "ok":
+                    polls[s].append(o)
+        for s, ops in polls.items():
+            spent = (ops[-1]["time"] - ops[0]["time"]) / 1e9
+            if len(ops) > 3 and ops[-1]["type"] != "ok" and spent < 3 * ttl_ms / 1000 - 0.2 \
+                    and end - ops[-1]["time"] > 1e9:
+                lost.append((seed, s, len(ops), round(spent, 2)))
+        # a stalled holder back on the takeover key after a successor acquired it (the stale op the row needs)
+        oks = [(o["time"], o["value"]["session"]) for o in history
+               if o["f"] == "acquire" and o["key"] == "k0" and o["type"] == "ok"]
+        back = [o for o in history if o["type"] == "invoke" and o.get("mechanism") == "stall" and o["key"] == "k0"
+                and any(t < o["time"] and s != o["value"]["session"] and t > max(
+                    (t2 for t2, s2 in oks if s2 == o["value"]["session"] and t2 < o["time"]), default=0)
+                    for t, s in oks)]
+        met.append(len(back))
+    assert not lost, lost  # (seed, session, attempts, seconds it polled before it gave up)
+    assert min(met) >= 1, met  # stalled holders per seed that came back to a successor
+
+
 def test_a_stall_is_cut_to_the_time_left_and_bind_draws_once():
     test, history = simulate("lease", 5, time_limit=3.0, ttl_ms=2000)
     assert max(o["time"] for o in history) < 3.0e9 + 50_000_000  # the last stall ended with the main phase
@@ -176,24 +234,32 @@ def stale_ops(ps):
 
 
 def test_live_lease_defaults_collide_take_over_and_stay_valid(tmp_path):
-    history, results = run(tmp_path, "lease", "--time-limit", "6")
-    assert results["valid"] is True, json.dumps(results)[:2000]
-    ps = pairs(history)
-    check_sent(ps)
-    bursts = defaultdict(list)
-    for inv, comp in ps:
-        if inv["f"] == "acquire" and str(inv["key"]).startswith("burst-"):
-            bursts[inv["key"]].append(comp["type"])
-    # (a burst the time limit cut may have fewer acquires; an `info` one may have no winner the history can see)
-    # (on a loaded machine the second thread of a burst may come after the winner released: two oks, one after the
-    # other, which mutual-exclusion has judged above; a collision is a burst with one winner and one refusal)
-    full = [v for v in bursts.values() if len(v) >= 2]
-    assert len(full) >= 3 and sum(v.count("ok") == 1 for v in full) >= 3, bursts
-    stale = stale_ops(ps)
-    assert {inv["f"] for inv, _ in stale} >= {"renew", "release"}, stale
-    assert all(comp["type"] == "fail" and comp["error"] == "lease_lost" for _, comp in stale)
-    for name in ("fencing", "mutual-exclusion", "lease-state", "idempotency", "availability"):
-        assert results["results"][name]["valid"] is True, name  # each had a subject: not "unknown"
+    # every run is valid; the collisions and stale ops are timing, so the test runs until one run has them all
+    # (up to 3 runs: each of 46 measured runs had them, 36 of them beside two or four CPU hogs)
+    seen = []
+    for attempt in range(3):
+        history, results = run(tmp_path / str(attempt), "lease", "--time-limit", "6")
+        assert results["valid"] is True, json.dumps(results)[:2000]
+        for name in ("fencing", "mutual-exclusion", "lease-state", "idempotency", "availability"):
+            assert results["results"][name]["valid"] is True, name  # each had a subject: not "unknown"
+        ps = pairs(history)
+        check_sent(ps)
+        stale = stale_ops(ps)
+        assert all(comp["type"] == "fail" and comp["error"] == "lease_lost" for _, comp in stale), stale
+        bursts = defaultdict(list)
+        for inv, comp in ps:
+            if inv["f"] == "acquire" and str(inv["key"]).startswith("burst-"):
+                bursts[inv["key"]].append(comp["type"])
+        # (a burst the time limit cut may have fewer acquires; an `info` one may have no winner the history can
+        # see; on a loaded machine the second thread of a burst may come after the winner released: two oks, one
+        # after the other, which mutual-exclusion has judged above; a collision is one winner and one refusal)
+        full = [v for v in bursts.values() if len(v) >= 2]
+        collisions = sum(v.count("ok") == 1 for v in full)
+        stale_fs = {inv["f"] for inv, _ in stale}
+        seen.append({"bursts": dict(bursts), "stale": sorted(stale_fs)})
+        if len(full) >= 3 and collisions >= 3 and stale_fs >= {"renew", "release"}:
+            return
+    pytest.fail(f"no run had 3 collisions and a stale renew and release: {seen}")
 
 
 def test_live_fenced_append_defaults_commit_on_both_sides_of_a_takeover(tmp_path):

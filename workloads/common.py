@@ -88,6 +88,8 @@ TAKEOVER_STALL = (1.15, 1.6)  # x TTL: past expiry, long enough for a successor 
 SOLO_STALL = (1.05, 1.5)      # x TTL: on a key nobody else uses: the renews after it land after the expiry
 BURST_EVERY_S = 1.0           # seconds of sessions between two bursts
 SMALL_RUN_WINDOW_TTLS = 3.0   # with 1 or 2 threads, TTLs of sessions between two bursts (a takeover fits in one)
+POLL_TTLS = 3.0               # x TTL: how long a holder polls for a busy key (its holder's lease ends within a
+                              # TTL of its last renew, and a stalled holder renews right after it acquires)
 
 
 def pick_kind(test: Test, ctx: Any) -> str:
@@ -136,11 +138,16 @@ def stall(span: tuple[float, float], end_ns: int | None = None) -> Any:
     return gen.bind(pause)
 
 
-def acquire_until_held(key: str, value: Any, attempts: int = 50) -> Any:
-    """Acquire `key` until one attempt succeeds (at most `attempts`): a holder polling for a busy key, so it
-    takes over the moment the key is free. `value(test, ctx)` gives each attempt's invoke value."""
-    return gen.until_ok(gen.limit(attempts, lambda test, ctx: {"f": "acquire", "key": key,
-                                                                "value": value(test, ctx)}))
+def acquire_until_held(key: str, value: Any, poll_ttls: float = POLL_TTLS) -> Any:
+    """Acquire `key` until one attempt succeeds, for at most `poll_ttls` x the TTL: a holder polling for a busy
+    key, so it takes over the moment the key is free. `value(test, ctx)` gives each attempt's invoke value.
+    Bounded by time, not attempts: a poll counted in attempts ended before its holder's lease did whenever the
+    ops came fast (50 attempts were 2.5 s at the defaults, the lease 2.2 s: no takeover, and no stale op)."""
+    def poll(test, ctx):
+        attempt = lambda test, ctx: {"f": "acquire", "key": key, "value": value(test, ctx)}  # noqa: E731
+        return gen.until_ok(gen.time_limit(int(test.ttl_ms) * poll_ttls / 1000.0, attempt))
+
+    return gen.bind(poll)
 
 
 def session_key(test: Test, ctx: Any, kind: str, keys: list[str]) -> str:

@@ -17,6 +17,8 @@ The lease workloads (`lease`, `fenced-append`, `idempotency`) make stale holders
 session sleeps 1.15-1.6 x the TTL on the takeover key while another thread polls for it, then acts on its
 old lease; a solo session sleeps 1.05-1.5 x the TTL on a key of its own (`workloads/common.py`). That is
 Kleppmann's paused holder without a fault, and it is on by default, so a default run exercises every row.
+The poll lasts up to 3 x the TTL, whatever the ops' speed (it was 50 attempts: about 2.5 s at the
+defaults, so on a fast run the successor could give up just before the holder's lease expired).
 
 `--stalls off` (campaigns and mutants rows: `stalls = "off"`; kept in the replay) makes every session a
 plain one: no sleep past the TTL, no expiry-edge commits, and so no stale holder unless a fault (a

@@ -9,7 +9,7 @@ run by lanes of threads (the default 5 threads: 2 + 2 + 1, see
   request_id (it must return the original result). Conflicts are the point:
   one winner per key at a time. Every second the lane's threads all acquire
   one fresh key in the same instant (a burst), then renew and release it;
-- stalled (takeover lane): poll the takeover key (`k0`) until held, renew
+- stalled (takeover lane): poll the takeover key (`k0`) until held (up to 3 x the TTL), renew
   (and retry that renew: same request_id and body, so every run with a holder
   has a retry after an answer), stall 1.15-1.6 x the TTL, then carry on with the lease it still believes it
   holds (renew and release, in either order) while the other takeover thread,
