@@ -373,3 +373,46 @@ async def test_a_client_that_swallows_a_cancellation_does_not_hang_the_run(tmp_p
             run_.cancel()
     assert run_ in done and run_.cancelled(), "the run did not end after its cancellation"
     assert client.swallowed == 2
+
+
+async def test_a_real_redis_client_that_swallows_the_runs_cancellation_does_not_hang_it(tmp_path, valkey):
+    # The cause of that hang, with the real parts: redis-py (8.2) sends a command inside asyncio.wait_for when
+    # socket_timeout is set, and Python 3.11's wait_for returns the result when a cancellation lands while the
+    # send is in flight (cpython gh-86296, fixed in 3.12). Here the run is cancelled from inside a register
+    # client's send: that worker's cancellation is swallowed, and its op completes ok.
+    from workloads.register import RegisterDriver
+
+    test = Test(name="swallow", live=RunContext(nodes=["n1"], valkey=valkey.url))
+    state = {"sends": 0, "run": None, "cancelled_at": None}
+
+    class Driver(RegisterDriver):
+        async def open(self, test, node):
+            driver = await super().open(test, node)
+            await driver.conn.ping()
+            conn = await driver.conn.connection_pool.get_connection()
+            await driver.conn.connection_pool.release(conn)
+            send = conn._send_packed_command  # noqa: SLF001  (the step inside redis-py's wait_for)
+
+            async def cancel_the_run_mid_send(command):
+                await send(command)
+                state["sends"] += 1
+                if state["sends"] == 20 and state["run"] is not None:
+                    state["cancelled_at"] = w.count
+                    state["run"].cancel()
+
+            conn._send_packed_command = cancel_the_run_mid_send  # noqa: SLF001
+            return driver
+
+    with HistoryWriter(tmp_path / "h.jsonl") as w:
+        g = gen.clients(gen.stagger(0.001, gen.repeat({"f": "write", "key": "k", "value": 1})))
+        state["run"] = run_ = asyncio.create_task(gen.run(test, g, Driver(timeout_s=2.0), history_writer=w,
+                                                          concurrency=1))
+        done, _ = await asyncio.wait({run_}, timeout=20)
+        if not done:  # the old interpreter: stop it the hard way so the test can fail cleanly
+            run_.cancel()
+            await asyncio.wait({run_}, timeout=5)
+    assert run_ in done and run_.cancelled(), "the run did not end after its cancellation"
+    history = read_history(tmp_path / "h.jsonl")
+    # the cancellation was swallowed: the op whose send it landed in completed ok after it
+    assert state["cancelled_at"] is not None
+    assert any(o["type"] == "ok" for o in history[state["cancelled_at"]:]), history[-4:]
