@@ -358,6 +358,16 @@ class _SwallowsACancel:
         return {"type": "ok", "value": None}
 
 
+async def _ended_after_its_cancellation(run_: asyncio.Task) -> None:
+    """Assert that a cancelled run ends within 20 s (the old interpreter hung: it is then stopped the hard way,
+    so the test fails cleanly)."""
+    done, _ = await asyncio.wait({run_}, timeout=20)
+    if not done:
+        run_.cancel()
+        await asyncio.wait({run_}, timeout=5)
+    assert run_ in done and run_.cancelled(), "the run did not end after its cancellation"
+
+
 async def test_a_client_that_swallows_a_cancellation_does_not_hang_the_run(tmp_path):
     # Ctrl-C of `fencelab test` hung in 4 of 25 runs under load (tests/test_cli_safety.py, 2026-12-05): a worker
     # was left waiting on its inbox with its cancellation spent. The interpreter cancels such a worker again.
@@ -368,10 +378,7 @@ async def test_a_client_that_swallows_a_cancellation_does_not_hang_the_run(tmp_p
         while w.count < 2:  # both workers are inside invoke
             await asyncio.sleep(0.01)
         run_.cancel()
-        done, _ = await asyncio.wait({run_}, timeout=20)
-        if not done:  # the old interpreter: stop it the hard way so the test can fail cleanly
-            run_.cancel()
-    assert run_ in done and run_.cancelled(), "the run did not end after its cancellation"
+        await _ended_after_its_cancellation(run_)
     assert client.swallowed == 2
 
 
@@ -383,7 +390,7 @@ async def test_a_real_redis_client_that_swallows_the_runs_cancellation_does_not_
     from workloads.register import RegisterDriver
 
     test = Test(name="swallow", live=RunContext(nodes=["n1"], valkey=valkey.url))
-    state = {"sends": 0, "run": None, "cancelled_at": None}
+    state = {"sends": 0, "cancelled_at": None}
 
     class Driver(RegisterDriver):
         async def open(self, test, node):
@@ -396,7 +403,7 @@ async def test_a_real_redis_client_that_swallows_the_runs_cancellation_does_not_
             async def cancel_the_run_mid_send(command):
                 await send(command)
                 state["sends"] += 1
-                if state["sends"] == 20 and state["run"] is not None:
+                if state["sends"] == 20:
                     state["cancelled_at"] = w.count
                     state["run"].cancel()
 
@@ -407,11 +414,7 @@ async def test_a_real_redis_client_that_swallows_the_runs_cancellation_does_not_
         g = gen.clients(gen.stagger(0.001, gen.repeat({"f": "write", "key": "k", "value": 1})))
         state["run"] = run_ = asyncio.create_task(gen.run(test, g, Driver(timeout_s=2.0), history_writer=w,
                                                           concurrency=1))
-        done, _ = await asyncio.wait({run_}, timeout=20)
-        if not done:  # the old interpreter: stop it the hard way so the test can fail cleanly
-            run_.cancel()
-            await asyncio.wait({run_}, timeout=5)
-    assert run_ in done and run_.cancelled(), "the run did not end after its cancellation"
+        await _ended_after_its_cancellation(run_)
     history = read_history(tmp_path / "h.jsonl")
     # the cancellation was swallowed: the op whose send it landed in completed ok after it
     assert state["cancelled_at"] is not None
