@@ -407,6 +407,9 @@ def print_verdict(run_dir: Path, results: dict) -> None:
             click.echo(line)
     if results.get("run_failed"):
         click.echo(f"  run failed: {results['run_failed']}")
+    if results.get("interrupted"):
+        click.echo(f"  partial run: interrupted ({results['interrupted'].get('by')}) before its time limit; the "
+                   "verdict is about what it recorded")
     faults = (results.get("results") or {}).get("faults") or {}
     t = faults.get("schedule") or {}
     if t.get("scaled"):
@@ -420,6 +423,9 @@ def print_verdict(run_dir: Path, results: dict) -> None:
 def interrupted(run_dir: Path | None) -> None:
     """Ctrl-C or SIGTERM: say where the partial run is and how to judge it, exit 130 (no traceback)."""
     if run_dir is not None and Path(run_dir).exists():
+        from lab.runner import mark_interrupted
+
+        mark_interrupted(run_dir)
         click.echo(f"fencelab: interrupted; the partial run is kept in {run_dir}", err=True)
         if (Path(run_dir) / "history.jsonl").exists():
             click.echo(f"  judge what it recorded: fencelab analyze {shlex.quote(str(run_dir))}", err=True)

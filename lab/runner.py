@@ -242,6 +242,14 @@ def link_latest(run_dir: Path, store_dir: Path, name: str) -> None:
 
 # Test fields given on `fencelab test`'s command line under their own names
 RUN_FAILED = "run_failed"  # test.extra: why the system's own code cut the run short (results: valid unknown)
+INTERRUPTED_FILE = "interrupted.json"  # in a run dir: Ctrl-C or SIGTERM stopped it (results: "interrupted")
+
+
+def mark_interrupted(run_dir: Path) -> None:
+    """Record in the run dir that the run was stopped before its time limit, so every later judgement of it
+    (`fencelab analyze`, its results.json) says it judged a partial run."""
+    mark = {"by": "Ctrl-C or SIGTERM", "at": dt.datetime.now(dt.timezone.utc).isoformat()}
+    (Path(run_dir) / INTERRUPTED_FILE).write_text(json.dumps(mark) + "\n")
 _REPLAY_FIELDS = ("workload", "time_limit", "concurrency", "rate", "keys", "ttl_ms", "seed", "nemesis",
                   "nemesis_interval", "name", "run_salt", "backend")
 
@@ -517,6 +525,9 @@ def analyze(run_dir: Path, *, checker=None, test: Test | None = None, report: bo
     if test.extra.get(RUN_FAILED):  # cut short by the system's own code: what was judged stands, no verdict
         results["run_failed"] = test.extra[RUN_FAILED]
         results["valid"] = "unknown"
+    mark = run_dir / INTERRUPTED_FILE
+    if mark.exists():  # a partial run: its verdict is about what it recorded before it was stopped
+        results["interrupted"] = json.loads(mark.read_text())
     results["history_problems"] = problems
     results["ops"] = count_operations(history)  # operations the clients invoked (each is 2 entries when complete)
     results["entries"] = len(history)

@@ -339,6 +339,9 @@ def test_only_a_completed_run_takes_over_latest(tmp_path):
     assert (store / "latest").resolve() == completed and (store / "register" / "latest").resolve() == completed
     res = CliRunner().invoke(main, ["analyze", str(partial)])
     assert res.exit_code in (EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN), res.output
+    # and says the verdict is about a partial run (results.json too)
+    assert "partial run: interrupted (Ctrl-C or SIGTERM) before its time limit" in res.output, res.output
+    assert json.loads((partial / "results.json").read_text())["interrupted"]["by"] == "Ctrl-C or SIGTERM"
     assert (store / "latest").resolve() == completed, "analyze does not move latest"
 
     # a run whose stack cannot start: bad input, its dir kept, latest untouched
