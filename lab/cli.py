@@ -423,7 +423,7 @@ def print_verdict(run_dir: Path, results: dict) -> None:
 def interrupted(run_dir: Path | None) -> None:
     """Ctrl-C or SIGTERM: say where the partial run is and how to judge it, exit 130 (no traceback)."""
     if run_dir is not None and Path(run_dir).exists():
-        from lab.runner import mark_interrupted
+        from lab.runner import mark_interrupted  # loaded already by the run it stops: the CLI imports it lazily
 
         mark_interrupted(run_dir)
         click.echo(f"fencelab: interrupted; the partial run is kept in {run_dir}", err=True)
